@@ -1,0 +1,13 @@
+// The whole wrap layer: thin, move-only RAII wrappers over the core verbs objects.
+#pragma once
+
+#include <rdmaxx/wrap/ah.hpp>
+#include <rdmaxx/wrap/context.hpp>
+#include <rdmaxx/wrap/cq.hpp>
+#include <rdmaxx/wrap/device.hpp>
+#include <rdmaxx/wrap/error.hpp>
+#include <rdmaxx/wrap/log.hpp>
+#include <rdmaxx/wrap/mr.hpp>
+#include <rdmaxx/wrap/pd.hpp>
+#include <rdmaxx/wrap/qp.hpp>
+#include <rdmaxx/wrap/srq.hpp>

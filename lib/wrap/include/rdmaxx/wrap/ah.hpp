@@ -1,0 +1,31 @@
+// An address handle: where a UD send goes.
+#pragma once
+
+#include <memory>
+#include <source_location>
+
+#include <infiniband/verbs.h>
+
+#include <rdmaxx/wrap/error.hpp>
+#include <rdmaxx/wrap/qp.hpp>
+
+namespace rdmaxx {
+
+class AddressHandle : detail::MoveOnly {
+public:
+    // An address handle towards `peer` for sends on the UD QP `via` (its PD, port and
+    // GID). The peer description is checked as in QueuePair::connect (Error).
+    // `options` supplies service level, traffic class and hop limit.
+    // Programming error: `via` is not UD or is moved-from.
+    static Result<AddressHandle> create(const QueuePair& via, const Endpoint& peer,
+                                        const ConnectOptions& options = {},
+                                        std::source_location where = std::source_location::current());
+
+    ibv_ah* get(std::source_location where = std::source_location::current()) const;
+
+private:
+    explicit AddressHandle(std::shared_ptr<ibv_ah> ah) : ah_(std::move(ah)) {}
+    std::shared_ptr<ibv_ah> ah_; // keeps the PD alive
+};
+
+} // namespace rdmaxx

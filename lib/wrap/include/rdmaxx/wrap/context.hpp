@@ -1,0 +1,79 @@
+// An opened RDMA device. Every object created from it (PD, CQ, QP, ...) holds a
+// counted reference to the device, so objects may be destroyed in any order: the
+// device is closed when the last of them goes.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <source_location>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <infiniband/verbs.h>
+
+#include <rdmaxx/wrap/device.hpp>
+#include <rdmaxx/wrap/error.hpp>
+
+namespace rdmaxx {
+
+namespace detail {
+// Base of every wrapper: a verbs object has one owner, so wrappers move but never copy.
+struct MoveOnly {
+    MoveOnly() = default;
+    MoveOnly(const MoveOnly&) = delete;
+    MoveOnly& operator=(const MoveOnly&) = delete;
+    MoveOnly(MoveOnly&&) = default;
+    MoveOnly& operator=(MoveOnly&&) = default;
+};
+
+// Shared by the Context and all its children. Device attributes are read once at
+// open: children check their limits without a system call.
+struct DeviceState {
+    ibv_context* context;
+    std::string name;
+    DeviceAttributes attributes;
+    ~DeviceState();
+};
+using DeviceHandle = std::shared_ptr<const DeviceState>;
+
+// What Context offers, for children that hold only the handle.
+Result<PortAttributes> query_port(const DeviceState& device, std::uint8_t port);
+Result<std::vector<GidEntry>> query_gids(const DeviceState& device);
+Result<GidEntry> choose_gid(const DeviceState& device, std::uint8_t port, std::optional<std::uint32_t> index);
+} // namespace detail
+
+// Environment variables that override the defaults (not an explicit argument):
+inline constexpr const char* device_env = "RDMAXX_DEVICE";       // device name
+inline constexpr const char* gid_index_env = "RDMAXX_GID_INDEX"; // GID table index
+
+class Context : detail::MoveOnly {
+public:
+    // Opens the device `name`; an empty name means $RDMAXX_DEVICE if set, else the
+    // first device of the list. No device, or no device of that name: an Error that
+    // lists the devices present.
+    static Result<Context> open(std::string_view name = {});
+
+    // Programming error, here and below: a moved-from Context.
+    const std::string& name(std::source_location where = std::source_location::current()) const;
+    const DeviceAttributes& attributes(std::source_location where = std::source_location::current()) const;
+
+    Result<PortAttributes> query_port(std::uint8_t port = 1,
+                                      std::source_location where = std::source_location::current()) const;
+    // Every valid entry of every port's GID table.
+    Result<std::vector<GidEntry>> query_gids(std::source_location where = std::source_location::current()) const;
+    // The GID rdmaxx uses on `port`: `index` if given, else $RDMAXX_GID_INDEX if set,
+    // else `preferred_gid()`. An index that holds no valid GID is an Error.
+    Result<GidEntry> choose_gid(std::uint8_t port = 1, std::optional<std::uint32_t> index = {},
+                                std::source_location where = std::source_location::current()) const;
+
+    ibv_context* get(std::source_location where = std::source_location::current()) const;
+    const detail::DeviceHandle& handle(std::source_location where = std::source_location::current()) const;
+
+private:
+    explicit Context(detail::DeviceHandle device) : device_(std::move(device)) {}
+    detail::DeviceHandle device_;
+};
+
+} // namespace rdmaxx

@@ -1,0 +1,66 @@
+// A completion queue, optionally with its own completion channel for blocking waits.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <source_location>
+
+#include <infiniband/verbs.h>
+
+#include <rdmaxx/wrap/context.hpp>
+#include <rdmaxx/wrap/error.hpp>
+
+namespace rdmaxx {
+
+struct CqOptions {
+    std::uint32_t depth = 256;  // minimum entries; the device may round up
+    bool channel = false;       // create a completion channel for arm()/wait_event()
+    int comp_vector = 0;
+};
+
+class CompletionQueue : detail::MoveOnly {
+public:
+    // Depth above the device's max_cqe is an Error. Programming error: a moved-from
+    // Context, depth 0.
+    static Result<CompletionQueue> create(const Context& context, CqOptions options = {},
+                                          std::source_location where = std::source_location::current());
+
+    CompletionQueue(CompletionQueue&& other) noexcept;
+    CompletionQueue& operator=(CompletionQueue&& other) noexcept;
+    ~CompletionQueue();
+
+    // The real number of entries (at least the requested depth).
+    std::uint32_t depth() const noexcept { return depth_; }
+    bool has_channel() const noexcept { return channel_ != nullptr; }
+
+    // Requests an event for the next completion (ibv_req_notify_cq). Completions
+    // already in the queue raise no event: poll once more after arming.
+    // Programming error: a CQ without a channel.
+    Result<void> arm(bool solicited_only = false,
+                     std::source_location where = std::source_location::current());
+    // Waits up to `timeout` for an event of the armed CQ; takes every event pending on
+    // the channel, so none piles up in the kernel, and acknowledges them in batches
+    // (and all before the CQ is destroyed). A timeout is an Error of kind timeout.
+    // Programming error: a CQ without a channel.
+    Result<void> wait_event(std::chrono::milliseconds timeout,
+                            std::source_location where = std::source_location::current());
+    // The channel's file descriptor (non-blocking), for an application's own poll/epoll
+    // loop; follow readiness with wait_event(0ms). Programming error: no channel.
+    int channel_fd(std::source_location where = std::source_location::current()) const;
+
+    ibv_cq* get(std::source_location where = std::source_location::current()) const;
+    const std::shared_ptr<ibv_cq>& handle(std::source_location where = std::source_location::current()) const;
+
+private:
+    CompletionQueue(std::shared_ptr<ibv_cq> cq, std::shared_ptr<ibv_comp_channel> channel, std::uint32_t depth)
+        : cq_(std::move(cq)), channel_(std::move(channel)), depth_(depth) {}
+    void ack_events() noexcept;
+
+    std::shared_ptr<ibv_cq> cq_; // keeps the device and the channel alive
+    std::shared_ptr<ibv_comp_channel> channel_;
+    std::uint32_t depth_;
+    unsigned unacked_events_ = 0;
+};
+
+} // namespace rdmaxx

@@ -1,0 +1,109 @@
+// rdmaxx error model: the safety split.
+//
+//  * A runtime error is anything libibverbs, librdmacm, the peer or the network can
+//    report. It is returned as `Result<T>` (`std::expected<T, Error>`), never thrown,
+//    never aborted on.
+//  * A programming error is a misuse the documentation of a call forbids (a slice out
+//    of range, a moved-from object, an operation the QP type does not support). It is
+//    logged with the caller's source location and aborts the process: such a bug must
+//    be fixed, not handled. Every call documents its programming errors.
+#pragma once
+
+#include <cerrno>
+#include <cstdint>
+#include <expected>
+#include <source_location>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+
+namespace rdmaxx {
+
+class Error {
+public:
+    // What `code()` means.
+    enum class Kind : std::uint8_t {
+        system,      // code is an errno value
+        completion,  // code is an `ibv_wc_status`
+        timeout,     // a bounded wait ran out; code is ETIMEDOUT
+        protocol,    // the peer sent something malformed; code is EPROTO
+        unsupported, // the device or the build lacks a feature; code is EOPNOTSUPP
+    };
+
+    // `call` names the failing function (e.g. "ibv_create_qp"); it must be a string
+    // with static storage duration. `detail` adds context for the reader.
+    Error(Kind kind, const char* call, int code, std::string detail = {})
+        : call_(call), detail_(std::move(detail)), code_(code), kind_(kind) {}
+
+    static Error from_errno(const char* call, int errnum, std::string detail = {}) {
+        return {Kind::system, call, errnum, std::move(detail)};
+    }
+    // For the many verbs that return NULL or -1 and leave the reason in errno. A
+    // library that forgot to set errno must not produce "Success": that becomes EIO.
+    static Error from_last_errno(const char* call, std::string detail = {}) {
+        return from_errno(call, errno != 0 ? errno : EIO, std::move(detail));
+    }
+    // A failed work completion; `code` is its `ibv_wc_status`.
+    static Error completion(int status, std::string detail = {}) {
+        return {Kind::completion, "ibv_poll_cq", status, std::move(detail)};
+    }
+    static Error timeout(const char* call, std::string detail = {}) {
+        return {Kind::timeout, call, ETIMEDOUT, std::move(detail)};
+    }
+    static Error protocol(const char* call, std::string detail) {
+        return {Kind::protocol, call, EPROTO, std::move(detail)};
+    }
+    static Error unsupported(const char* call, std::string detail) {
+        return {Kind::unsupported, call, EOPNOTSUPP, std::move(detail)};
+    }
+
+    Kind kind() const noexcept { return kind_; }
+    const char* call() const noexcept { return call_; }
+    int code() const noexcept { return code_; }
+    const std::string& detail() const noexcept { return detail_; }
+
+    bool is_errno(int errnum) const noexcept { return kind_ == Kind::system && code_ == errnum; }
+    bool is_timeout() const noexcept { return kind_ == Kind::timeout; }
+
+    // "ibv_create_qp: Cannot allocate memory (errno 12): max_send_wr 1000000 ..."
+    std::string message() const;
+
+private:
+    const char* call_;
+    std::string detail_;
+    int code_;
+    Kind kind_;
+};
+
+template <class T>
+using Result = std::expected<T, Error>;
+
+std::string_view to_string(Error::Kind kind) noexcept;
+
+namespace detail {
+
+// Logs `what` with the caller's location at critical level and aborts.
+[[noreturn]] void programming_error(std::string_view what, std::source_location where);
+
+} // namespace detail
+
+// Aborts with a programming error unless `condition` holds. `where` must be the public
+// call's own `std::source_location` parameter, so the message names the user's line.
+// The message is formatted only on failure: a passing check costs one branch.
+template <class... Args>
+inline void require(bool condition, std::source_location where, fmt::format_string<Args...> what,
+                    Args&&... args) {
+    if (!condition) [[unlikely]]
+        detail::programming_error(fmt::format(what, std::forward<Args>(args)...), where);
+}
+
+} // namespace rdmaxx
+
+template <>
+struct fmt::formatter<rdmaxx::Error> : fmt::formatter<std::string_view> {
+    auto format(const rdmaxx::Error& e, format_context& ctx) const {
+        return fmt::formatter<std::string_view>::format(e.message(), ctx);
+    }
+};

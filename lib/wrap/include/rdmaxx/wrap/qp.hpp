@@ -1,0 +1,146 @@
+// Queue pairs (RC, UC, UD) and their state machine RESET -> INIT -> RTR -> RTS.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <source_location>
+
+#include <infiniband/verbs.h>
+
+#include <rdmaxx/wrap/cq.hpp>
+#include <rdmaxx/wrap/device.hpp>
+#include <rdmaxx/wrap/error.hpp>
+#include <rdmaxx/wrap/mr.hpp>
+#include <rdmaxx/wrap/pd.hpp>
+#include <rdmaxx/wrap/srq.hpp>
+
+namespace rdmaxx {
+
+enum class QpType : std::uint8_t { rc, uc, ud };
+enum class QpState : std::uint8_t { reset, init, rtr, rts, sqd, sqe, error, unknown };
+std::string_view to_string(QpType type) noexcept;
+std::string_view to_string(QpState state) noexcept;
+QpState qp_state_from_verbs(int state) noexcept;
+
+struct QpCaps {
+    std::uint32_t max_send_wr = 128;
+    std::uint32_t max_recv_wr = 128;  // ignored with an SRQ
+    std::uint32_t max_send_sge = 1;
+    std::uint32_t max_recv_sge = 1;   // ignored with an SRQ
+    std::uint32_t max_inline_data = 0;
+};
+
+// Two CQs of the same type: named fields, so they cannot be swapped by position.
+struct QpOptions {
+    QpType type = QpType::rc;
+    const CompletionQueue* send_cq = nullptr; // required
+    const CompletionQueue* recv_cq = nullptr; // required
+    const SharedReceiveQueue* srq = nullptr;   // receives come from this SRQ
+    QpCaps caps{};
+    bool signal_all = false;                   // every send WR completes with a CQE
+    std::uint8_t port = 1;
+    std::optional<std::uint32_t> gid_index;    // default: Context::choose_gid
+    std::uint16_t pkey_index = 0;
+    std::uint32_t qkey = 0x11111111;           // UD only
+    // What the peer may do to this QP's memory (RC; UC honours remote_write only).
+    Access remote_access = Access::remote_write | Access::remote_read | Access::remote_atomic;
+};
+
+// What a peer must know to connect to a QP: exchanged out of band (TCP, RDMA CM).
+struct Endpoint {
+    std::uint32_t qpn = 0;       // 24 bits
+    std::uint32_t psn = 0;       // 24 bits: the first packet sequence number it sends
+    Gid gid;                     // required on RoCE
+    std::uint16_t lid = 0;       // required on InfiniBand
+    Mtu mtu = Mtu::unknown;      // the port's active MTU
+
+    friend bool operator==(const Endpoint&, const Endpoint&) = default;
+};
+
+// Connection attributes, with the defaults a careful engineer picks. Out-of-range
+// values (retry counts above 7, timeout above 31, min_rnr_timer above 31) are
+// programming errors.
+struct ConnectOptions {
+    std::optional<Mtu> path_mtu;      // default: min(local active MTU, peer MTU)
+    std::uint8_t timeout = 14;        // 4.096 us * 2^14 = 67 ms per ACK timeout
+    std::uint8_t retry_cnt = 7;
+    std::uint8_t rnr_retry = 6;       // 7 retries forever and has frozen rxe hosts
+    std::uint8_t min_rnr_timer = 12;  // 0.64 ms
+    std::optional<std::uint8_t> max_rd_atomic;      // default: device max_qp_init_rd_atom
+    std::optional<std::uint8_t> max_dest_rd_atomic; // default: device max_qp_rd_atom
+    std::uint8_t service_level = 0;
+    std::uint8_t traffic_class = 0;
+    std::uint8_t hop_limit = 64;
+};
+
+class QueuePair : detail::MoveOnly {
+public:
+    // Caps beyond the device's limits are an Error that names the cap.
+    // Programming error: a moved-from PD or CQ, a missing CQ.
+    static Result<QueuePair> create(const ProtectionDomain& pd, const QpOptions& options,
+                                    std::source_location where = std::source_location::current());
+
+    // This QP's own description, to send to the peer. Its PSN is random.
+    const Endpoint& endpoint() const noexcept { return local_; }
+    QpType type() const noexcept { return type_; }
+    std::uint32_t qpn() const noexcept { return local_.qpn; }
+    const GidEntry& gid() const noexcept { return gid_; }
+    std::uint8_t port() const noexcept { return port_; }
+    std::uint32_t qkey() const noexcept { return qkey_; }
+    LinkLayer link_layer() const noexcept { return link_layer_; }
+    // The capabilities the device granted (at least those asked for).
+    const QpCaps& caps() const noexcept { return caps_; }
+
+    // RC/UC: RESET -> INIT -> RTR -> RTS towards `peer`. A peer description that
+    // cannot be right (QPN or PSN above 24 bits, unknown MTU, no GID on RoCE, no LID
+    // on InfiniBand) is an Error, as is anything the device refuses.
+    // Programming error: a UD QP, a QP not in RESET.
+    Result<void> connect(const Endpoint& peer, const ConnectOptions& options = {},
+                         std::source_location where = std::source_location::current());
+    // UD: RESET -> INIT -> RTR -> RTS. Programming error: not UD, not in RESET.
+    Result<void> activate(std::source_location where = std::source_location::current());
+
+    // The single steps, for callers that interleave them with their own work.
+    // Programming error: a step from the wrong state, a UD QP in to_rtr(peer).
+    Result<void> to_init(std::source_location where = std::source_location::current());
+    Result<void> to_rtr(const Endpoint& peer, const ConnectOptions& options = {},
+                        std::source_location where = std::source_location::current());
+    Result<void> to_rts(const ConnectOptions& options = {},
+                        std::source_location where = std::source_location::current());
+    // Any state -> ERR (outstanding WRs flush) and any state -> RESET.
+    Result<void> to_error(std::source_location where = std::source_location::current());
+    Result<void> reset(std::source_location where = std::source_location::current());
+    // Raw ibv_modify_qp for every other knob; the cached state follows attr.qp_state.
+    Result<void> modify(ibv_qp_attr& attr, int mask,
+                        std::source_location where = std::source_location::current());
+
+    // The state as the device sees it now (a system call). An RC QP whose peer
+    // failed reports error here although rdmaxx last moved it to RTS.
+    Result<QpState> query_state(std::source_location where = std::source_location::current());
+    // The state rdmaxx last set or observed, without a system call.
+    QpState state() const noexcept { return state_; }
+
+    ibv_qp* get(std::source_location where = std::source_location::current()) const;
+    const std::shared_ptr<ibv_pd>& pd(std::source_location where = std::source_location::current()) const;
+
+private:
+    QueuePair() = default;
+    Result<void> transition(ibv_qp_attr& attr, int mask, const char* step);
+
+    detail::DeviceHandle device_;
+    std::shared_ptr<ibv_qp> qp_; // keeps PD, CQs and SRQ alive
+    std::shared_ptr<ibv_pd> pd_;
+    Endpoint local_;
+    GidEntry gid_;
+    QpCaps caps_;
+    QpType type_ = QpType::rc;
+    QpState state_ = QpState::reset;
+    std::uint8_t port_ = 1;
+    std::uint16_t pkey_index_ = 0;
+    std::uint32_t qkey_ = 0;
+    Access remote_access_ = Access::none;
+    LinkLayer link_layer_ = LinkLayer::unknown;
+};
+
+} // namespace rdmaxx

@@ -1,0 +1,26 @@
+#include <rdmaxx/wrap/ah.hpp>
+
+#include "handle.hpp"
+#include "path.hpp"
+
+namespace rdmaxx {
+
+Result<AddressHandle> AddressHandle::create(const QueuePair& via, const Endpoint& peer,
+                                            const ConnectOptions& options, std::source_location where) {
+    const std::shared_ptr<ibv_pd>& pd = via.pd(where);
+    require(via.type() == QpType::ud, where, "an address handle for a {} QP: only UD sends use one",
+            to_string(via.type()));
+    if (auto ok = detail::check_peer(peer, via.link_layer()); !ok)
+        return std::unexpected(std::move(ok.error()));
+    ibv_ah_attr attr = detail::address_vector(peer, via.gid(), via.port(), via.link_layer(), options);
+    ibv_ah* ah = ibv_create_ah(pd.get(), &attr);
+    if (!ah)
+        return std::unexpected(Error::from_last_errno("ibv_create_ah", peer.gid.to_string()));
+    return AddressHandle(detail::adopt(ah, "ibv_destroy_ah", &ibv_destroy_ah, pd));
+}
+
+ibv_ah* AddressHandle::get(std::source_location where) const {
+    return detail::live(ah_, "AddressHandle", where).get();
+}
+
+} // namespace rdmaxx

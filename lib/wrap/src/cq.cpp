@@ -1,0 +1,126 @@
+#include <rdmaxx/wrap/cq.hpp>
+
+#include <fcntl.h>
+#include <poll.h>
+
+#include <fmt/format.h>
+
+#include "handle.hpp"
+
+namespace rdmaxx {
+namespace {
+
+// Events are acknowledged in batches: ibv_ack_cq_events takes a mutex, and
+// ibv_destroy_cq waits until every event was acknowledged.
+constexpr unsigned ack_batch = 32;
+
+} // namespace
+
+Result<CompletionQueue> CompletionQueue::create(const Context& context, CqOptions options,
+                                                std::source_location where) {
+    const detail::DeviceHandle& device = context.handle(where);
+    require(options.depth > 0, where, "a completion queue of depth 0");
+    const auto max_cqe = static_cast<std::uint32_t>(device->attributes.raw.max_cqe);
+    if (options.depth > max_cqe)
+        return std::unexpected(Error::from_errno(
+            "ibv_create_cq", EINVAL, fmt::format("depth {} above the device's max_cqe {}", options.depth, max_cqe)));
+
+    std::shared_ptr<ibv_comp_channel> channel;
+    if (options.channel) {
+        ibv_comp_channel* raw = ibv_create_comp_channel(device->context);
+        if (!raw)
+            return std::unexpected(Error::from_last_errno("ibv_create_comp_channel", device->name));
+        channel = detail::adopt(raw, "ibv_destroy_comp_channel", &ibv_destroy_comp_channel, device);
+        // non-blocking: wait_event drains the channel without ever blocking in read()
+        const int flags = fcntl(raw->fd, F_GETFL);
+        if (flags < 0 || fcntl(raw->fd, F_SETFL, flags | O_NONBLOCK) < 0)
+            return std::unexpected(Error::from_last_errno("fcntl", "O_NONBLOCK on the completion channel"));
+    }
+    ibv_cq* cq = ibv_create_cq(device->context, static_cast<int>(options.depth), nullptr, channel.get(),
+                               options.comp_vector);
+    if (!cq)
+        return std::unexpected(
+            Error::from_last_errno("ibv_create_cq", fmt::format("depth {} on {}", options.depth, device->name)));
+    const auto depth = static_cast<std::uint32_t>(cq->cqe);
+    return CompletionQueue(detail::adopt(cq, "ibv_destroy_cq", &ibv_destroy_cq, device, channel), std::move(channel),
+                           depth);
+}
+
+CompletionQueue::CompletionQueue(CompletionQueue&& other) noexcept
+    : cq_(std::move(other.cq_)), channel_(std::move(other.channel_)), depth_(other.depth_),
+      unacked_events_(std::exchange(other.unacked_events_, 0)) {}
+
+CompletionQueue& CompletionQueue::operator=(CompletionQueue&& other) noexcept {
+    if (this != &other) {
+        ack_events();
+        cq_ = std::move(other.cq_);
+        channel_ = std::move(other.channel_);
+        depth_ = other.depth_;
+        unacked_events_ = std::exchange(other.unacked_events_, 0);
+    }
+    return *this;
+}
+
+// A QP may keep the ibv_cq alive longer than this wrapper, but only the wrapper can
+// take events: acknowledging them all here is enough for ibv_destroy_cq.
+CompletionQueue::~CompletionQueue() { ack_events(); }
+
+void CompletionQueue::ack_events() noexcept {
+    if (unacked_events_ != 0)
+        ibv_ack_cq_events(cq_.get(), unacked_events_);
+    unacked_events_ = 0;
+}
+
+Result<void> CompletionQueue::arm(bool solicited_only, std::source_location where) {
+    require(channel_ != nullptr, where, "arm() on a completion queue created without a channel");
+    if (const int rc = ibv_req_notify_cq(get(where), solicited_only ? 1 : 0); rc != 0)
+        return std::unexpected(Error::from_errno("ibv_req_notify_cq", rc));
+    return {};
+}
+
+Result<void> CompletionQueue::wait_event(std::chrono::milliseconds timeout, std::source_location where) {
+    require(channel_ != nullptr, where, "wait_event() on a completion queue created without a channel");
+    get(where);
+    pollfd pfd{.fd = channel_->fd, .events = POLLIN, .revents = 0};
+    int ready;
+    do {
+        ready = ::poll(&pfd, 1, static_cast<int>(timeout.count()));
+    } while (ready < 0 && errno == EINTR);
+    if (ready < 0)
+        return std::unexpected(Error::from_last_errno("poll", "completion channel"));
+    if (ready == 0)
+        return std::unexpected(
+            Error::timeout("wait_event", fmt::format("no completion event within {} ms", timeout.count())));
+    // drain: every event pending now is for this CQ (the channel is its own)
+    unsigned taken = 0;
+    for (;;) {
+        ibv_cq* cq = nullptr;
+        void* context = nullptr;
+        if (ibv_get_cq_event(channel_.get(), &cq, &context) != 0) {
+            if (errno == EAGAIN)
+                break;
+            return std::unexpected(Error::from_last_errno("ibv_get_cq_event"));
+        }
+        ++taken;
+        if (++unacked_events_ >= ack_batch)
+            ack_events();
+    }
+    if (taken == 0) // readable but empty: another thread took the event
+        return std::unexpected(Error::from_errno("ibv_get_cq_event", EAGAIN, "the event was taken by another waiter"));
+    return {};
+}
+
+int CompletionQueue::channel_fd(std::source_location where) const {
+    require(channel_ != nullptr, where, "channel_fd() on a completion queue created without a channel");
+    return channel_->fd;
+}
+
+ibv_cq* CompletionQueue::get(std::source_location where) const {
+    return detail::live(cq_, "CompletionQueue", where).get();
+}
+
+const std::shared_ptr<ibv_cq>& CompletionQueue::handle(std::source_location where) const {
+    return detail::live(cq_, "CompletionQueue", where);
+}
+
+} // namespace rdmaxx

@@ -1,0 +1,135 @@
+#include <rdmaxx/wrap/mr.hpp>
+
+#include <bit>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+
+#include <endian.h>
+#include <unistd.h>
+
+#include "handle.hpp"
+
+namespace rdmaxx {
+namespace {
+
+void put_be(std::byte* out, std::uint64_t value, int bytes) {
+    for (int i = bytes - 1; i >= 0; --i, value >>= 8)
+        out[i] = static_cast<std::byte>(value & 0xff);
+}
+
+std::uint64_t get_be(const std::byte* in, int bytes) {
+    std::uint64_t value = 0;
+    for (int i = 0; i < bytes; ++i)
+        value = value << 8 | static_cast<std::uint8_t>(in[i]);
+    return value;
+}
+
+std::string access_string(Access access) {
+    std::string text;
+    const std::pair<Access, const char*> names[] = {
+        {Access::local_write, "local_write"},     {Access::remote_write, "remote_write"},
+        {Access::remote_read, "remote_read"},     {Access::remote_atomic, "remote_atomic"},
+        {Access::mw_bind, "mw_bind"},             {Access::zero_based, "zero_based"},
+        {Access::on_demand, "on_demand"},         {Access::relaxed_ordering, "relaxed_ordering"},
+    };
+    for (const auto& [flag, name] : names)
+        if (has(access, flag))
+            fmt::format_to(std::back_inserter(text), "{}{}", text.empty() ? "" : "|", name);
+    return text.empty() ? "none" : text;
+}
+
+Result<std::shared_ptr<ibv_mr>> register_with(const ProtectionDomain& pd, std::span<std::byte> memory,
+                                              Access access, std::shared_ptr<void> owned,
+                                              std::source_location where) {
+    const std::shared_ptr<ibv_pd>& pd_handle = pd.handle(where);
+    ibv_mr* mr = ibv_reg_mr(pd_handle.get(), memory.data(), memory.size(), static_cast<int>(access));
+    if (!mr)
+        return std::unexpected(Error::from_last_errno(
+            "ibv_reg_mr", fmt::format("{} bytes, access {}", memory.size(), access_string(access))));
+    // `owned` (the allocation, if any) is a kept parent: freed after ibv_dereg_mr
+    return detail::adopt(mr, "ibv_dereg_mr", &ibv_dereg_mr, pd_handle, std::move(owned));
+}
+
+} // namespace
+
+RemoteMemory::Wire RemoteMemory::serialize() const noexcept {
+    Wire wire;
+    put_be(wire.data(), addr, 8);
+    put_be(wire.data() + 8, length, 8);
+    put_be(wire.data() + 16, rkey, 4);
+    return wire;
+}
+
+Result<RemoteMemory> RemoteMemory::parse(std::span<const std::byte> bytes) {
+    if (bytes.size() != wire_size)
+        return std::unexpected(Error::protocol(
+            "RemoteMemory::parse", fmt::format("{} bytes, a remote region takes {}", bytes.size(), wire_size)));
+    RemoteMemory remote{.addr = get_be(bytes.data(), 8),
+                        .length = get_be(bytes.data() + 8, 8),
+                        .rkey = static_cast<std::uint32_t>(get_be(bytes.data() + 16, 4))};
+    if (remote.length > std::numeric_limits<std::uint64_t>::max() - remote.addr)
+        return std::unexpected(Error::protocol(
+            "RemoteMemory::parse", fmt::format("region {:#x} +{} wraps around the address space", remote.addr,
+                                               remote.length)));
+    return remote;
+}
+
+Result<MemoryRegion> MemoryRegion::register_memory(const ProtectionDomain& pd, std::span<std::byte> memory,
+                                                   Access access, std::source_location where) {
+    require(!memory.empty(), where, "register_memory of an empty span");
+    auto mr = register_with(pd, memory, access, nullptr, where);
+    if (!mr)
+        return std::unexpected(std::move(mr.error()));
+    return MemoryRegion(std::move(*mr), memory.size(), access);
+}
+
+Result<MemoryRegion> MemoryRegion::allocate(const ProtectionDomain& pd, std::size_t size, Access access,
+                                            AllocateOptions options, std::source_location where) {
+    require(size > 0, where, "allocate of 0 bytes");
+    const std::size_t alignment =
+        options.alignment != 0 ? options.alignment : static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+    require(std::has_single_bit(alignment), where, "alignment {} is not a power of two", alignment);
+    // aligned_alloc wants a size that is a multiple of the alignment
+    const std::size_t rounded = (size + alignment - 1) / alignment * alignment;
+    std::shared_ptr<void> memory(std::aligned_alloc(alignment, rounded), &std::free);
+    if (!memory)
+        return std::unexpected(Error::from_errno("aligned_alloc", ENOMEM, fmt::format("{} bytes", rounded)));
+    std::span<std::byte> bytes(static_cast<std::byte*>(memory.get()), size);
+    if (options.zeroed)
+        std::memset(bytes.data(), 0, bytes.size());
+    auto mr = register_with(pd, bytes, access, std::move(memory), where);
+    if (!mr)
+        return std::unexpected(std::move(mr.error()));
+    return MemoryRegion(std::move(*mr), size, access);
+}
+
+ibv_mr* MemoryRegion::get(std::source_location where) const {
+    return detail::live(mr_, "MemoryRegion", where).get();
+}
+
+std::byte* MemoryRegion::data(std::source_location where) const {
+    return static_cast<std::byte*>(get(where)->addr);
+}
+
+std::span<std::byte> MemoryRegion::bytes(std::source_location where) const { return {data(where), size_}; }
+
+std::uint32_t MemoryRegion::lkey(std::source_location where) const { return get(where)->lkey; }
+
+std::uint32_t MemoryRegion::rkey(std::source_location where) const { return get(where)->rkey; }
+
+LocalSlice MemoryRegion::slice(std::size_t offset, std::size_t length, std::source_location where) const {
+    require(offset <= size_ && length <= size_ - offset, where,
+            "slice [{}, +{}) out of range of a {}-byte memory region", offset, length, size_);
+    require(length <= std::numeric_limits<std::uint32_t>::max(), where,
+            "slice of {} bytes: a scatter/gather entry holds at most 4 GiB - 1", length);
+    return {data(where) + offset, static_cast<std::uint32_t>(length), lkey(where)};
+}
+
+LocalSlice MemoryRegion::all(std::source_location where) const { return slice(0, size_, where); }
+
+RemoteMemory MemoryRegion::remote(std::source_location where) const {
+    return {.addr = reinterpret_cast<std::uintptr_t>(data(where)), .length = size_, .rkey = rkey(where)};
+}
+
+} // namespace rdmaxx

@@ -1,0 +1,16 @@
+// How a QP or an address handle reaches a peer: shared by qp.cpp and ah.cpp.
+#pragma once
+
+#include <rdmaxx/wrap/qp.hpp>
+
+namespace rdmaxx::detail {
+
+// A peer description comes from the network: anything that cannot be right is an
+// Error (EINVAL) naming the field, before the device sees it.
+Result<void> check_peer(const Endpoint& peer, LinkLayer layer);
+
+// The address vector towards `peer` from `local` on `port`.
+ibv_ah_attr address_vector(const Endpoint& peer, const GidEntry& local, std::uint8_t port, LinkLayer layer,
+                           const ConnectOptions& options);
+
+} // namespace rdmaxx::detail

@@ -1,0 +1,27 @@
+#!/bin/bash
+# install-deps.sh - install everything rdmaxx needs to build and to run its device
+# tests in the Soft-RoCE VM, on Debian 12. Idempotent: already-installed packages are
+# skipped, so CI can call it on every run.
+set -euo pipefail
+
+PACKAGES=(
+    # build
+    g++ meson ninja-build pkg-config cmake
+    libibverbs-dev librdmacm-dev libspdlog-dev libfmt-dev doctest-dev
+    # the Soft-RoCE VM: Debian's own kernel (it has rdma_rxe), qemu, a static busybox
+    qemu-system-x86 linux-image-amd64 busybox-static kmod cpio xz-utils gzip iproute2
+    # user space inside the VM (the guest runs the host's / read-only)
+    rdma-core ibverbs-providers ibverbs-utils rdmacm-utils perftest
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && { echo "install-deps: all ${#PACKAGES[@]} packages present"; exit 0; }
+
+echo "install-deps: installing ${missing[*]}"
+SUDO=
+[ "$(id -u)" = 0 ] || SUDO=sudo
+$SUDO apt-get update -q
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
