@@ -46,7 +46,7 @@ struct Gid {
 };
 
 struct GidEntry {
-    Gid gid;
+    Gid gid{};
     std::uint32_t index = 0;
     std::uint8_t port = 0;
     GidType type = GidType::unknown;
@@ -65,7 +65,7 @@ struct PortAttributes {
 };
 
 struct DeviceAttributes {
-    std::string firmware;
+    std::string firmware{};
     std::uint64_t node_guid = 0; // host order
     std::uint32_t vendor_id = 0;
     std::uint32_t vendor_part_id = 0;
@@ -76,9 +76,9 @@ struct DeviceAttributes {
 
 // An entry of the device list; open it with `Context::open(info.name)`.
 struct DeviceInfo {
-    std::string name;
+    std::string name{};
     std::uint64_t guid = 0; // host order
-    std::string transport; // "InfiniBand", "iWARP", "usNIC", ... or "unknown"
+    std::string transport{}; // "InfiniBand", "iWARP", "usNIC", ... or "unknown"
 };
 
 Result<std::vector<DeviceInfo>> list_devices();

@@ -40,7 +40,7 @@ struct QpOptions {
     QpCaps caps{};
     bool signal_all = false;                   // every send WR completes with a CQE
     std::uint8_t port = 1;
-    std::optional<std::uint32_t> gid_index;    // default: Context::choose_gid
+    std::optional<std::uint32_t> gid_index{};    // default: Context::choose_gid
     std::uint16_t pkey_index = 0;
     std::uint32_t qkey = 0x11111111;           // UD only
     // What the peer may do to this QP's memory (RC; UC honours remote_write only).
@@ -51,7 +51,7 @@ struct QpOptions {
 struct Endpoint {
     std::uint32_t qpn = 0;       // 24 bits
     std::uint32_t psn = 0;       // 24 bits: the first packet sequence number it sends
-    Gid gid;                     // required on RoCE
+    Gid gid{};                     // required on RoCE
     std::uint16_t lid = 0;       // required on InfiniBand
     Mtu mtu = Mtu::unknown;      // the port's active MTU
 
@@ -62,13 +62,13 @@ struct Endpoint {
 // values (retry counts above 7, timeout above 31, min_rnr_timer above 31) are
 // programming errors.
 struct ConnectOptions {
-    std::optional<Mtu> path_mtu;      // default: min(local active MTU, peer MTU)
+    std::optional<Mtu> path_mtu{};    // default: min(local active MTU, peer MTU)
     std::uint8_t timeout = 14;        // 4.096 us * 2^14 = 67 ms per ACK timeout
     std::uint8_t retry_cnt = 7;
     std::uint8_t rnr_retry = 6;       // 7 retries forever and has frozen rxe hosts
     std::uint8_t min_rnr_timer = 12;  // 0.64 ms
-    std::optional<std::uint8_t> max_rd_atomic;      // default: device max_qp_init_rd_atom
-    std::optional<std::uint8_t> max_dest_rd_atomic; // default: device max_qp_rd_atom
+    std::optional<std::uint8_t> max_rd_atomic{};      // default: device max_qp_init_rd_atom
+    std::optional<std::uint8_t> max_dest_rd_atomic{}; // default: device max_qp_rd_atom
     std::uint8_t service_level = 0;
     std::uint8_t traffic_class = 0;
     std::uint8_t hop_limit = 64;

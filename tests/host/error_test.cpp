@@ -1,0 +1,71 @@
+#include <cerrno>
+#include <cstring>
+#include <sstream>
+
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+#include <infiniband/verbs.h>
+#include <spdlog/sinks/ostream_sink.h>
+
+#include <rdmaxx/wrap/error.hpp>
+#include <rdmaxx/wrap/log.hpp>
+
+#include "../support/check.hpp"
+
+using rdmaxx::Error;
+
+TEST_CASE("an errno Error names the call, the reason and the detail") {
+    const Error e = Error::from_errno("ibv_create_qp", ENOMEM, "max_send_wr 100000");
+    CHECK(e.kind() == Error::Kind::system);
+    CHECK(e.code() == ENOMEM);
+    CHECK(e.is_errno(ENOMEM));
+    CHECK(std::string_view(e.call()) == "ibv_create_qp");
+    CHECK(e.message() == fmt::format("ibv_create_qp: {} (errno {}): max_send_wr 100000", std::strerror(ENOMEM), ENOMEM));
+    CHECK(fmt::format("{}", e) == e.message());
+    CHECK(fmt::format("[{:>5}]", Error::timeout("x")).size() > 5);
+}
+
+TEST_CASE("from_last_errno reads errno, and never reports success") {
+    errno = EACCES;
+    CHECK(Error::from_last_errno("ibv_reg_mr").code() == EACCES);
+    errno = 0;
+    CHECK(Error::from_last_errno("ibv_reg_mr").code() == EIO);
+}
+
+TEST_CASE("a completion Error carries the ibv_wc_status and its text") {
+    const Error e = Error::completion(IBV_WC_REM_ACCESS_ERR, "RDMA WRITE wr_id 7");
+    CHECK(e.kind() == Error::Kind::completion);
+    CHECK(e.code() == IBV_WC_REM_ACCESS_ERR);
+    CHECK(e.message().find(ibv_wc_status_str(IBV_WC_REM_ACCESS_ERR)) != std::string::npos);
+    CHECK(e.message().find("RDMA WRITE wr_id 7") != std::string::npos);
+}
+
+TEST_CASE("timeout, protocol and unsupported Errors say what they are") {
+    CHECK(Error::timeout("wait_event").is_timeout());
+    CHECK(Error::timeout("wait_event").code() == ETIMEDOUT);
+    CHECK(Error::protocol("parse", "short").message() == "parse: protocol: short");
+    CHECK(Error::unsupported("mlx5dv", "not mlx5").kind() == Error::Kind::unsupported);
+    CHECK(rdmaxx::to_string(Error::Kind::completion) == "completion");
+}
+
+TEST_CASE("a programming error aborts naming the caller's file") {
+    RDMAXX_CHECK_DEATH(rdmaxx::require(false, std::source_location::current(), "bad {}", 42), "bad 42");
+}
+
+TEST_CASE("a silenced logger still explains a programming error on stderr") {
+    RDMAXX_CHECK_DEATH(
+        {
+            rdmaxx::set_logger(nullptr);
+            rdmaxx::require(1 + 1 == 3, std::source_location::current(), "arithmetic");
+        },
+        "arithmetic");
+}
+
+TEST_CASE("an application logger receives the library's messages") {
+    std::ostringstream out;
+    auto previous = rdmaxx::logger();
+    rdmaxx::set_logger(std::make_shared<spdlog::logger>("app", std::make_shared<spdlog::sinks::ostream_sink_st>(out)));
+    rdmaxx::logger()->warn("hello {}", 1);
+    rdmaxx::set_logger(previous);
+    CHECK(out.str().find("hello 1") != std::string::npos);
+}
