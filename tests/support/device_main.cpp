@@ -4,12 +4,16 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <cstdio>
 #include <memory>
+#include <mutex>
 
 #include <unistd.h>
 
 #include <fmt/format.h>
+#include <spdlog/sinks/base_sink.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
 
 #include "device.hpp"
 
@@ -33,6 +37,21 @@ std::vector<std::string> leftover_resources() {
     return lines;
 }
 
+namespace {
+
+// Counts what the library logs at error level: a destroy that failed inside a
+// destructor can only be logged, and must still fail the suite.
+std::atomic<int> logged_errors{0};
+
+class ErrorCounter final : public spdlog::sinks::base_sink<std::mutex> {
+    void sink_it_(const spdlog::details::log_msg& msg) override {
+        if (msg.level >= spdlog::level::err)
+            ++logged_errors;
+    }
+    void flush_() override {}
+};
+
+} // namespace
 } // namespace rdmaxx::test
 
 int main(int argc, char** argv) {
@@ -43,6 +62,9 @@ int main(int argc, char** argv) {
     }
     if (auto opened = rdmaxx::Context::open())
         std::printf("device suite on %s\n", opened->name().c_str());
+    rdmaxx::set_logger(std::make_shared<spdlog::logger>(
+        "rdmaxx", spdlog::sinks_init_list{std::make_shared<spdlog::sinks::stderr_color_sink_mt>(),
+                                          std::make_shared<rdmaxx::test::ErrorCounter>()}));
     doctest::Context context(argc, argv);
     const int rc = context.run();
     if (context.shouldExit())
@@ -50,5 +72,8 @@ int main(int argc, char** argv) {
     const auto leaks = rdmaxx::test::leftover_resources();
     for (const auto& line : leaks)
         std::printf("LEAK %s", line.c_str());
-    return rc != 0 ? rc : leaks.empty() ? 0 : 1;
+    const int errors = rdmaxx::test::logged_errors.load();
+    if (errors != 0)
+        std::printf("FAILED: rdmaxx logged %d error(s) during the suite\n", errors);
+    return rc != 0 ? rc : leaks.empty() && errors == 0 ? 0 : 1;
 }

@@ -41,9 +41,9 @@ Result<CompletionQueue> CompletionQueue::create(const Context& context, CqOption
     if (!cq)
         return std::unexpected(
             Error::from_last_errno("ibv_create_cq", fmt::format("depth {} on {}", options.depth, device->name)));
-    const auto depth = static_cast<std::uint32_t>(cq->cqe);
-    return CompletionQueue(detail::adopt(cq, "ibv_destroy_cq", &ibv_destroy_cq, device, channel), std::move(channel),
-                           depth);
+    // a statement of its own: the CQ's deleter must copy `channel` before it is moved
+    auto handle = detail::adopt(cq, "ibv_destroy_cq", &ibv_destroy_cq, device, channel);
+    return CompletionQueue(std::move(handle), std::move(channel), static_cast<std::uint32_t>(cq->cqe));
 }
 
 CompletionQueue::CompletionQueue(CompletionQueue&& other) noexcept
