@@ -1,0 +1,45 @@
+#!/bin/bash
+# test.sh - install what is needed, build, run the host suite on this machine and the
+# device suite on a real RDMA device: this host's if it has one, else rxe0 in the
+# project's Soft-RoCE VM (scripts/vm/run.sh). Ends with "N passed, N failed, N skipped".
+#
+#   scripts/test.sh [--build DIR] [--werror] [--sanitize] [--no-install]
+#
+# Exit code 0 only when nothing failed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+build=build
+setup=()
+install=1
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --build) build=$2; shift ;;
+        --werror) setup+=(-Dwerror=true) ;;
+        --sanitize) setup+=(-Db_sanitize=address,undefined -Db_lundef=false) ;;
+        --no-install) install=0 ;;
+        *) echo "test.sh: unknown argument $1" >&2; exit 2 ;;
+    esac
+    shift
+done
+
+[ "$install" = 1 ] && scripts/install-deps.sh
+if [ -f "$build/build.ninja" ]; then
+    meson setup --reconfigure "$build" "${setup[@]}" >/dev/null
+else
+    meson setup "$build" "${setup[@]}"
+fi
+ninja -C "$build"
+
+rm -f "$build"/meson-logs/{host,device}.json
+status=0
+meson test -C "$build" --no-rebuild --suite host --logbase host --print-errorlogs || status=1
+if compgen -G '/sys/class/infiniband/*' >/dev/null; then
+    device_runner=()
+else
+    device_runner=(scripts/vm/run.sh)
+fi
+"${device_runner[@]}" meson test -C "$build" --no-rebuild --suite device --logbase device --print-errorlogs \
+    || status=1
+python3 scripts/summarize.py "$build"/meson-logs/host.json "$build"/meson-logs/device.json || status=1
+exit $status
