@@ -78,13 +78,15 @@ Result<void> CompletionQueue::arm(bool solicited_only, std::source_location wher
     return {};
 }
 
-Result<void> CompletionQueue::wait_event(std::chrono::milliseconds timeout, std::source_location where) {
+Result<void> CompletionQueue::wait_event(std::chrono::milliseconds timeout, int also_watch,
+                                         std::source_location where) {
     require(channel_ != nullptr, where, "wait_event() on a completion queue created without a channel");
     get(where);
-    pollfd pfd{.fd = channel_->fd, .events = POLLIN, .revents = 0};
+    pollfd fds[2] = {{.fd = channel_->fd, .events = POLLIN, .revents = 0},
+                     {.fd = also_watch, .events = POLLIN, .revents = 0}};
     int ready;
     do {
-        ready = ::poll(&pfd, 1, static_cast<int>(timeout.count()));
+        ready = ::poll(fds, also_watch < 0 ? 1 : 2, static_cast<int>(timeout.count()));
     } while (ready < 0 && errno == EINTR);
     if (ready < 0)
         return std::unexpected(Error::from_last_errno("poll", "completion channel"));
@@ -105,6 +107,8 @@ Result<void> CompletionQueue::wait_event(std::chrono::milliseconds timeout, std:
         if (++unacked_events_ >= ack_batch)
             ack_events();
     }
+    if (taken == 0 && fds[1].revents != 0) // woken by `also_watch`
+        return {};
     if (taken == 0) // readable but empty: another thread took the event
         return std::unexpected(Error::from_errno("ibv_get_cq_event", EAGAIN, "the event was taken by another waiter"));
     return {};

@@ -98,6 +98,19 @@ Result<void> check_caps(const QpCaps& caps, bool with_srq, const ibv_device_attr
     return {};
 }
 
+// Every operation the data layer posts on a QP of this type.
+std::uint64_t send_ops(QpType type, bool atomics) {
+    std::uint64_t ops = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
+    if (type != QpType::ud)
+        ops |= IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM;
+    if (type == QpType::rc) {
+        ops |= IBV_QP_EX_WITH_RDMA_READ;
+        if (atomics)
+            ops |= IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+    }
+    return ops;
+}
+
 ibv_qp_type to_verbs(QpType type) {
     switch (type) {
     case QpType::uc: return IBV_QPT_UC;
@@ -128,7 +141,7 @@ Result<QueuePair> QueuePair::create(const ProtectionDomain& pd, const QpOptions&
     if (!gid)
         return std::unexpected(std::move(gid.error()));
 
-    ibv_qp_init_attr init{};
+    ibv_qp_init_attr_ex init{};
     init.send_cq = send_cq.get();
     init.recv_cq = recv_cq.get();
     init.srq = srq.get();
@@ -139,7 +152,24 @@ Result<QueuePair> QueuePair::create(const ProtectionDomain& pd, const QpOptions&
                 .max_inline_data = options.caps.max_inline_data};
     init.qp_type = to_verbs(options.type);
     init.sq_sig_all = options.signal_all ? 1 : 0;
-    ibv_qp* raw = ibv_create_qp(pd_handle.get(), &init);
+    init.comp_mask = IBV_QP_INIT_ATTR_PD;
+    init.pd = pd_handle.get();
+    ibv_qp* raw = nullptr;
+    bool with_send_ops = false;
+    if (options.post_api != PostApi::classic) {
+        ibv_qp_init_attr_ex extended = init;
+        extended.comp_mask |= IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+        extended.send_ops_flags = send_ops(options.type, device->attributes.atomics);
+        raw = ibv_create_qp_ex(device->context, &extended);
+        with_send_ops = raw != nullptr;
+        if (raw)
+            init.cap = extended.cap;
+        else if (options.post_api == PostApi::extended)
+            return std::unexpected(Error::from_last_errno(
+                "ibv_create_qp_ex", fmt::format("{} QP with the extended post API", to_string(options.type))));
+    }
+    if (!raw)
+        raw = ibv_create_qp_ex(device->context, &init);
     if (!raw)
         return std::unexpected(Error::from_last_errno(
             "ibv_create_qp",
@@ -150,6 +180,8 @@ Result<QueuePair> QueuePair::create(const ProtectionDomain& pd, const QpOptions&
     QueuePair qp;
     qp.device_ = device;
     qp.pd_ = pd_handle;
+    // only a QP created with send_ops_flags has working ibv_wr_* entries
+    qp.extended_ = with_send_ops ? ibv_qp_to_qp_ex(raw) : nullptr;
     qp.qp_ = detail::adopt(raw, "ibv_destroy_qp", &ibv_destroy_qp, pd_handle, std::move(send_cq),
                            std::move(recv_cq), std::move(srq));
     // ibv_create_qp writes the capabilities it granted back into init.cap
@@ -167,6 +199,7 @@ Result<QueuePair> QueuePair::create(const ProtectionDomain& pd, const QpOptions&
     qp.remote_access_ = options.type == QpType::uc ? options.remote_access & Access::remote_write
                                                    : options.remote_access;
     qp.link_layer_ = port->link_layer;
+    qp.has_srq_ = options.srq != nullptr;
     return qp;
 }
 

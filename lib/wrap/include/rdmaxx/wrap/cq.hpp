@@ -42,8 +42,10 @@ public:
     // Waits up to `timeout` for an event of the armed CQ; takes every event pending on
     // the channel, so none piles up in the kernel, and acknowledges them in batches
     // (and all before the CQ is destroyed). A timeout is an Error of kind timeout.
+    // `also_watch`, when not -1, is another fd (such as the device's async event fd)
+    // whose readability also ends the wait, successfully, with nothing read from it.
     // Programming error: a CQ without a channel.
-    Result<void> wait_event(std::chrono::milliseconds timeout,
+    Result<void> wait_event(std::chrono::milliseconds timeout, int also_watch = -1,
                             std::source_location where = std::source_location::current());
     // The channel's file descriptor (non-blocking), for an application's own poll/epoll
     // loop; follow readiness with wait_event(0ms). Programming error: no channel.

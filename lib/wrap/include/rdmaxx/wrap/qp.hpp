@@ -23,6 +23,11 @@ std::string_view to_string(QpType type) noexcept;
 std::string_view to_string(QpState state) noexcept;
 QpState qp_state_from_verbs(int state) noexcept;
 
+// How send WRs reach the device. `extended` is the ibv_wr_* API on an ibv_qp_ex
+// (ibv_wr_post(3)); `classic` is ibv_post_send with WR chains; `automatic` takes
+// extended where the device supports it for this QP type, else classic.
+enum class PostApi : std::uint8_t { automatic, classic, extended };
+
 struct QpCaps {
     std::uint32_t max_send_wr = 128;
     std::uint32_t max_recv_wr = 128;  // ignored with an SRQ
@@ -43,6 +48,7 @@ struct QpOptions {
     std::optional<std::uint32_t> gid_index{};    // default: Context::choose_gid
     std::uint16_t pkey_index = 0;
     std::uint32_t qkey = 0x11111111;           // UD only
+    PostApi post_api = PostApi::automatic;     // extended where unsupported is an Error
     // What the peer may do to this QP's memory (RC; UC honours remote_write only).
     Access remote_access = Access::remote_write | Access::remote_read | Access::remote_atomic;
 };
@@ -91,6 +97,11 @@ public:
     LinkLayer link_layer() const noexcept { return link_layer_; }
     // The capabilities the device granted (at least those asked for).
     const QpCaps& caps() const noexcept { return caps_; }
+    bool has_srq() const noexcept { return has_srq_; }
+    // Whether the device executes atomics (IBV_ATOMIC_HCA or _GLOB).
+    bool supports_atomics() const noexcept { return device_ && device_->attributes.atomics; }
+    // The extended post interface, or nullptr when this QP uses ibv_post_send.
+    ibv_qp_ex* extended() const noexcept { return extended_; }
 
     // RC/UC: RESET -> INIT -> RTR -> RTS towards `peer`. A peer description that
     // cannot be right (QPN or PSN above 24 bits, unknown MTU, no GID on RoCE, no LID
@@ -131,11 +142,13 @@ private:
     detail::DeviceHandle device_;
     std::shared_ptr<ibv_qp> qp_; // keeps PD, CQs and SRQ alive
     std::shared_ptr<ibv_pd> pd_;
+    ibv_qp_ex* extended_ = nullptr; // owned by qp_
     Endpoint local_;
     GidEntry gid_;
     QpCaps caps_;
     QpType type_ = QpType::rc;
     QpState state_ = QpState::reset;
+    bool has_srq_ = false;
     std::uint8_t port_ = 1;
     std::uint16_t pkey_index_ = 0;
     std::uint32_t qkey_ = 0;

@@ -1,0 +1,151 @@
+// Work completions: a value type over ibv_wc, batch polling into caller memory, and
+// bounded waits (busy polling or the completion channel).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <source_location>
+#include <span>
+#include <type_traits>
+
+#include <arpa/inet.h>
+#include <infiniband/verbs.h>
+
+#include <rdmaxx/wrap/cq.hpp>
+#include <rdmaxx/wrap/error.hpp>
+
+namespace rdmaxx {
+
+class AsyncEvents;
+
+enum class WcOpcode : std::uint8_t {
+    unknown, // a failed completion's opcode is undefined (ibv_poll_cq(3)): never read it
+    send, rdma_write, rdma_read, compare_swap, fetch_add, recv, recv_rdma_with_imm,
+};
+std::string_view to_string(WcOpcode opcode) noexcept;
+
+// One completion, layout-identical to ibv_wc so that ibv_poll_cq writes straight into
+// a caller's array of them.
+class WorkCompletion {
+public:
+    std::uint64_t wr_id() const noexcept { return wc_.wr_id; }
+    ibv_wc_status status() const noexcept { return wc_.status; }
+    bool ok() const noexcept { return wc_.status == IBV_WC_SUCCESS; }
+    // `unknown` for a failed completion.
+    WcOpcode opcode() const noexcept;
+    std::uint32_t byte_len() const noexcept { return wc_.byte_len; }
+    // The immediate in host order, when the completion carries one (IBV_WC_WITH_IMM:
+    // a bit, tested as a bit: providers set other bits beside it).
+    std::optional<std::uint32_t> imm() const noexcept {
+        if (ok() && (wc_.wc_flags & IBV_WC_WITH_IMM))
+            return ntohl(wc_.imm_data);
+        return std::nullopt;
+    }
+    std::uint32_t qp_num() const noexcept { return wc_.qp_num; }
+    std::uint32_t src_qp() const noexcept { return wc_.src_qp; } // UD receives
+    bool has_grh() const noexcept { return (wc_.wc_flags & IBV_WC_GRH) != 0; }
+    const ibv_wc& raw() const noexcept { return wc_; }
+
+    // The failure as an Error (status text, wr_id, QP, vendor error). Programming
+    // error: a successful completion.
+    Error error(std::source_location where = std::source_location::current()) const;
+    // Success, or the failure as an Error.
+    Result<void> check() const {
+        if (ok()) [[likely]]
+            return {};
+        return std::unexpected(error());
+    }
+
+private:
+    ibv_wc wc_;
+};
+static_assert(std::is_standard_layout_v<WorkCompletion> && sizeof(WorkCompletion) == sizeof(ibv_wc));
+
+// Takes up to `out.size()` completions without waiting; returns how many. Failed
+// completions are returned like the others: check each one.
+inline Result<std::size_t> poll(const CompletionQueue& cq, std::span<WorkCompletion> out) {
+    const int n = ibv_poll_cq(cq.get(), static_cast<int>(out.size()), reinterpret_cast<ibv_wc*>(out.data()));
+    if (n < 0) [[unlikely]]
+        return std::unexpected(Error::from_errno("ibv_poll_cq", n == -1 ? EIO : -n));
+    return static_cast<std::size_t>(n);
+}
+
+enum class WaitMode : std::uint8_t {
+    busy_poll, // spin on ibv_poll_cq: lowest latency, one core
+    event,     // sleep on the CQ's completion channel (created with CqOptions::channel)
+};
+
+struct WaitOptions {
+    std::chrono::milliseconds timeout{5000};
+    WaitMode mode = WaitMode::busy_poll;
+    // When set, device events that kill a QP (QP fatal, port error, device fatal)
+    // end the wait with an Error instead of letting it run out its timeout.
+    AsyncEvents* events = nullptr;
+    std::uint32_t qp_num = 0; // the QP whose fatal events end the wait (0: any)
+};
+
+namespace detail {
+
+// A non-owning reference to a callable: a callback without an allocation.
+template <class Signature>
+class FunctionRef;
+template <class R, class... Args>
+class FunctionRef<R(Args...)> {
+public:
+    template <class F>
+    FunctionRef(F& f) noexcept // NOLINT: implicit by design, like std::function_ref
+        : object_(&f), call_([](void* o, Args... args) -> R { return (*static_cast<F*>(o))(args...); }) {}
+    R operator()(Args... args) const { return call_(object_, args...); }
+
+private:
+    void* object_;
+    R (*call_)(void*, Args...);
+};
+
+// Hands every completion to `take` until it returns true; a failed completion ends
+// the wait with its Error after `take` saw it.
+Result<void> wait_until(CompletionQueue& cq, const WaitOptions& options,
+                        FunctionRef<bool(const WorkCompletion&)> take, std::source_location where);
+
+} // namespace detail
+
+// Waits until `n` completions were taken into `out`. A failed completion ends the
+// wait early with its Error (it and those before it are in `out`). A timeout is an
+// Error of kind timeout. Programming error: n > out.size(), event mode on a CQ
+// without a channel.
+inline Result<void> wait_n(CompletionQueue& cq, std::span<WorkCompletion> out, std::size_t n,
+                           const WaitOptions& options = {},
+                           std::source_location where = std::source_location::current()) {
+    require(n <= out.size(), where, "wait_n for {} completions into room for {}", n, out.size());
+    std::size_t taken = 0;
+    auto take = [&](const WorkCompletion& wc) {
+        out[taken++] = wc;
+        return taken == n;
+    };
+    if (n == 0)
+        return {};
+    return detail::wait_until(cq, options, take, where);
+}
+
+// Waits for the completion of `wr_id`. Completions of other WRs taken meanwhile are
+// handed to `other` (by default dropped); a failed one ends the wait with its Error.
+template <class Other = void (*)(const WorkCompletion&)>
+Result<WorkCompletion> wait_for(CompletionQueue& cq, std::uint64_t wr_id, const WaitOptions& options = {},
+                                Other&& other = [](const WorkCompletion&) {},
+                                std::source_location where = std::source_location::current()) {
+    WorkCompletion found;
+    auto take = [&](const WorkCompletion& wc) {
+        if (wc.wr_id() == wr_id) {
+            found = wc;
+            return true;
+        }
+        other(wc);
+        return false;
+    };
+    if (auto ok = detail::wait_until(cq, options, take, where); !ok)
+        return std::unexpected(std::move(ok.error()));
+    return found;
+}
+
+} // namespace rdmaxx

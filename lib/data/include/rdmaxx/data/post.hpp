@@ -1,0 +1,336 @@
+// Posting work requests: one-sided (READ, WRITE, WRITE_WITH_IMM, CAS, FAA), two-sided
+// (SEND, SEND_WITH_IMM, RECV), UD sends, and batches rung with one doorbell.
+//
+// Everything here is inline and allocation-free: a post costs the checks below (a
+// few branches) plus what ibv_post_send or the ibv_wr_* API costs. The checks are
+// programming errors (abort naming the caller): posting on a QP that is not in RTS,
+// a remote slice smaller than the local data, inline data above the QP's
+// max_inline_data, more SGEs than the QP was created with, an operation the QP type
+// does not support, atomics that are not 8 bytes and 8-aligned on both sides.
+// What the device refuses is an Error.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <source_location>
+#include <span>
+
+#include <arpa/inet.h>
+#include <infiniband/verbs.h>
+
+#include <rdmaxx/wrap/ah.hpp>
+#include <rdmaxx/wrap/error.hpp>
+#include <rdmaxx/wrap/mr.hpp>
+#include <rdmaxx/wrap/qp.hpp>
+#include <rdmaxx/wrap/srq.hpp>
+
+namespace rdmaxx {
+
+struct PostOptions {
+    std::uint64_t wr_id = 0;
+    bool signaled = true;     // ignored (always on) when the QP signals every WR
+    bool inline_data = false; // copy the payload into the WR: the buffer is free at once
+    bool fence = false;       // wait for earlier READs and atomics first
+    bool solicited = false;   // wake a receiver that armed for solicited events only
+};
+
+// The local side of a work request: one slice or a scatter/gather list. Only a
+// parameter type: it refers to its argument for the duration of the call.
+class Gather {
+public:
+    Gather(const LocalSlice& one) noexcept : slices_(&one, 1) {}               // NOLINT: implicit
+    Gather(std::span<const LocalSlice> many) noexcept : slices_(many) {}       // NOLINT: implicit
+    std::span<const LocalSlice> slices() const noexcept { return slices_; }
+
+private:
+    std::span<const LocalSlice> slices_;
+};
+
+// Where a UD send goes.
+struct UdDestination {
+    const AddressHandle* ah = nullptr;
+    std::uint32_t qpn = 0;
+    std::uint32_t qkey = 0;
+};
+
+// The payload of a UD receive starts after the 40-byte global routing header.
+inline constexpr std::size_t ud_grh_bytes = 40;
+
+namespace detail {
+
+// Most SGEs one WR may carry through rdmaxx (the QP's own limit also applies).
+inline constexpr std::size_t max_sge = 16;
+
+// A send WR with room for its SGEs: built on the stack, then posted.
+struct SendWr {
+    ibv_send_wr wr;
+    std::array<ibv_sge, max_sge> sge;
+};
+
+// The common part of every send WR; returns the payload length.
+inline std::uint64_t build(SendWr& s, const QueuePair& qp, ibv_wr_opcode opcode, Gather local,
+                           const PostOptions& options, std::source_location where) {
+    require(qp.state() == QpState::rts, where, "post on a {} QP in state {}: connect it first",
+            to_string(qp.type()), to_string(qp.state()));
+    const auto slices = local.slices();
+    require(slices.size() <= qp.caps().max_send_sge && slices.size() <= max_sge, where,
+            "{} SGEs on a QP created with max_send_sge {}", slices.size(), qp.caps().max_send_sge);
+    std::uint64_t total = 0;
+    for (std::size_t i = 0; i < slices.size(); ++i) {
+        s.sge[i] = slices[i].sge();
+        total += slices[i].size();
+    }
+    require(!options.inline_data || total <= qp.caps().max_inline_data, where,
+            "{} bytes inline on a QP with max_inline_data {}", total, qp.caps().max_inline_data);
+    s.wr.wr_id = options.wr_id;
+    s.wr.next = nullptr;
+    s.wr.sg_list = s.sge.data();
+    s.wr.num_sge = static_cast<int>(slices.size());
+    s.wr.opcode = opcode;
+    s.wr.send_flags = (options.signaled ? IBV_SEND_SIGNALED : 0) | (options.inline_data ? IBV_SEND_INLINE : 0) |
+                      (options.fence ? IBV_SEND_FENCE : 0) | (options.solicited ? IBV_SEND_SOLICITED : 0);
+    return total;
+}
+
+inline void build_rdma(SendWr& s, const QueuePair& qp, ibv_wr_opcode opcode, Gather local, const RemoteMemory& remote,
+                       const PostOptions& options, std::source_location where) {
+    require(qp.type() != QpType::ud, where, "RDMA {} on a UD QP",
+            opcode == IBV_WR_RDMA_READ ? "READ" : "WRITE");
+    require(opcode != IBV_WR_RDMA_READ || qp.type() == QpType::rc, where, "RDMA READ on a {} QP: RC only",
+            to_string(qp.type()));
+    require(opcode != IBV_WR_RDMA_READ || !options.inline_data, where, "RDMA READ cannot be inline");
+    const std::uint64_t total = build(s, qp, opcode, local, options, where);
+    require(total <= remote.length, where, "{} local bytes into a {}-byte remote slice", total, remote.length);
+    s.wr.wr.rdma.remote_addr = remote.addr;
+    s.wr.wr.rdma.rkey = remote.rkey;
+}
+
+inline void build_atomic(SendWr& s, const QueuePair& qp, ibv_wr_opcode opcode, const LocalSlice& result,
+                         const RemoteMemory& target, std::uint64_t compare_add, std::uint64_t swap,
+                         const PostOptions& options, std::source_location where) {
+    require(qp.type() == QpType::rc, where, "an atomic on a {} QP: RC only", to_string(qp.type()));
+    require(result.size() == 8 && reinterpret_cast<std::uintptr_t>(result.data()) % 8 == 0, where,
+            "an atomic's local slice must be 8 bytes, 8-aligned (got {} bytes at {})", result.size(),
+            static_cast<const void*>(result.data()));
+    require(target.length >= 8 && target.addr % 8 == 0, where,
+            "an atomic's remote slice must be 8 bytes, 8-aligned (got {} bytes at {:#x})", target.length,
+            target.addr);
+    require(!options.inline_data, where, "an atomic cannot be inline");
+    build(s, qp, opcode, result, options, where);
+    s.wr.wr.atomic.remote_addr = target.addr;
+    s.wr.wr.atomic.compare_add = compare_add;
+    s.wr.wr.atomic.swap = swap;
+    s.wr.wr.atomic.rkey = target.rkey;
+}
+
+// Replays a WR chain through the ibv_wr_* API; returns ibv_wr_complete's result.
+int post_extended(ibv_qp_ex* qpx, const ibv_send_wr* wr);
+
+// Posts a WR chain through the QP's post API. `count` is the chain's length, for
+// the Error of a failed post.
+inline Result<void> submit(QueuePair& qp, ibv_send_wr& first, std::size_t count, std::source_location where) {
+    if (ibv_qp_ex* qpx = qp.extended()) {
+        if (const int rc = post_extended(qpx, &first); rc != 0) [[unlikely]]
+            return std::unexpected(Error::from_errno(
+                "ibv_wr_complete", rc, count == 1 ? std::string("1 WR") : std::to_string(count) + " WRs, none posted"));
+        return {};
+    }
+    ibv_send_wr* bad = nullptr;
+    if (const int rc = ibv_post_send(qp.get(where), &first, &bad); rc != 0) [[unlikely]] {
+        std::size_t index = 0;
+        for (const ibv_send_wr* wr = &first; wr && wr != bad; wr = wr->next)
+            ++index;
+        return std::unexpected(Error::from_errno(
+            "ibv_post_send", rc,
+            fmt::format("WR {} of {} (wr_id {}) failed; the WRs before it were posted", index, count,
+                        bad ? bad->wr_id : 0)));
+    }
+    return {};
+}
+
+inline Result<void> post_one(QueuePair& qp, SendWr& s, std::source_location where) {
+    return submit(qp, s.wr, 1, where);
+}
+
+} // namespace detail
+
+inline Result<void> post_write(QueuePair& qp, Gather local, const RemoteMemory& remote, const PostOptions& options = {},
+                               std::source_location where = std::source_location::current()) {
+    detail::SendWr s;
+    detail::build_rdma(s, qp, IBV_WR_RDMA_WRITE, local, remote, options, where);
+    return detail::post_one(qp, s, where);
+}
+
+// `imm` in host order; the receiver's completion returns it in host order.
+inline Result<void> post_write_with_imm(QueuePair& qp, Gather local, const RemoteMemory& remote, std::uint32_t imm,
+                                        const PostOptions& options = {},
+                                        std::source_location where = std::source_location::current()) {
+    detail::SendWr s;
+    detail::build_rdma(s, qp, IBV_WR_RDMA_WRITE_WITH_IMM, local, remote, options, where);
+    s.wr.imm_data = htonl(imm);
+    return detail::post_one(qp, s, where);
+}
+
+inline Result<void> post_read(QueuePair& qp, Gather local, const RemoteMemory& remote, const PostOptions& options = {},
+                              std::source_location where = std::source_location::current()) {
+    detail::SendWr s;
+    detail::build_rdma(s, qp, IBV_WR_RDMA_READ, local, remote, options, where);
+    return detail::post_one(qp, s, where);
+}
+
+// RC/UC send; UD sends take a destination (below).
+inline Result<void> post_send(QueuePair& qp, Gather local, const PostOptions& options = {},
+                              std::source_location where = std::source_location::current()) {
+    require(qp.type() != QpType::ud, where, "post_send on a UD QP needs a UdDestination");
+    detail::SendWr s;
+    detail::build(s, qp, IBV_WR_SEND, local, options, where);
+    return detail::post_one(qp, s, where);
+}
+
+inline Result<void> post_send_with_imm(QueuePair& qp, Gather local, std::uint32_t imm, const PostOptions& options = {},
+                                       std::source_location where = std::source_location::current()) {
+    require(qp.type() != QpType::ud, where, "post_send_with_imm on a UD QP needs a UdDestination");
+    detail::SendWr s;
+    detail::build(s, qp, IBV_WR_SEND_WITH_IMM, local, options, where);
+    s.wr.imm_data = htonl(imm);
+    return detail::post_one(qp, s, where);
+}
+
+inline Result<void> post_send(QueuePair& qp, Gather local, const UdDestination& to, const PostOptions& options = {},
+                              std::source_location where = std::source_location::current()) {
+    require(qp.type() == QpType::ud, where, "a UdDestination on a {} QP", to_string(qp.type()));
+    require(to.ah != nullptr, where, "a UdDestination without an address handle");
+    detail::SendWr s;
+    detail::build(s, qp, IBV_WR_SEND, local, options, where);
+    s.wr.wr.ud.ah = to.ah->get(where);
+    s.wr.wr.ud.remote_qpn = to.qpn;
+    s.wr.wr.ud.remote_qkey = to.qkey;
+    return detail::post_one(qp, s, where);
+}
+
+// The remote 8 bytes become `swap` if they equal `compare`; their old value lands in
+// `result` either way. A device without atomics gives an Error before posting.
+inline Result<void> post_compare_swap(QueuePair& qp, const LocalSlice& result, const RemoteMemory& target,
+                                      std::uint64_t compare, std::uint64_t swap, const PostOptions& options = {},
+                                      std::source_location where = std::source_location::current()) {
+    if (!qp.supports_atomics()) [[unlikely]]
+        return std::unexpected(Error::unsupported("post_compare_swap", "the device has no atomic support"));
+    detail::SendWr s;
+    detail::build_atomic(s, qp, IBV_WR_ATOMIC_CMP_AND_SWP, result, target, compare, swap, options, where);
+    return detail::post_one(qp, s, where);
+}
+
+// Adds `add` to the remote 8 bytes; their old value lands in `result`.
+inline Result<void> post_fetch_add(QueuePair& qp, const LocalSlice& result, const RemoteMemory& target,
+                                   std::uint64_t add, const PostOptions& options = {},
+                                   std::source_location where = std::source_location::current()) {
+    if (!qp.supports_atomics()) [[unlikely]]
+        return std::unexpected(Error::unsupported("post_fetch_add", "the device has no atomic support"));
+    detail::SendWr s;
+    detail::build_atomic(s, qp, IBV_WR_ATOMIC_FETCH_AND_ADD, result, target, add, 0, options, where);
+    return detail::post_one(qp, s, where);
+}
+
+namespace detail {
+
+inline void build_recv(ibv_recv_wr& wr, std::array<ibv_sge, max_sge>& sge, Gather local, std::uint64_t wr_id,
+                               std::uint32_t max_recv_sge, std::source_location where) {
+    const auto slices = local.slices();
+    require(slices.size() <= max_recv_sge && slices.size() <= max_sge, where,
+            "{} SGEs on a receive queue with max_recv_sge {}", slices.size(), max_recv_sge);
+    for (std::size_t i = 0; i < slices.size(); ++i)
+        sge[i] = slices[i].sge();
+    wr = {.wr_id = wr_id, .next = nullptr, .sg_list = sge.data(), .num_sge = static_cast<int>(slices.size())};
+}
+
+} // namespace detail
+
+// A receive buffer for the next incoming SEND (or WRITE_WITH_IMM's immediate). On
+// UD, the buffer's first 40 bytes (ud_grh_bytes) receive the GRH. Programming
+// error: a QP in RESET, a QP whose receives come from an SRQ, more SGEs than the
+// QP's max_recv_sge.
+inline Result<void> post_recv(QueuePair& qp, Gather local, std::uint64_t wr_id,
+                              std::source_location where = std::source_location::current()) {
+    require(qp.state() != QpState::reset, where, "post_recv on a QP in RESET: bring it to INIT first");
+    require(!qp.has_srq(), where, "post_recv on a QP whose receives come from an SRQ");
+    ibv_recv_wr wr;
+    std::array<ibv_sge, detail::max_sge> sge;
+    detail::build_recv(wr, sge, local, wr_id, qp.caps().max_recv_sge, where);
+    ibv_recv_wr* bad = nullptr;
+    if (const int rc = ibv_post_recv(qp.get(where), &wr, &bad); rc != 0) [[unlikely]]
+        return std::unexpected(Error::from_errno("ibv_post_recv", rc, fmt::format("wr_id {}", wr_id)));
+    return {};
+}
+
+inline Result<void> post_recv(SharedReceiveQueue& srq, Gather local, std::uint64_t wr_id,
+                              std::source_location where = std::source_location::current()) {
+    ibv_recv_wr wr;
+    std::array<ibv_sge, detail::max_sge> sge;
+    detail::build_recv(wr, sge, local, wr_id, srq.max_sge(), where);
+    ibv_recv_wr* bad = nullptr;
+    if (const int rc = ibv_post_srq_recv(srq.get(where), &wr, &bad); rc != 0) [[unlikely]]
+        return std::unexpected(Error::from_errno("ibv_post_srq_recv", rc, fmt::format("wr_id {}", wr_id)));
+    return {};
+}
+
+// Up to N send WRs chained and posted with one doorbell; no heap. Add operations,
+// then post(); a batch can be cleared and refilled.
+template <std::size_t N>
+class SendBatch {
+public:
+    explicit SendBatch(QueuePair& qp) noexcept : qp_(&qp) {}
+
+    std::size_t size() const noexcept { return count_; }
+    static constexpr std::size_t capacity() noexcept { return N; }
+    void clear() noexcept { count_ = 0; }
+
+    // Each add is a programming error when the batch is full, plus the checks of the
+    // matching post_* function.
+    SendBatch& write(Gather local, const RemoteMemory& remote, const PostOptions& options = {},
+                     std::source_location where = std::source_location::current()) {
+        detail::build_rdma(next(where), *qp_, IBV_WR_RDMA_WRITE, local, remote, options, where);
+        return *this;
+    }
+    SendBatch& write_with_imm(Gather local, const RemoteMemory& remote, std::uint32_t imm,
+                              const PostOptions& options = {},
+                              std::source_location where = std::source_location::current()) {
+        detail::SendWr& s = next(where);
+        detail::build_rdma(s, *qp_, IBV_WR_RDMA_WRITE_WITH_IMM, local, remote, options, where);
+        s.wr.imm_data = htonl(imm);
+        return *this;
+    }
+    SendBatch& read(Gather local, const RemoteMemory& remote, const PostOptions& options = {},
+                    std::source_location where = std::source_location::current()) {
+        detail::build_rdma(next(where), *qp_, IBV_WR_RDMA_READ, local, remote, options, where);
+        return *this;
+    }
+    SendBatch& send(Gather local, const PostOptions& options = {},
+                    std::source_location where = std::source_location::current()) {
+        require(qp_->type() != QpType::ud, where, "send on a UD QP needs post_send with a UdDestination");
+        detail::build(next(where), *qp_, IBV_WR_SEND, local, options, where);
+        return *this;
+    }
+
+    // Posts every WR with one doorbell. On failure the Error says which WR failed (on
+    // the classic API, which posted the WRs before it) and why.
+    Result<void> post(std::source_location where = std::source_location::current()) {
+        require(count_ > 0, where, "post of an empty batch");
+        for (std::size_t i = 0; i + 1 < count_; ++i)
+            wrs_[i].wr.next = &wrs_[i + 1].wr;
+        wrs_[count_ - 1].wr.next = nullptr;
+        return detail::submit(*qp_, wrs_[0].wr, count_, where);
+    }
+
+private:
+    detail::SendWr& next(std::source_location where) {
+        require(count_ < N, where, "a SendBatch<{}> is full", N);
+        return wrs_[count_++];
+    }
+
+    QueuePair* qp_;
+    std::size_t count_ = 0;
+    std::array<detail::SendWr, N> wrs_;
+};
+
+} // namespace rdmaxx

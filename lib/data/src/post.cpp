@@ -1,0 +1,44 @@
+#include <rdmaxx/data/post.hpp>
+
+namespace rdmaxx::detail {
+
+int post_extended(ibv_qp_ex* qpx, const ibv_send_wr* wr) {
+    ibv_wr_start(qpx);
+    for (; wr; wr = wr->next) {
+        qpx->wr_id = wr->wr_id;
+        qpx->wr_flags = wr->send_flags & ~IBV_SEND_INLINE;
+        switch (wr->opcode) {
+        case IBV_WR_RDMA_WRITE: ibv_wr_rdma_write(qpx, wr->wr.rdma.rkey, wr->wr.rdma.remote_addr); break;
+        case IBV_WR_RDMA_WRITE_WITH_IMM:
+            ibv_wr_rdma_write_imm(qpx, wr->wr.rdma.rkey, wr->wr.rdma.remote_addr, wr->imm_data);
+            break;
+        case IBV_WR_RDMA_READ: ibv_wr_rdma_read(qpx, wr->wr.rdma.rkey, wr->wr.rdma.remote_addr); break;
+        case IBV_WR_SEND: ibv_wr_send(qpx); break;
+        case IBV_WR_SEND_WITH_IMM: ibv_wr_send_imm(qpx, wr->imm_data); break;
+        case IBV_WR_ATOMIC_CMP_AND_SWP:
+            ibv_wr_atomic_cmp_swp(qpx, wr->wr.atomic.rkey, wr->wr.atomic.remote_addr, wr->wr.atomic.compare_add,
+                                  wr->wr.atomic.swap);
+            break;
+        case IBV_WR_ATOMIC_FETCH_AND_ADD:
+            ibv_wr_atomic_fetch_add(qpx, wr->wr.atomic.rkey, wr->wr.atomic.remote_addr, wr->wr.atomic.compare_add);
+            break;
+        default: // rdmaxx builds no other opcode
+            ibv_wr_abort(qpx);
+            return EINVAL;
+        }
+        if (qpx->qp_base.qp_type == IBV_QPT_UD)
+            ibv_wr_set_ud_addr(qpx, wr->wr.ud.ah, wr->wr.ud.remote_qpn, wr->wr.ud.remote_qkey);
+        if (wr->send_flags & IBV_SEND_INLINE) {
+            std::array<ibv_data_buf, max_sge> buffers;
+            for (int i = 0; i < wr->num_sge; ++i)
+                buffers[static_cast<std::size_t>(i)] = {.addr = reinterpret_cast<void*>(wr->sg_list[i].addr),
+                                                        .length = wr->sg_list[i].length};
+            ibv_wr_set_inline_data_list(qpx, static_cast<std::size_t>(wr->num_sge), buffers.data());
+        } else {
+            ibv_wr_set_sge_list(qpx, static_cast<std::size_t>(wr->num_sge), wr->sg_list);
+        }
+    }
+    return ibv_wr_complete(qpx);
+}
+
+} // namespace rdmaxx::detail
