@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include <span>
+
 #include <rdmaxx/wrap.hpp>
 
 #include "check.hpp"
@@ -25,5 +27,34 @@ struct Rig {
         return must(QueuePair::create(pd, {.type = type, .send_cq = &cq, .recv_cq = &cq, .caps = caps}));
     }
 };
+
+// Two RC QPs of one process connected to each other, each with its own CQ, and a
+// registered buffer on each side.
+struct RcPair {
+    Context context = must(Context::open());
+    ProtectionDomain pd = must(ProtectionDomain::create(context));
+    CompletionQueue cq_a = must(CompletionQueue::create(context, {.depth = 1024, .channel = true}));
+    CompletionQueue cq_b = must(CompletionQueue::create(context, {.depth = 1024, .channel = true}));
+    QueuePair a;
+    QueuePair b;
+    MemoryRegion mem_a = must(MemoryRegion::allocate(pd, 1 << 20, access_all));
+    MemoryRegion mem_b = must(MemoryRegion::allocate(pd, 1 << 20, access_all));
+
+    explicit RcPair(PostApi api = PostApi::automatic, QpCaps caps = {.max_send_wr = 256, .max_recv_wr = 256,
+                                                                     .max_send_sge = 4, .max_recv_sge = 4,
+                                                                     .max_inline_data = 64},
+                    ConnectOptions options = {})
+        : a(must(QueuePair::create(pd, {.send_cq = &cq_a, .recv_cq = &cq_a, .caps = caps, .post_api = api}))),
+          b(must(QueuePair::create(pd, {.send_cq = &cq_b, .recv_cq = &cq_b, .caps = caps, .post_api = api}))) {
+        must(a.connect(b.endpoint(), options));
+        must(b.connect(a.endpoint(), options));
+    }
+};
+
+// Fills `bytes` with a pattern that differs per `seed`.
+inline void fill(std::span<std::byte> bytes, unsigned seed) {
+    for (std::size_t i = 0; i < bytes.size(); ++i)
+        bytes[i] = static_cast<std::byte>((i * 131 + seed * 7 + (i >> 8)) & 0xff);
+}
 
 } // namespace rdmaxx::test

@@ -1,6 +1,8 @@
 #include <rdmaxx/data/completion.hpp>
 #include <rdmaxx/data/events.hpp>
 
+#include <algorithm>
+
 #include <poll.h>
 
 #include <fmt/format.h>
@@ -44,8 +46,8 @@ Error WorkCompletion::error(std::source_location where) const {
 
 namespace detail {
 
-Result<void> wait_until(CompletionQueue& cq, const WaitOptions& options, FunctionRef<bool(const WorkCompletion&)> take,
-                        std::source_location where) {
+Result<void> wait_until(CompletionQueue& cq, const WaitOptions& options, FunctionRef<std::size_t()> room,
+                        FunctionRef<bool(const WorkCompletion&)> take, std::source_location where) {
     require(options.mode != WaitMode::event || cq.has_channel(), where,
             "an event wait on a completion queue created without a channel");
     using clock = std::chrono::steady_clock;
@@ -54,7 +56,8 @@ Result<void> wait_until(CompletionQueue& cq, const WaitOptions& options, Functio
     // Drains what is there; true when `take` is satisfied, an Error on a failure.
     const auto drain = [&]() -> Result<bool> {
         for (;;) {
-            auto n = poll(cq, batch);
+            const std::size_t want = std::min(room(), batch.size());
+            auto n = poll(cq, std::span(batch).first(want));
             if (!n)
                 return std::unexpected(std::move(n.error()));
             for (std::size_t i = 0; i < *n; ++i) {
@@ -64,7 +67,7 @@ Result<void> wait_until(CompletionQueue& cq, const WaitOptions& options, Functio
                 if (done)
                     return true;
             }
-            if (*n < batch.size())
+            if (*n < want)
                 return false;
         }
     };

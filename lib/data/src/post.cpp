@@ -6,7 +6,7 @@ int post_extended(ibv_qp_ex* qpx, const ibv_send_wr* wr) {
     ibv_wr_start(qpx);
     for (; wr; wr = wr->next) {
         qpx->wr_id = wr->wr_id;
-        qpx->wr_flags = wr->send_flags & ~IBV_SEND_INLINE;
+        qpx->wr_flags = wr->send_flags;
         switch (wr->opcode) {
         case IBV_WR_RDMA_WRITE: ibv_wr_rdma_write(qpx, wr->wr.rdma.rkey, wr->wr.rdma.remote_addr); break;
         case IBV_WR_RDMA_WRITE_WITH_IMM:
@@ -28,7 +28,9 @@ int post_extended(ibv_qp_ex* qpx, const ibv_send_wr* wr) {
         }
         if (qpx->qp_base.qp_type == IBV_QPT_UD)
             ibv_wr_set_ud_addr(qpx, wr->wr.ud.ah, wr->wr.ud.remote_qpn, wr->wr.ud.remote_qkey);
-        if (wr->send_flags & IBV_SEND_INLINE) {
+        if ((wr->send_flags & IBV_SEND_INLINE) && wr->num_sge == 1) {
+            ibv_wr_set_inline_data(qpx, reinterpret_cast<void*>(wr->sg_list[0].addr), wr->sg_list[0].length);
+        } else if (wr->send_flags & IBV_SEND_INLINE) {
             std::array<ibv_data_buf, max_sge> buffers;
             for (int i = 0; i < wr->num_sge; ++i)
                 buffers[static_cast<std::size_t>(i)] = {.addr = reinterpret_cast<void*>(wr->sg_list[i].addr),

@@ -103,9 +103,10 @@ private:
     R (*call_)(void*, Args...);
 };
 
-// Hands every completion to `take` until it returns true; a failed completion ends
-// the wait with its Error after `take` saw it.
-Result<void> wait_until(CompletionQueue& cq, const WaitOptions& options,
+// Hands completions to `take` until it returns true; a failed completion ends the
+// wait with its Error after `take` saw it. `room()` bounds how many completions one
+// poll may take: none may be taken out of the CQ that `take` will not keep.
+Result<void> wait_until(CompletionQueue& cq, const WaitOptions& options, FunctionRef<std::size_t()> room,
                         FunctionRef<bool(const WorkCompletion&)> take, std::source_location where);
 
 } // namespace detail
@@ -123,13 +124,15 @@ inline Result<void> wait_n(CompletionQueue& cq, std::span<WorkCompletion> out, s
         out[taken++] = wc;
         return taken == n;
     };
+    auto room = [&] { return n - taken; };
     if (n == 0)
         return {};
-    return detail::wait_until(cq, options, take, where);
+    return detail::wait_until(cq, options, room, take, where);
 }
 
-// Waits for the completion of `wr_id`. Completions of other WRs taken meanwhile are
-// handed to `other` (by default dropped); a failed one ends the wait with its Error.
+// Waits for the completion of `wr_id`, taking one completion at a time so that none
+// after it leaves the CQ. Completions of other WRs taken meanwhile are handed to
+// `other` (by default dropped); a failed one ends the wait with its Error.
 template <class Other = void (*)(const WorkCompletion&)>
 Result<WorkCompletion> wait_for(CompletionQueue& cq, std::uint64_t wr_id, const WaitOptions& options = {},
                                 Other&& other = [](const WorkCompletion&) {},
@@ -143,7 +146,8 @@ Result<WorkCompletion> wait_for(CompletionQueue& cq, std::uint64_t wr_id, const 
         other(wc);
         return false;
     };
-    if (auto ok = detail::wait_until(cq, options, take, where); !ok)
+    auto room = [] { return std::size_t{1}; };
+    if (auto ok = detail::wait_until(cq, options, room, take, where); !ok)
         return std::unexpected(std::move(ok.error()));
     return found;
 }

@@ -71,7 +71,8 @@ struct SendWr {
 // The common part of every send WR; returns the payload length.
 inline std::uint64_t build(SendWr& s, const QueuePair& qp, ibv_wr_opcode opcode, Gather local,
                            const PostOptions& options, std::source_location where) {
-    require(qp.state() == QpState::rts, where, "post on a {} QP in state {}: connect it first",
+    // RTS and later: a QP in ERR takes WRs and flushes them, a runtime condition
+    require(qp.state() >= QpState::rts, where, "post on a {} QP in state {}: connect it first",
             to_string(qp.type()), to_string(qp.state()));
     const auto slices = local.slices();
     require(slices.size() <= qp.caps().max_send_sge && slices.size() <= max_sge, where,
@@ -127,30 +128,34 @@ inline void build_atomic(SendWr& s, const QueuePair& qp, ibv_wr_opcode opcode, c
 // Replays a WR chain through the ibv_wr_* API; returns ibv_wr_complete's result.
 int post_extended(ibv_qp_ex* qpx, const ibv_send_wr* wr);
 
-// Posts a WR chain through the QP's post API. `count` is the chain's length, for
-// the Error of a failed post.
-inline Result<void> submit(QueuePair& qp, ibv_send_wr& first, std::size_t count, std::source_location where) {
+// Posts a WR chain of `count` WRs through the QP's post API; `accepted` receives how
+// many WRs the device took (all, or those before the failing one).
+inline Result<void> submit(QueuePair& qp, ibv_send_wr& first, std::size_t count, std::size_t& accepted,
+                           std::source_location where) {
+    accepted = count;
     if (ibv_qp_ex* qpx = qp.extended()) {
-        if (const int rc = post_extended(qpx, &first); rc != 0) [[unlikely]]
-            return std::unexpected(Error::from_errno(
-                "ibv_wr_complete", rc, count == 1 ? std::string("1 WR") : std::to_string(count) + " WRs, none posted"));
+        if (const int rc = post_extended(qpx, &first); rc != 0) [[unlikely]] {
+            accepted = 0; // ibv_wr_complete posts all or nothing
+            return std::unexpected(Error::from_errno("ibv_wr_complete", rc, fmt::format("{} WR(s), none posted", count)));
+        }
         return {};
     }
     ibv_send_wr* bad = nullptr;
     if (const int rc = ibv_post_send(qp.get(where), &first, &bad); rc != 0) [[unlikely]] {
-        std::size_t index = 0;
+        accepted = 0;
         for (const ibv_send_wr* wr = &first; wr && wr != bad; wr = wr->next)
-            ++index;
+            ++accepted;
         return std::unexpected(Error::from_errno(
             "ibv_post_send", rc,
-            fmt::format("WR {} of {} (wr_id {}) failed; the WRs before it were posted", index, count,
+            fmt::format("WR {} of {} (wr_id {}) failed; the WRs before it were posted", accepted, count,
                         bad ? bad->wr_id : 0)));
     }
     return {};
 }
 
 inline Result<void> post_one(QueuePair& qp, SendWr& s, std::source_location where) {
-    return submit(qp, s.wr, 1, where);
+    std::size_t accepted;
+    return submit(qp, s.wr, 1, accepted, where);
 }
 
 } // namespace detail
@@ -312,15 +317,18 @@ public:
         return *this;
     }
 
-    // Posts every WR with one doorbell. On failure the Error says which WR failed (on
-    // the classic API, which posted the WRs before it) and why.
+    // Posts every WR with one doorbell. On failure the Error says which WR failed and
+    // why, and accepted() how many WRs before it the device took (the classic API
+    // posts those; the extended API posts all or nothing).
     Result<void> post(std::source_location where = std::source_location::current()) {
         require(count_ > 0, where, "post of an empty batch");
         for (std::size_t i = 0; i + 1 < count_; ++i)
             wrs_[i].wr.next = &wrs_[i + 1].wr;
         wrs_[count_ - 1].wr.next = nullptr;
-        return detail::submit(*qp_, wrs_[0].wr, count_, where);
+        return detail::submit(*qp_, wrs_[0].wr, count_, accepted_, where);
     }
+    // How many WRs the last post() handed to the device.
+    std::size_t accepted() const noexcept { return accepted_; }
 
 private:
     detail::SendWr& next(std::source_location where) {
@@ -330,6 +338,7 @@ private:
 
     QueuePair* qp_;
     std::size_t count_ = 0;
+    std::size_t accepted_ = 0;
     std::array<detail::SendWr, N> wrs_;
 };
 

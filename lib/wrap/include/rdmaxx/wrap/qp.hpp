@@ -25,7 +25,10 @@ QpState qp_state_from_verbs(int state) noexcept;
 
 // How send WRs reach the device. `extended` is the ibv_wr_* API on an ibv_qp_ex
 // (ibv_wr_post(3)); `classic` is ibv_post_send with WR chains; `automatic` takes
-// extended where the device supports it for this QP type, else classic.
+// extended where the device supports it for this QP type and its provider posts
+// correctly through it, else classic. rxe (rdma-core 44) miscounts multi-SGE and
+// inline-list lengths on the extended API: automatic keeps it on classic, and an
+// explicit `extended` on rxe is correct only for WRs with one SGE.
 enum class PostApi : std::uint8_t { automatic, classic, extended };
 
 struct QpCaps {

@@ -1,0 +1,106 @@
+// Selective signaling made safe. Signaling one WR in k saves completions, but an
+// unsignaled WR leaves the send queue only when a later signaled one completes: post
+// more than the queue's depth without reaping one and ibv_post_send fails with ENOMEM
+// (or, on some providers, the queue silently wraps). SignaledSendQueue keeps the count.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <source_location>
+#include <vector>
+
+#include <rdmaxx/data/completion.hpp>
+#include <rdmaxx/data/post.hpp>
+
+namespace rdmaxx {
+
+class SignaledSendQueue : detail::MoveOnly {
+public:
+    // Signals every `interval`-th WR of `qp`, whose send completions go to `send_cq`
+    // and to nowhere else: this object reaps them. Programming error: interval 0 or
+    // above the QP's send queue depth, a QP that signals every WR anyway.
+    SignaledSendQueue(QueuePair& qp, CompletionQueue& send_cq, std::uint32_t interval,
+                      std::source_location where = std::source_location::current())
+        : qp_(&qp), cq_(&send_cq), depth_(qp.caps().max_send_wr), interval_(interval), signaled_(depth_) {
+        require(interval >= 1 && interval <= depth_, where,
+                "signal interval {} outside 1..{} (the send queue depth)", interval, depth_);
+    }
+
+    // The options for the next WR: `signaled` set on every interval-th WR (and when
+    // `force_signal`, e.g. for the last WR of a stream). Waits, reaping completions,
+    // while the send queue is full. A failed completion is its Error; a completion of
+    // another QP in `send_cq` is a programming error.
+    Result<PostOptions> next(PostOptions options = {}, bool force_signal = false,
+                             std::chrono::milliseconds timeout = std::chrono::seconds(5),
+                             std::source_location where = std::source_location::current()) {
+        if (posted_ - retired_ == depth_) [[unlikely]] {
+            if (auto ok = reap(true, timeout, where); !ok)
+                return std::unexpected(std::move(ok.error()));
+        }
+        options.signaled = force_signal || ++since_signal_ == interval_;
+        if (options.signaled) {
+            since_signal_ = 0;
+            signaled_[signaled_tail_] = posted_;
+            signaled_tail_ = (signaled_tail_ + 1) % depth_;
+            ++signaled_count_;
+        }
+        ++posted_;
+        return options;
+    }
+
+    // Reaps until every signaled WR completed. WRs after the last signaled one stay
+    // outstanding: signal the last WR of a stream (next(options, true)).
+    Result<void> drain(std::chrono::milliseconds timeout = std::chrono::seconds(5),
+                       std::source_location where = std::source_location::current()) {
+        while (signaled_count_ != 0)
+            if (auto ok = reap(true, timeout, where); !ok)
+                return ok;
+        return {};
+    }
+
+    // WRs posted and not yet known to have left the send queue.
+    std::uint64_t outstanding() const noexcept { return posted_ - retired_; }
+
+private:
+    // Takes completions (waiting for at least one if `wait`); each retires its WR and
+    // every unsignaled WR before it.
+    Result<void> reap(bool wait, std::chrono::milliseconds timeout, std::source_location where) {
+        std::array<WorkCompletion, 16> batch;
+        const auto deadline = std::chrono::steady_clock::now() + timeout;
+        for (unsigned spins = 0;; ++spins) {
+            auto n = poll(*cq_, batch);
+            if (!n)
+                return std::unexpected(std::move(n.error()));
+            for (std::size_t i = 0; i < *n; ++i) {
+                const WorkCompletion& wc = batch[i];
+                require(wc.qp_num() == qp_->qpn(), where,
+                        "a completion of QP {:#x} in the send CQ of a SignaledSendQueue for QP {:#x}", wc.qp_num(),
+                        qp_->qpn());
+                require(signaled_count_ != 0, where, "a completion for a WR this SignaledSendQueue did not signal");
+                retired_ = signaled_[signaled_head_] + 1;
+                signaled_head_ = (signaled_head_ + 1) % depth_;
+                --signaled_count_;
+                if (!wc.ok())
+                    return std::unexpected(wc.error());
+            }
+            if (*n != 0 || !wait)
+                return {};
+            if (spins % 256 == 0 && std::chrono::steady_clock::now() >= deadline)
+                return std::unexpected(Error::timeout(
+                    "SignaledSendQueue", fmt::format("no send completion within {} ms", timeout.count())));
+        }
+    }
+
+    QueuePair* qp_;
+    CompletionQueue* cq_;
+    std::uint32_t depth_;
+    std::uint32_t interval_;
+    std::uint32_t since_signal_ = 0;
+    std::uint64_t posted_ = 0;
+    std::uint64_t retired_ = 0;
+    // sequence numbers of the signaled WRs in flight, oldest first (a ring)
+    std::vector<std::uint64_t> signaled_;
+    std::size_t signaled_head_ = 0, signaled_tail_ = 0, signaled_count_ = 0;
+};
+
+} // namespace rdmaxx

@@ -1,0 +1,60 @@
+// The performance contract: post and poll allocate nothing. Global operator new is
+// replaced in this program and counts while a window is open.
+#include <atomic>
+#include <cstdlib>
+#include <new>
+
+#include <doctest/doctest.h>
+
+#include <rdmaxx/data/completion.hpp>
+#include <rdmaxx/data/post.hpp>
+
+#include "../support/device.hpp"
+
+// The replacements below pair malloc with free on purpose; GCC, seeing through
+// them, would call each free "mismatched" with the operator new it inlined.
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+
+namespace {
+std::atomic<bool> counting{false};
+std::atomic<long> allocations{0};
+} // namespace
+
+void* operator new(std::size_t size) {
+    if (counting.load(std::memory_order_relaxed))
+        allocations.fetch_add(1, std::memory_order_relaxed);
+    if (void* p = std::malloc(size == 0 ? 1 : size))
+        return p;
+    throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+
+using namespace rdmaxx;
+using rdmaxx::test::must;
+
+TEST_CASE("10,000 post + poll round trips allocate nothing, on both post APIs") {
+    for (const PostApi api : {PostApi::classic, PostApi::extended}) {
+        test::RcPair p(api);
+        std::array<WorkCompletion, 16> wcs;
+        allocations = 0;
+        counting = true;
+        for (std::uint64_t i = 0; i < 10'000; ++i) {
+            // a WRITE, and a SEND into a receive: every hot-path call
+            (void)post_recv(p.b, p.mem_b.slice(0, 64), i);
+            (void)post_write(p.a, p.mem_a.slice(0, 64), p.mem_b.remote().slice(4096, 64), {.wr_id = i});
+            (void)post_send(p.a, p.mem_a.slice(64, 64), {.wr_id = i, .signaled = false});
+            (void)wait_for(p.cq_a, i);
+            (void)wait_for(p.cq_b, i);
+            (void)poll(p.cq_a, wcs);
+        }
+        counting = false;
+        CHECK(allocations.load() == 0);
+        // the counter works: an allocation in the window is seen
+        counting = true;
+        void* probe = ::operator new(16);
+        counting = false;
+        ::operator delete(probe);
+        CHECK(allocations.load() == 1);
+    }
+}

@@ -1,0 +1,160 @@
+// Batches, selective signaling, waits, error paths and asynchronous events.
+#include <cstdlib>
+#include <cstring>
+
+#include <net/if.h>
+#include <unistd.h>
+
+#include <doctest/doctest.h>
+
+#include <rdmaxx/data/completion.hpp>
+#include <rdmaxx/data/events.hpp>
+#include <rdmaxx/data/post.hpp>
+#include <rdmaxx/data/signaling.hpp>
+
+#include "../support/device.hpp"
+
+using namespace rdmaxx;
+using namespace std::chrono_literals;
+using rdmaxx::test::must;
+using rdmaxx::test::must_fail;
+
+TEST_CASE("a 64-WR batch is posted with one doorbell, on both post APIs") {
+    for (const PostApi api : {PostApi::classic, PostApi::extended}) {
+        CAPTURE(static_cast<int>(api));
+        test::RcPair p(api);
+        test::fill(p.mem_a.bytes().subspan(0, 64 * 1024), 7);
+        SendBatch<64> batch(p.a);
+        for (std::uint64_t i = 0; i < 64; ++i)
+            batch.write(p.mem_a.slice(i * 1024, 1024), p.mem_b.remote().slice(i * 2048, 1024), {.wr_id = i});
+        CHECK(batch.size() == 64);
+        RDMAXX_CHECK_DEATH(batch.write(p.mem_a.slice(0, 8), p.mem_b.remote()), "SendBatch<64> is full");
+        must(batch.post());
+        std::array<WorkCompletion, 64> wcs;
+        must(wait_n(p.cq_a, wcs, 64));
+        for (std::uint64_t i = 0; i < 64; ++i) {
+            CHECK(wcs[i].wr_id() == i); // in order
+            REQUIRE(std::memcmp(p.mem_b.data() + i * 2048, p.mem_a.data() + i * 1024, 1024) == 0);
+        }
+        // mixed operations; the batch is reusable
+        batch.clear();
+        must(post_recv(p.b, p.mem_b.slice(500000, 0), 98)); // taken by the WRITE_WITH_IMM
+        must(post_recv(p.b, p.mem_b.slice(500000, 64), 99));
+        batch.read(p.mem_a.slice(200000, 1024), p.mem_b.remote().slice(0, 1024), {.wr_id = 1})
+            .write_with_imm(p.mem_a.slice(0, 16), p.mem_b.remote().slice(300000, 16), 77, {.wr_id = 2})
+            .send(p.mem_a.slice(0, 64), {.wr_id = 3});
+        must(batch.post());
+        must(wait_n(p.cq_a, wcs, 3));
+        CHECK(std::memcmp(p.mem_a.data() + 200000, p.mem_b.data(), 1024) == 0);
+        CHECK(must(wait_for(p.cq_b, 99)).opcode() == WcOpcode::recv);
+    }
+}
+
+TEST_CASE("a failed batch post says which WR failed and why") {
+    // far more WRs than the send queue holds: the device takes what fits
+    test::RcPair p(PostApi::classic, {.max_send_wr = 16, .max_recv_wr = 16});
+    SendBatch<256> batch(p.a);
+    for (std::uint32_t i = 0; i < 256; ++i)
+        batch.write(p.mem_a.slice(0, 8), p.mem_b.remote().slice(0, 8), {.wr_id = i});
+    const Error e = must_fail(batch.post());
+    CHECK(std::string_view(e.call()) == "ibv_post_send");
+    CHECK(batch.accepted() >= p.a.caps().max_send_wr);
+    CHECK(batch.accepted() < 256);
+    CHECK(e.message().find(fmt::format("WR {} of 256 (wr_id {})", batch.accepted(), batch.accepted())) !=
+          std::string::npos);
+    std::vector<WorkCompletion> wcs(batch.accepted());
+    must(wait_n(p.cq_a, wcs, wcs.size())); // the WRs before it were posted and complete
+    CHECK(wcs.back().wr_id() == batch.accepted() - 1);
+}
+
+TEST_CASE("100,000 selectively signaled WRITEs never overflow the send queue") {
+    test::RcPair p(PostApi::automatic, {.max_send_wr = 128, .max_recv_wr = 16});
+    SignaledSendQueue sq(p.a, p.cq_a, 32);
+    const std::uint64_t depth = p.a.caps().max_send_wr;
+    std::uint64_t max_outstanding = 0;
+    for (std::uint32_t i = 0; i < 100'000; ++i) {
+        std::memcpy(p.mem_a.data() + (i % 64) * 8, &i, 4);
+        const PostOptions options = must(sq.next({.wr_id = i}, i == 99'999));
+        must(post_write(p.a, p.mem_a.slice((i % 64) * 8, 8), p.mem_b.remote().slice((i % 64) * 8, 8), options));
+        max_outstanding = std::max(max_outstanding, sq.outstanding());
+    }
+    must(sq.drain());
+    CHECK(sq.outstanding() == 0);
+    CHECK(max_outstanding == depth); // the queue was used to its depth, never past it
+    std::uint32_t last = 0;
+    std::memcpy(&last, p.mem_b.data() + (99'999 % 64) * 8, 4);
+    CHECK(last == 99'999);
+    RDMAXX_CHECK_DEATH(SignaledSendQueue(p.a, p.cq_a, static_cast<std::uint32_t>(depth) + 1), "signal interval");
+}
+
+TEST_CASE("a wrong rkey surfaces as a remote access Error, the QP reports ERR and later WRs flush") {
+    test::RcPair p;
+    RemoteMemory bad = p.mem_b.remote();
+    bad.rkey ^= 0x5a5a;
+    must(post_write(p.a, p.mem_a.slice(0, 64), bad, {.wr_id = 1}));
+    const Error e = must_fail(wait_for(p.cq_a, 1));
+    CHECK(e.kind() == Error::Kind::completion);
+    CHECK(e.code() == IBV_WC_REM_ACCESS_ERR);
+    CHECK(e.message().find("remote access error") != std::string::npos);
+    CHECK(must(p.a.query_state()) == QpState::error);
+    must(post_write(p.a, p.mem_a.slice(0, 64), p.mem_b.remote(), {.wr_id = 2}));
+    const Error flushed = must_fail(wait_for(p.cq_a, 2));
+    CHECK(flushed.code() == IBV_WC_WR_FLUSH_ERR);
+}
+
+TEST_CASE("SEND without a posted receive and a small rnr_retry fails, without hanging") {
+    test::RcPair p(PostApi::automatic, {}, {.rnr_retry = 1, .min_rnr_timer = 1});
+    must(post_send(p.a, p.mem_a.slice(0, 8), {.wr_id = 5}));
+    const auto start = std::chrono::steady_clock::now();
+    const Error e = must_fail(wait_for(p.cq_a, 5, {.timeout = 10s}));
+    CHECK(e.code() == IBV_WC_RNR_RETRY_EXC_ERR);
+    CHECK(std::chrono::steady_clock::now() - start < 10s);
+}
+
+TEST_CASE("waits are bounded: busy polling and the completion channel") {
+    test::RcPair p;
+    for (const WaitMode mode : {WaitMode::busy_poll, WaitMode::event}) {
+        const auto start = std::chrono::steady_clock::now();
+        CHECK(must_fail(wait_for(p.cq_b, 1234, {.timeout = 100ms, .mode = mode})).is_timeout());
+        CHECK(std::chrono::steady_clock::now() - start >= 100ms);
+    }
+    // event mode: a completion that arrives while the waiter sleeps wakes it
+    for (std::uint64_t i = 0; i < 50; ++i) {
+        must(post_recv(p.b, p.mem_b.slice(0, 64), 1000 + i));
+        must(post_send(p.a, p.mem_a.slice(0, 64), {.wr_id = i}));
+        CHECK(must(wait_for(p.cq_b, 1000 + i, {.mode = WaitMode::event})).opcode() == WcOpcode::recv);
+        must(wait_for(p.cq_a, i, {.mode = WaitMode::event}));
+    }
+}
+
+TEST_CASE("a port that goes down ends waits with an Error; its events are typed") {
+    test::RcPair p;
+    AsyncEvents events = must(AsyncEvents::open(p.context));
+    CHECK_FALSE(must(events.next())); // nothing pending
+    char netdev[IF_NAMESIZE] = {};
+    REQUIRE(::if_indextoname(p.a.gid().netdev_ifindex, netdev) != nullptr);
+    const std::string down = fmt::format("ip link set {} down", netdev);
+    const std::string up = fmt::format("ip link set {} up", netdev);
+    REQUIRE(std::system(down.c_str()) == 0);
+    const auto start = std::chrono::steady_clock::now();
+    const Error e = must_fail(wait_for(p.cq_b, 1, {.timeout = 20s, .events = &events, .qp_num = p.b.qpn()}));
+    CHECK(std::chrono::steady_clock::now() - start < 10s);
+    CHECK(e.message().find("PORT_ERR") != std::string::npos);
+    const AsyncEvent event = must(events.wait(5s));
+    CHECK(event.type == AsyncEventType::port_error);
+    CHECK(event.port == 1);
+    REQUIRE(std::system(up.c_str()) == 0);
+    AsyncEvent back = must(events.wait(10s));
+    while (back.type != AsyncEventType::port_active) // GID changes may come first
+        back = must(events.wait(10s));
+    CHECK(back.port == 1);
+    must(events.check(0)); // the port is up again
+    // the RoCE GID returns with the address: wait for it before other tests run
+    const auto gid_back = [] {
+        auto context = Context::open();
+        return context && context->choose_gid(1).has_value();
+    };
+    for (int i = 0; i < 500 && !gid_back(); ++i)
+        ::usleep(10000);
+    CHECK(gid_back());
+}
