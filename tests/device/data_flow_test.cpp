@@ -42,10 +42,17 @@ TEST_CASE("a 64-WR batch is posted with one doorbell, on both post APIs") {
         must(post_recv(p.b, p.mem_b.slice(500000, 64), 99));
         batch.read(p.mem_a.slice(200000, 1024), p.mem_b.remote().slice(0, 1024), {.wr_id = 1})
             .write_with_imm(p.mem_a.slice(0, 16), p.mem_b.remote().slice(300000, 16), 77, {.wr_id = 2})
-            .send(p.mem_a.slice(0, 64), {.wr_id = 3});
+            .send(p.mem_a.slice(0, 64), {.wr_id = 3})
+            .fetch_add(p.mem_a.slice(400000, 8), p.mem_b.remote().slice(600000, 8), 5, {.wr_id = 4})
+            .compare_swap(p.mem_a.slice(400008, 8), p.mem_b.remote().slice(600000, 8), 5, 9, {.wr_id = 5});
         must(batch.post());
-        must(wait_n(p.cq_a, wcs, 3));
+        must(wait_n(p.cq_a, wcs, 5));
         CHECK(std::memcmp(p.mem_a.data() + 200000, p.mem_b.data(), 1024) == 0);
+        std::uint64_t after = 0, seen_by_cas = 0;
+        std::memcpy(&after, p.mem_b.data() + 600000, 8);
+        std::memcpy(&seen_by_cas, p.mem_a.data() + 400008, 8);
+        CHECK(seen_by_cas == 5);
+        CHECK(after == 9);
         CHECK(must(wait_for(p.cq_b, 99)).opcode() == WcOpcode::recv);
     }
 }
@@ -157,4 +164,19 @@ TEST_CASE("a port that goes down ends waits with an Error; its events are typed"
     for (int i = 0; i < 500 && !gid_back(); ++i)
         ::usleep(10000);
     CHECK(gid_back());
+}
+
+TEST_CASE("a solicited SEND wakes a receiver armed for solicited events only") {
+    test::RcPair p;
+    must(post_recv(p.b, p.mem_b.slice(0, 64), 1));
+    must(post_recv(p.b, p.mem_b.slice(64, 64), 2));
+    must(p.cq_b.arm(true));
+    must(post_send(p.a, p.mem_a.slice(0, 8), {.wr_id = 1}));
+    must(wait_for(p.cq_a, 1));
+    CHECK(must_fail(p.cq_b.wait_event(200ms)).is_timeout()); // unsolicited: no event
+    must(post_send(p.a, p.mem_a.slice(0, 8), {.wr_id = 2, .solicited = true}));
+    must(p.cq_b.wait_event(5s));
+    std::array<WorkCompletion, 2> wcs;
+    must(wait_n(p.cq_b, wcs, 2));
+    CHECK(wcs[1].wr_id() == 2);
 }

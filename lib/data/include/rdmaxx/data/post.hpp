@@ -153,65 +153,141 @@ inline Result<void> submit(QueuePair& qp, ibv_send_wr& first, std::size_t count,
     return {};
 }
 
-inline Result<void> post_one(QueuePair& qp, SendWr& s, std::source_location where) {
-    std::size_t accepted;
-    return submit(qp, s.wr, 1, accepted, where);
-}
-
 } // namespace detail
 
+// Up to N send WRs chained and posted with one doorbell; no heap. Add operations,
+// then post(); clear() makes room for the next batch. Each add checks what the
+// matching post_* function documents (programming errors), plus: the batch is full.
+template <std::size_t N>
+class SendBatch {
+public:
+    explicit SendBatch(QueuePair& qp) noexcept : qp_(&qp) {}
+
+    std::size_t size() const noexcept { return count_; }
+    static constexpr std::size_t capacity() noexcept { return N; }
+    void clear() noexcept { count_ = 0, atomics_ = false; }
+
+    SendBatch& write(Gather local, const RemoteMemory& remote, const PostOptions& options = {},
+                     std::source_location where = std::source_location::current()) {
+        detail::build_rdma(next(where), *qp_, IBV_WR_RDMA_WRITE, local, remote, options, where);
+        return *this;
+    }
+    SendBatch& write_with_imm(Gather local, const RemoteMemory& remote, std::uint32_t imm,
+                              const PostOptions& options = {},
+                              std::source_location where = std::source_location::current()) {
+        detail::SendWr& s = next(where);
+        detail::build_rdma(s, *qp_, IBV_WR_RDMA_WRITE_WITH_IMM, local, remote, options, where);
+        s.wr.imm_data = htonl(imm);
+        return *this;
+    }
+    SendBatch& read(Gather local, const RemoteMemory& remote, const PostOptions& options = {},
+                    std::source_location where = std::source_location::current()) {
+        detail::build_rdma(next(where), *qp_, IBV_WR_RDMA_READ, local, remote, options, where);
+        return *this;
+    }
+    SendBatch& send(Gather local, const PostOptions& options = {},
+                    std::source_location where = std::source_location::current()) {
+        require(qp_->type() != QpType::ud, where, "a send on a UD QP needs a UdDestination");
+        detail::build(next(where), *qp_, IBV_WR_SEND, local, options, where);
+        return *this;
+    }
+    SendBatch& send_with_imm(Gather local, std::uint32_t imm, const PostOptions& options = {},
+                             std::source_location where = std::source_location::current()) {
+        require(qp_->type() != QpType::ud, where, "a send on a UD QP needs a UdDestination");
+        detail::SendWr& s = next(where);
+        detail::build(s, *qp_, IBV_WR_SEND_WITH_IMM, local, options, where);
+        s.wr.imm_data = htonl(imm);
+        return *this;
+    }
+    SendBatch& send(Gather local, const UdDestination& to, const PostOptions& options = {},
+                    std::source_location where = std::source_location::current()) {
+        require(qp_->type() == QpType::ud, where, "a UdDestination on a {} QP", to_string(qp_->type()));
+        require(to.ah != nullptr, where, "a UdDestination without an address handle");
+        detail::SendWr& s = next(where);
+        detail::build(s, *qp_, IBV_WR_SEND, local, options, where);
+        s.wr.wr.ud.ah = to.ah->get(where);
+        s.wr.wr.ud.remote_qpn = to.qpn;
+        s.wr.wr.ud.remote_qkey = to.qkey;
+        return *this;
+    }
+    SendBatch& compare_swap(const LocalSlice& result, const RemoteMemory& target, std::uint64_t compare,
+                            std::uint64_t swap, const PostOptions& options = {},
+                            std::source_location where = std::source_location::current()) {
+        detail::build_atomic(next(where), *qp_, IBV_WR_ATOMIC_CMP_AND_SWP, result, target, compare, swap, options,
+                             where);
+        atomics_ = true;
+        return *this;
+    }
+    SendBatch& fetch_add(const LocalSlice& result, const RemoteMemory& target, std::uint64_t add,
+                         const PostOptions& options = {},
+                         std::source_location where = std::source_location::current()) {
+        detail::build_atomic(next(where), *qp_, IBV_WR_ATOMIC_FETCH_AND_ADD, result, target, add, 0, options, where);
+        atomics_ = true;
+        return *this;
+    }
+
+    // Posts every WR with one doorbell. On failure the Error says which WR failed and
+    // why, and accepted() how many WRs before it the device took (the classic API
+    // posts those; the extended API posts all or nothing). Atomics on a device
+    // without atomic support are an Error before anything is posted.
+    Result<void> post(std::source_location where = std::source_location::current()) {
+        require(count_ > 0, where, "post of an empty batch");
+        accepted_ = 0;
+        if (atomics_ && !qp_->supports_atomics()) [[unlikely]]
+            return std::unexpected(Error::unsupported("post", "atomics on a device without atomic support"));
+        for (std::size_t i = 0; i + 1 < count_; ++i)
+            wrs_[i].wr.next = &wrs_[i + 1].wr;
+        wrs_[count_ - 1].wr.next = nullptr;
+        return detail::submit(*qp_, wrs_[0].wr, count_, accepted_, where);
+    }
+    // How many WRs the last post() handed to the device.
+    std::size_t accepted() const noexcept { return accepted_; }
+
+private:
+    detail::SendWr& next(std::source_location where) {
+        require(count_ < N, where, "a SendBatch<{}> is full", N);
+        return wrs_[count_++];
+    }
+
+    QueuePair* qp_;
+    std::size_t count_ = 0;
+    std::size_t accepted_ = 0;
+    bool atomics_ = false;
+    std::array<detail::SendWr, N> wrs_;
+};
+
+// One WR, posted at once: a batch of one, with the same checks.
 inline Result<void> post_write(QueuePair& qp, Gather local, const RemoteMemory& remote, const PostOptions& options = {},
                                std::source_location where = std::source_location::current()) {
-    detail::SendWr s;
-    detail::build_rdma(s, qp, IBV_WR_RDMA_WRITE, local, remote, options, where);
-    return detail::post_one(qp, s, where);
+    return SendBatch<1>(qp).write(local, remote, options, where).post(where);
 }
 
 // `imm` in host order; the receiver's completion returns it in host order.
 inline Result<void> post_write_with_imm(QueuePair& qp, Gather local, const RemoteMemory& remote, std::uint32_t imm,
                                         const PostOptions& options = {},
                                         std::source_location where = std::source_location::current()) {
-    detail::SendWr s;
-    detail::build_rdma(s, qp, IBV_WR_RDMA_WRITE_WITH_IMM, local, remote, options, where);
-    s.wr.imm_data = htonl(imm);
-    return detail::post_one(qp, s, where);
+    return SendBatch<1>(qp).write_with_imm(local, remote, imm, options, where).post(where);
 }
 
 inline Result<void> post_read(QueuePair& qp, Gather local, const RemoteMemory& remote, const PostOptions& options = {},
                               std::source_location where = std::source_location::current()) {
-    detail::SendWr s;
-    detail::build_rdma(s, qp, IBV_WR_RDMA_READ, local, remote, options, where);
-    return detail::post_one(qp, s, where);
+    return SendBatch<1>(qp).read(local, remote, options, where).post(where);
 }
 
-// RC/UC send; UD sends take a destination (below).
+// RC/UC send; a UD send takes a destination.
 inline Result<void> post_send(QueuePair& qp, Gather local, const PostOptions& options = {},
                               std::source_location where = std::source_location::current()) {
-    require(qp.type() != QpType::ud, where, "post_send on a UD QP needs a UdDestination");
-    detail::SendWr s;
-    detail::build(s, qp, IBV_WR_SEND, local, options, where);
-    return detail::post_one(qp, s, where);
+    return SendBatch<1>(qp).send(local, options, where).post(where);
 }
 
 inline Result<void> post_send_with_imm(QueuePair& qp, Gather local, std::uint32_t imm, const PostOptions& options = {},
                                        std::source_location where = std::source_location::current()) {
-    require(qp.type() != QpType::ud, where, "post_send_with_imm on a UD QP needs a UdDestination");
-    detail::SendWr s;
-    detail::build(s, qp, IBV_WR_SEND_WITH_IMM, local, options, where);
-    s.wr.imm_data = htonl(imm);
-    return detail::post_one(qp, s, where);
+    return SendBatch<1>(qp).send_with_imm(local, imm, options, where).post(where);
 }
 
 inline Result<void> post_send(QueuePair& qp, Gather local, const UdDestination& to, const PostOptions& options = {},
                               std::source_location where = std::source_location::current()) {
-    require(qp.type() == QpType::ud, where, "a UdDestination on a {} QP", to_string(qp.type()));
-    require(to.ah != nullptr, where, "a UdDestination without an address handle");
-    detail::SendWr s;
-    detail::build(s, qp, IBV_WR_SEND, local, options, where);
-    s.wr.wr.ud.ah = to.ah->get(where);
-    s.wr.wr.ud.remote_qpn = to.qpn;
-    s.wr.wr.ud.remote_qkey = to.qkey;
-    return detail::post_one(qp, s, where);
+    return SendBatch<1>(qp).send(local, to, options, where).post(where);
 }
 
 // The remote 8 bytes become `swap` if they equal `compare`; their old value lands in
@@ -219,22 +295,14 @@ inline Result<void> post_send(QueuePair& qp, Gather local, const UdDestination& 
 inline Result<void> post_compare_swap(QueuePair& qp, const LocalSlice& result, const RemoteMemory& target,
                                       std::uint64_t compare, std::uint64_t swap, const PostOptions& options = {},
                                       std::source_location where = std::source_location::current()) {
-    if (!qp.supports_atomics()) [[unlikely]]
-        return std::unexpected(Error::unsupported("post_compare_swap", "the device has no atomic support"));
-    detail::SendWr s;
-    detail::build_atomic(s, qp, IBV_WR_ATOMIC_CMP_AND_SWP, result, target, compare, swap, options, where);
-    return detail::post_one(qp, s, where);
+    return SendBatch<1>(qp).compare_swap(result, target, compare, swap, options, where).post(where);
 }
 
 // Adds `add` to the remote 8 bytes; their old value lands in `result`.
 inline Result<void> post_fetch_add(QueuePair& qp, const LocalSlice& result, const RemoteMemory& target,
                                    std::uint64_t add, const PostOptions& options = {},
                                    std::source_location where = std::source_location::current()) {
-    if (!qp.supports_atomics()) [[unlikely]]
-        return std::unexpected(Error::unsupported("post_fetch_add", "the device has no atomic support"));
-    detail::SendWr s;
-    detail::build_atomic(s, qp, IBV_WR_ATOMIC_FETCH_AND_ADD, result, target, add, 0, options, where);
-    return detail::post_one(qp, s, where);
+    return SendBatch<1>(qp).fetch_add(result, target, add, options, where).post(where);
 }
 
 namespace detail {
@@ -278,68 +346,5 @@ inline Result<void> post_recv(SharedReceiveQueue& srq, Gather local, std::uint64
         return std::unexpected(Error::from_errno("ibv_post_srq_recv", rc, fmt::format("wr_id {}", wr_id)));
     return {};
 }
-
-// Up to N send WRs chained and posted with one doorbell; no heap. Add operations,
-// then post(); a batch can be cleared and refilled.
-template <std::size_t N>
-class SendBatch {
-public:
-    explicit SendBatch(QueuePair& qp) noexcept : qp_(&qp) {}
-
-    std::size_t size() const noexcept { return count_; }
-    static constexpr std::size_t capacity() noexcept { return N; }
-    void clear() noexcept { count_ = 0; }
-
-    // Each add is a programming error when the batch is full, plus the checks of the
-    // matching post_* function.
-    SendBatch& write(Gather local, const RemoteMemory& remote, const PostOptions& options = {},
-                     std::source_location where = std::source_location::current()) {
-        detail::build_rdma(next(where), *qp_, IBV_WR_RDMA_WRITE, local, remote, options, where);
-        return *this;
-    }
-    SendBatch& write_with_imm(Gather local, const RemoteMemory& remote, std::uint32_t imm,
-                              const PostOptions& options = {},
-                              std::source_location where = std::source_location::current()) {
-        detail::SendWr& s = next(where);
-        detail::build_rdma(s, *qp_, IBV_WR_RDMA_WRITE_WITH_IMM, local, remote, options, where);
-        s.wr.imm_data = htonl(imm);
-        return *this;
-    }
-    SendBatch& read(Gather local, const RemoteMemory& remote, const PostOptions& options = {},
-                    std::source_location where = std::source_location::current()) {
-        detail::build_rdma(next(where), *qp_, IBV_WR_RDMA_READ, local, remote, options, where);
-        return *this;
-    }
-    SendBatch& send(Gather local, const PostOptions& options = {},
-                    std::source_location where = std::source_location::current()) {
-        require(qp_->type() != QpType::ud, where, "send on a UD QP needs post_send with a UdDestination");
-        detail::build(next(where), *qp_, IBV_WR_SEND, local, options, where);
-        return *this;
-    }
-
-    // Posts every WR with one doorbell. On failure the Error says which WR failed and
-    // why, and accepted() how many WRs before it the device took (the classic API
-    // posts those; the extended API posts all or nothing).
-    Result<void> post(std::source_location where = std::source_location::current()) {
-        require(count_ > 0, where, "post of an empty batch");
-        for (std::size_t i = 0; i + 1 < count_; ++i)
-            wrs_[i].wr.next = &wrs_[i + 1].wr;
-        wrs_[count_ - 1].wr.next = nullptr;
-        return detail::submit(*qp_, wrs_[0].wr, count_, accepted_, where);
-    }
-    // How many WRs the last post() handed to the device.
-    std::size_t accepted() const noexcept { return accepted_; }
-
-private:
-    detail::SendWr& next(std::source_location where) {
-        require(count_ < N, where, "a SendBatch<{}> is full", N);
-        return wrs_[count_++];
-    }
-
-    QueuePair* qp_;
-    std::size_t count_ = 0;
-    std::size_t accepted_ = 0;
-    std::array<detail::SendWr, N> wrs_;
-};
 
 } // namespace rdmaxx
