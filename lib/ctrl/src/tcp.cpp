@@ -1,0 +1,283 @@
+#include <rdmaxx/ctrl/tcp.hpp>
+
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <utility>
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+namespace rdmaxx {
+namespace {
+
+int remaining_ms(Clock::time_point deadline) {
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    return left <= 0 ? 0 : static_cast<int>(std::min<long long>(left, 1 << 30));
+}
+
+// Waits until `fd` is ready for `events` or the deadline passes.
+Result<void> wait_fd(int fd, short events, Clock::time_point deadline, const char* call, const std::string& peer) {
+    for (;;) {
+        pollfd pfd{.fd = fd, .events = events, .revents = 0};
+        const int n = ::poll(&pfd, 1, remaining_ms(deadline));
+        if (n > 0)
+            return {};
+        if (n == 0)
+            return std::unexpected(Error::timeout(call, fmt::format("peer {} did not answer in time", peer)));
+        if (errno != EINTR)
+            return std::unexpected(Error::from_last_errno("poll", peer));
+    }
+}
+
+bool set_nonblocking(int fd) {
+    const int flags = fcntl(fd, F_GETFL);
+    return flags >= 0 && fcntl(fd, F_SETFL, flags | O_NONBLOCK) == 0;
+}
+
+using AddrInfo = std::unique_ptr<addrinfo, decltype(&freeaddrinfo)>;
+
+Result<AddrInfo> resolve(std::string_view host, std::uint16_t port, bool passive) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = passive ? AI_PASSIVE : 0;
+    const std::string name(host);
+    const std::string service = std::to_string(port);
+    addrinfo* list = nullptr;
+    if (const int rc = getaddrinfo(name.empty() || name == "*" ? nullptr : name.c_str(), service.c_str(), &hints, &list);
+        rc != 0)
+        return std::unexpected(Error::from_errno("getaddrinfo", EHOSTUNREACH,
+                                                 fmt::format("{}:{}: {}", host, port, gai_strerror(rc))));
+    return AddrInfo(list, &freeaddrinfo);
+}
+
+} // namespace
+
+Result<TcpStream> TcpStream::connect(std::string_view host, std::uint16_t port, std::chrono::milliseconds timeout) {
+    const auto deadline = Clock::now() + timeout;
+    const std::string peer = fmt::format("{}:{}", host, port);
+    auto addresses = resolve(host, port, false);
+    if (!addresses)
+        return std::unexpected(std::move(addresses.error()));
+    Error last = Error::from_errno("connect", EHOSTUNREACH, peer);
+    for (const addrinfo* a = addresses->get(); a; a = a->ai_next) {
+        TcpStream stream(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol), peer);
+        if (stream.fd_ < 0 || !set_nonblocking(stream.fd_))
+            return std::unexpected(Error::from_last_errno("socket", peer));
+        if (::connect(stream.fd_, a->ai_addr, a->ai_addrlen) != 0) {
+            if (errno != EINPROGRESS) {
+                last = Error::from_last_errno("connect", peer);
+                continue;
+            }
+            if (auto ready = wait_fd(stream.fd_, POLLOUT, deadline, "connect", peer); !ready)
+                return std::unexpected(std::move(ready.error()));
+            int error = 0;
+            socklen_t len = sizeof error;
+            if (::getsockopt(stream.fd_, SOL_SOCKET, SO_ERROR, &error, &len) != 0 || error != 0) {
+                last = Error::from_errno("connect", error != 0 ? error : errno, peer);
+                continue;
+            }
+        }
+        const int one = 1;
+        ::setsockopt(stream.fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        return stream;
+    }
+    return std::unexpected(std::move(last));
+}
+
+TcpStream::TcpStream(TcpStream&& other) noexcept
+    : fd_(std::exchange(other.fd_, -1)), peer_(std::move(other.peer_)) {}
+
+TcpStream& TcpStream::operator=(TcpStream&& other) noexcept {
+    if (this != &other) {
+        if (fd_ >= 0)
+            ::close(fd_);
+        fd_ = std::exchange(other.fd_, -1);
+        peer_ = std::move(other.peer_);
+    }
+    return *this;
+}
+
+TcpStream::~TcpStream() {
+    if (fd_ >= 0)
+        ::close(fd_);
+}
+
+Result<void> TcpStream::write_all(std::span<const std::byte> bytes, Clock::time_point deadline) {
+    std::size_t done = 0;
+    while (done < bytes.size()) {
+        const ssize_t n = ::send(fd_, bytes.data() + done, bytes.size() - done, MSG_NOSIGNAL);
+        if (n > 0) {
+            done += static_cast<std::size_t>(n);
+            continue;
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            if (auto ready = wait_fd(fd_, POLLOUT, deadline, "send", peer_); !ready)
+                return ready;
+            continue;
+        }
+        return std::unexpected(Error::from_last_errno("send", peer_));
+    }
+    return {};
+}
+
+Result<void> TcpStream::read_exact(std::span<std::byte> bytes, Clock::time_point deadline) {
+    std::size_t done = 0;
+    while (done < bytes.size()) {
+        const ssize_t n = ::recv(fd_, bytes.data() + done, bytes.size() - done, 0);
+        if (n > 0) {
+            done += static_cast<std::size_t>(n);
+            continue;
+        }
+        if (n == 0)
+            return std::unexpected(Error::from_errno(
+                "recv", ECONNRESET,
+                fmt::format("peer {} closed the connection after {} of {} bytes", peer_, done, bytes.size())));
+        if (errno == EINTR)
+            continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            if (auto ready = wait_fd(fd_, POLLIN, deadline, "recv", peer_); !ready)
+                return ready;
+            continue;
+        }
+        return std::unexpected(Error::from_last_errno("recv", peer_));
+    }
+    return {};
+}
+
+Result<EndpointMessage> TcpStream::exchange(const EndpointMessage& mine, std::chrono::milliseconds timeout) {
+    const auto deadline = Clock::now() + timeout;
+    if (auto sent = write_all(endpoint_codec::encode(mine), deadline); !sent)
+        return std::unexpected(std::move(sent.error()));
+    std::vector<std::byte> message(endpoint_codec::header_size);
+    if (auto got = read_exact(message, deadline); !got)
+        return std::unexpected(std::move(got.error()));
+    auto body = endpoint_codec::body_length(std::span(message).first<endpoint_codec::header_size>());
+    if (!body)
+        return std::unexpected(std::move(body.error()));
+    message.resize(endpoint_codec::header_size + *body);
+    if (auto got = read_exact(std::span(message).subspan(endpoint_codec::header_size), deadline); !got)
+        return std::unexpected(std::move(got.error()));
+    return endpoint_codec::decode(message);
+}
+
+Result<void> TcpStream::confirm_ready(std::chrono::milliseconds timeout) {
+    const auto deadline = Clock::now() + timeout;
+    constexpr std::byte ready{'R'};
+    if (auto sent = write_all(std::span(&ready, 1), deadline); !sent)
+        return sent;
+    std::byte answer{};
+    if (auto got = read_exact(std::span(&answer, 1), deadline); !got)
+        return got;
+    if (answer != ready)
+        return std::unexpected(Error::protocol("confirm_ready", fmt::format("peer {} sent {:#x}, not the ready byte",
+                                                                            peer_, static_cast<unsigned>(answer))));
+    return {};
+}
+
+Result<TcpListener> TcpListener::listen(std::string_view host, std::uint16_t port, int backlog) {
+    auto addresses = resolve(host, port, true);
+    if (!addresses)
+        return std::unexpected(std::move(addresses.error()));
+    Error last = Error::from_errno("bind", EADDRNOTAVAIL, fmt::format("{}:{}", host, port));
+    for (const addrinfo* a = addresses->get(); a; a = a->ai_next) {
+        TcpListener listener(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol), 0);
+        if (listener.fd_ < 0 || !set_nonblocking(listener.fd_))
+            return std::unexpected(Error::from_last_errno("socket"));
+        const int one = 1;
+        ::setsockopt(listener.fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (::bind(listener.fd_, a->ai_addr, a->ai_addrlen) != 0 || ::listen(listener.fd_, backlog) != 0) {
+            last = Error::from_last_errno("bind", fmt::format("{}:{}", host, port));
+            continue;
+        }
+        sockaddr_storage bound{};
+        socklen_t len = sizeof bound;
+        ::getsockname(listener.fd_, reinterpret_cast<sockaddr*>(&bound), &len);
+        listener.port_ = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                                           : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+        return listener;
+    }
+    return std::unexpected(std::move(last));
+}
+
+TcpListener::TcpListener(TcpListener&& other) noexcept
+    : fd_(std::exchange(other.fd_, -1)), port_(other.port_) {}
+
+TcpListener& TcpListener::operator=(TcpListener&& other) noexcept {
+    if (this != &other) {
+        if (fd_ >= 0)
+            ::close(fd_);
+        fd_ = std::exchange(other.fd_, -1);
+        port_ = other.port_;
+    }
+    return *this;
+}
+
+TcpListener::~TcpListener() {
+    if (fd_ >= 0)
+        ::close(fd_);
+}
+
+Result<TcpStream> TcpListener::accept(std::chrono::milliseconds timeout) {
+    const auto deadline = Clock::now() + timeout;
+    for (;;) {
+        sockaddr_storage from{};
+        socklen_t len = sizeof from;
+        const int fd = ::accept4(fd_, reinterpret_cast<sockaddr*>(&from), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd >= 0) {
+            char host[NI_MAXHOST] = "?", service[NI_MAXSERV] = "?";
+            ::getnameinfo(reinterpret_cast<sockaddr*>(&from), len, host, sizeof host, service, sizeof service,
+                          NI_NUMERICHOST | NI_NUMERICSERV);
+            const int one = 1;
+            ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+            return TcpStream(fd, fmt::format("{}:{}", host, service));
+        }
+        if (errno == EINTR || errno == ECONNABORTED)
+            continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK)
+            return std::unexpected(Error::from_last_errno("accept"));
+        if (auto ready = wait_fd(fd_, POLLIN, deadline, "accept", "any client"); !ready)
+            return std::unexpected(std::move(ready.error()));
+    }
+}
+
+Result<EndpointMessage> connect_over_tcp(TcpStream& stream, std::span<QueuePair* const> qps,
+                                         std::span<const std::byte> metadata, const ConnectOptions& options,
+                                         std::chrono::milliseconds timeout, std::source_location where) {
+    EndpointMessage mine;
+    for (QueuePair* qp : qps) {
+        require(qp != nullptr, where, "a null QueuePair in connect_over_tcp");
+        mine.qps.push_back({.endpoint = qp->endpoint(), .type = qp->type()});
+    }
+    mine.metadata.assign(metadata.begin(), metadata.end());
+    auto peer = stream.exchange(mine, timeout);
+    if (!peer)
+        return peer;
+    if (peer->qps.size() != qps.size())
+        return std::unexpected(Error::protocol(
+            "connect_over_tcp", fmt::format("peer {} offers {} QPs, we have {}", stream.peer(), peer->qps.size(),
+                                            qps.size())));
+    for (std::size_t i = 0; i < qps.size(); ++i) {
+        if (peer->qps[i].type != qps[i]->type())
+            return std::unexpected(Error::protocol(
+                "connect_over_tcp", fmt::format("QP {}: peer's is {}, ours is {}", i, to_string(peer->qps[i].type),
+                                                to_string(qps[i]->type()))));
+        auto connected = qps[i]->type() == QpType::ud ? qps[i]->activate(where)
+                                                      : qps[i]->connect(peer->qps[i].endpoint, options, where);
+        if (!connected)
+            return std::unexpected(std::move(connected.error()));
+    }
+    return peer;
+}
+
+} // namespace rdmaxx

@@ -1,0 +1,117 @@
+// The TCP side of connection setup, on loopback: every failure a clear Error in time.
+#include <cstring>
+#include <thread>
+
+#include <doctest/doctest.h>
+
+#include <rdmaxx/ctrl/tcp.hpp>
+
+#include "../support/check.hpp"
+
+using namespace rdmaxx;
+using namespace std::chrono_literals;
+using rdmaxx::test::must;
+using rdmaxx::test::must_fail;
+
+namespace {
+
+EndpointMessage message(std::uint32_t qpn) {
+    return {.qps = {{.endpoint = {.qpn = qpn, .psn = 1, .gid = {}, .lid = 1, .mtu = Mtu::b1024}, .type = QpType::rc}},
+            .metadata = {std::byte{1}, std::byte{2}}};
+}
+
+void raw_send(TcpStream& s, std::span<const std::byte> bytes) { must(s.write_all(bytes, Clock::now() + 1s)); }
+
+} // namespace
+
+TEST_CASE("two peers exchange endpoint messages and confirm readiness") {
+    TcpListener listener = must(TcpListener::listen("127.0.0.1", 0));
+    REQUIRE(listener.port() != 0);
+    std::thread client([port = listener.port()] {
+        TcpStream s = must(TcpStream::connect("127.0.0.1", port, 2s));
+        CHECK(must(s.exchange(message(2), 2s)) == message(1));
+        must(s.confirm_ready(2s));
+    });
+    TcpStream server = must(listener.accept(2s));
+    CHECK(must(server.exchange(message(1), 2s)) == message(2));
+    must(server.confirm_ready(2s));
+    client.join();
+}
+
+TEST_CASE("a refused connection is an Error at once") {
+    std::uint16_t port = 0;
+    {
+        TcpListener closed = must(TcpListener::listen("127.0.0.1", 0));
+        port = closed.port();
+    }
+    const auto start = Clock::now();
+    const Error e = must_fail(TcpStream::connect("127.0.0.1", port, 2s));
+    CHECK(e.is_errno(ECONNREFUSED));
+    CHECK(Clock::now() - start < 1s);
+    CHECK(must_fail(TcpStream::connect("no-such-host.invalid", 1, 1s)).message().find("getaddrinfo") !=
+          std::string::npos);
+}
+
+TEST_CASE("nobody connecting and a silent peer are timeouts") {
+    TcpListener listener = must(TcpListener::listen("127.0.0.1", 0));
+    CHECK(must_fail(listener.accept(100ms)).is_timeout());
+    TcpStream client = must(TcpStream::connect("127.0.0.1", listener.port(), 1s));
+    TcpStream server = must(listener.accept(1s));
+    const auto start = Clock::now();
+    CHECK(must_fail(server.exchange(message(1), 200ms)).is_timeout());
+    CHECK(Clock::now() - start < 1s);
+}
+
+TEST_CASE("a peer that closes mid-handshake, garbage and a newer version are clear Errors") {
+    TcpListener listener = must(TcpListener::listen("127.0.0.1", 0));
+    const auto bytes = endpoint_codec::encode(message(9));
+    SUBCASE("closed after half the message") {
+        std::thread client([&] {
+            TcpStream s = must(TcpStream::connect("127.0.0.1", listener.port(), 1s));
+            raw_send(s, std::span(bytes).first(bytes.size() / 2));
+        });
+        TcpStream server = must(listener.accept(1s));
+        client.join();
+        const Error e = must_fail(server.exchange(message(1), 1s));
+        // the peer's close shows up as end of stream, or as a reset if our own
+        // message was still in flight: both are ECONNRESET, EPIPE on send
+        CHECK((e.is_errno(ECONNRESET) || e.is_errno(EPIPE)));
+    }
+    SUBCASE("garbage") {
+        std::thread client([&] {
+            TcpStream s = must(TcpStream::connect("127.0.0.1", listener.port(), 1s));
+            const char junk[] = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+            raw_send(s, std::as_bytes(std::span(junk)));
+            std::byte sink[256];
+            (void)s.read_exact(sink, Clock::now() + 1s);
+        });
+        TcpStream server = must(listener.accept(1s));
+        const Error e = must_fail(server.exchange(message(1), 1s));
+        CHECK(e.kind() == Error::Kind::protocol);
+        CHECK(e.message().find("wrong magic") != std::string::npos);
+        server = TcpStream(std::move(server)); // still movable after a failure
+        client.join();
+    }
+    SUBCASE("a newer protocol version") {
+        auto future = bytes;
+        future[5] = std::byte{7};
+        std::thread client([&] {
+            TcpStream s = must(TcpStream::connect("127.0.0.1", listener.port(), 1s));
+            raw_send(s, future);
+            std::byte sink[256];
+            (void)s.read_exact(sink, Clock::now() + 1s);
+        });
+        TcpStream server = must(listener.accept(1s));
+        CHECK(must_fail(server.exchange(message(1), 1s)).message().find("version 7 is not supported") !=
+              std::string::npos);
+        client.join();
+    }
+    // the listener serves the next client after any of them
+    std::thread good([&] {
+        TcpStream s = must(TcpStream::connect("127.0.0.1", listener.port(), 1s));
+        CHECK(must(s.exchange(message(3), 1s)) == message(4));
+    });
+    TcpStream server = must(listener.accept(1s));
+    CHECK(must(server.exchange(message(4), 1s)) == message(3));
+    good.join();
+}
