@@ -61,6 +61,7 @@ public:
     ~TcpListener();
 
     std::uint16_t port() const noexcept { return port_; }
+    int fd() const noexcept { return fd_; }
     // The next client, within `timeout`.
     Result<TcpStream> accept(std::chrono::milliseconds timeout);
 

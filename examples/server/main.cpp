@@ -1,0 +1,46 @@
+// The tutorial's server: accepts one client and checks the five scenarios.
+//   server [--host ADDRESS] [--port PORT]
+#include "../tutorial.hpp"
+
+using namespace rdmaxx;
+using tutorial::expect;
+using tutorial::must;
+
+int main(int argc, char** argv) {
+    const auto address = tutorial::parse_address(argc, argv);
+    Listener listener = must(Listener::listen(address.host, address.port), "listen");
+    fmt::print("server: listening on {}:{}\n", address.host, listener.port());
+    std::fflush(stdout);
+    Connection connection = must(listener.accept(std::chrono::seconds(60)), "accept");
+    std::array<std::byte, 64> message{};
+
+    // (1) a message of 8 bytes
+    Received got = must(connection.receive(message), "(1) receive");
+    expect(got.size == 8 && std::memcmp(message.data(), "rdmaxx!!", 8) == 0 && !got.imm, "(1) 8 bytes received");
+
+    // (2) the same with an immediate
+    got = must(connection.receive(message), "(2) receive");
+    expect(got.size == 8 && got.imm == tutorial::greeting_imm, "(2) 8 bytes and the immediate received");
+
+    // (3) the client lends a region; we READ it and give it back
+    const RemoteMr lent = must(connection.receive_remote_mr(), "(3) receive_remote_mr");
+    MemoryRegion local = must(connection.alloc_local_mr(tutorial::region_size), "(3) alloc_local_mr");
+    must(connection.read(local.slice(0, lent.memory.length), lent.memory), "(3) read");
+    expect(tutorial::matches(local.bytes().first(lent.memory.length), 3), "(3) RDMA READ of the lent region");
+    must(connection.send_remote_mr(lent), "(3) send_remote_mr");
+
+    // (4) the client asks for a region, writes half of it and hands it back
+    MemoryRegion returned = must(connection.receive_local_mr(), "(4) receive_local_mr");
+    const std::size_t half = returned.size() / 2;
+    expect(tutorial::matches(returned.bytes().first(half), 4) && tutorial::zero(returned.bytes().subspan(half)),
+           "(4) first half written, second half untouched");
+
+    // (5) the same with write_with_imm: the immediate is where the data ends
+    const std::uint32_t boundary = must(connection.receive_write_imm(), "(5) receive_write_imm");
+    returned = must(connection.receive_local_mr(), "(5) receive_local_mr");
+    expect(boundary < returned.size() && tutorial::matches(returned.bytes().first(boundary), 5) &&
+               tutorial::zero(returned.bytes().subspan(boundary)),
+           fmt::format("(5) {} bytes written, as the immediate says", boundary));
+    fmt::print("server: all five scenarios passed\n");
+    return 0;
+}
