@@ -3,6 +3,10 @@
 # the server, then the client once the server listens; both must exit 0.
 set -uo pipefail
 build=${1:-build}
+if ! compgen -G '/sys/class/infiniband/*' >/dev/null; then
+    echo "tutorial: no RDMA device here: skipped (run it with scripts/vm/run.sh)"
+    exit 77
+fi
 port=${TUTORIAL_PORT:-7471}
 address=${RDMAXX_VM_ADDR:-127.0.0.1}
 "$build/examples/server" --host "$address" --port "$port" &

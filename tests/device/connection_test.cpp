@@ -1,0 +1,232 @@
+// The high-level Connection on real verbs: many clients, bad clients, dead peers,
+// leases, quotas, credits. Server and clients are threads of this process.
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <doctest/doctest.h>
+
+#include <rdmaxx/ctrl/connection.hpp>
+
+#include "../support/device.hpp"
+
+using namespace rdmaxx;
+using namespace std::chrono_literals;
+using rdmaxx::test::must;
+using rdmaxx::test::must_fail;
+
+namespace {
+
+ConnectionOptions quick() {
+    ConnectionOptions o;
+    o.timeout = 3s;
+    return o;
+}
+
+} // namespace
+
+TEST_CASE("ten clients at once, each moving 1 MiB through the same server") {
+    Listener listener = must(Listener::listen("127.0.0.1", 0, quick()));
+    constexpr int clients = 10;
+    constexpr std::size_t size = 1 << 20;
+    std::vector<std::thread> threads;
+    for (int c = 0; c < clients; ++c)
+        threads.emplace_back([port = listener.port(), c] {
+            Connection conn = must(Connection::connect("127.0.0.1", port, quick()));
+            MemoryRegion local = must(conn.alloc_local_mr(size));
+            test::fill(local.bytes(), static_cast<unsigned>(c));
+            const RemoteMr remote = must(conn.request_remote_mr(size));
+            must(conn.write(local.all(), remote.memory));
+            // the client's number, so the server knows whose bytes it checks
+            std::memcpy(local.data(), &c, sizeof c);
+            must(conn.send(local.slice(0, sizeof c)));
+            must(conn.send_remote_mr(remote));
+        });
+    std::vector<Connection> accepted;
+    for (int c = 0; c < clients; ++c)
+        accepted.push_back(must(listener.accept(10s)));
+    int checked = 0;
+    for (Connection& conn : accepted) {
+        int who = -1;
+        CHECK(must(conn.receive(std::as_writable_bytes(std::span(&who, 1)))).size == sizeof who);
+        MemoryRegion mr = must(conn.receive_local_mr());
+        REQUIRE(mr.size() == size);
+        std::vector<std::byte> expected(size);
+        test::fill(expected, static_cast<unsigned>(who));
+        CHECK(std::memcmp(mr.data(), expected.data(), size) == 0);
+        ++checked;
+    }
+    for (auto& t : threads)
+        t.join();
+    CHECK(checked == clients);
+}
+
+TEST_CASE("random bytes and truncated handshakes: the listener reports each and serves the next client") {
+    Listener listener = must(Listener::listen("127.0.0.1", 0, quick()));
+    std::thread bad([port = listener.port()] {
+        std::mt19937 random(7);
+        std::vector<std::byte> junk(300);
+        for (auto& b : junk)
+            b = static_cast<std::byte>(random());
+        TcpStream s = must(TcpStream::connect("127.0.0.1", port, 1s));
+        (void)s.write_all(junk, Clock::now() + 1s);
+        std::byte sink[512];
+        (void)s.read_exact(sink, Clock::now() + 2s);
+        TcpStream truncated = must(TcpStream::connect("127.0.0.1", port, 1s));
+        const auto message = endpoint_codec::encode(
+            {.qps = {{.endpoint = {.qpn = 1, .psn = 1, .gid = {}, .lid = 0, .mtu = Mtu::b1024}}}, .metadata = {}});
+        (void)truncated.write_all(std::span(message).first(20), Clock::now() + 1s);
+        // then it closes
+    });
+    const Error garbage = must_fail(listener.accept(5s));
+    CHECK(garbage.kind() == Error::Kind::protocol);
+    const Error cut = must_fail(listener.accept(5s));
+    CHECK((cut.is_errno(ECONNRESET) || cut.is_timeout() || cut.is_errno(EPIPE)));
+    bad.join();
+    std::thread good([port = listener.port()] {
+        Connection conn = must(Connection::connect("127.0.0.1", port, quick()));
+        MemoryRegion mr = must(conn.alloc_local_mr(64));
+        std::memcpy(mr.data(), "survived", 8);
+        must(conn.send(mr.slice(0, 8)));
+    });
+    Connection conn = must(listener.accept(5s));
+    std::array<std::byte, 16> got{};
+    CHECK(must(conn.receive(got)).size == 8);
+    CHECK(std::memcmp(got.data(), "survived", 8) == 0);
+    good.join();
+}
+
+TEST_CASE("a peer that dies, mid-handshake or connected, fails the survivor's waits at once") {
+    Listener listener = must(Listener::listen("127.0.0.1", 0, quick()));
+    const auto port = listener.port();
+    std::fflush(nullptr);
+    // mid-handshake: a child that connects over TCP and dies before the exchange
+    if (const pid_t child = ::fork(); child == 0) {
+        auto s = TcpStream::connect("127.0.0.1", port, 1s);
+        ::_exit(s ? 0 : 1);
+    } else {
+        const Error e = must_fail(listener.accept(5s));
+        CHECK((e.is_errno(ECONNRESET) || e.is_errno(EPIPE)));
+        int status = 0;
+        ::waitpid(child, &status, 0);
+    }
+    // connected: a child that connects, sends one message and dies
+    if (const pid_t child = ::fork(); child == 0) {
+        auto conn = Connection::connect("127.0.0.1", port, quick());
+        if (!conn)
+            ::_exit(1);
+        auto mr = conn->alloc_local_mr(64);
+        (void)conn->send(mr->slice(0, 8));
+        ::_exit(0); // no goodbye
+    } else {
+        Connection conn = must(listener.accept(5s));
+        std::array<std::byte, 64> buffer{};
+        CHECK(must(conn.receive(buffer)).size == 8);
+        int status = 0;
+        ::waitpid(child, &status, 0);
+        const auto start = Clock::now();
+        const Error e = must_fail(conn.receive(buffer));
+        CHECK(Clock::now() - start < 2s); // not the 3 s timeout: the death is seen
+        CHECK(e.message().find("closed") != std::string::npos);
+        MemoryRegion mr = must(conn.alloc_local_mr(64));
+        CHECK_FALSE(conn.send(mr.slice(0, 8))); // later calls fail too
+    }
+}
+
+TEST_CASE("an expired lease: the owner refuses the region and a late WRITE fails remotely") {
+    Listener listener = must(Listener::listen("127.0.0.1", 0, quick()));
+    std::thread client([port = listener.port()] {
+        Connection conn = must(Connection::connect("127.0.0.1", port, quick()));
+        const RemoteMr remote = must(conn.request_remote_mr(4096, access_all, 200ms));
+        MemoryRegion local = must(conn.alloc_local_mr(4096));
+        test::fill(local.bytes(), 9);
+        must(conn.write(local.slice(0, 16), remote.slice(0, 16))); // within the lease
+        std::this_thread::sleep_for(600ms);                        // the lease ends meanwhile
+        must(conn.progress());
+        const Error late = must_fail(conn.write(local.slice(0, 16), remote.slice(0, 16)));
+        CHECK(late.kind() == Error::Kind::completion);
+        CHECK(late.code() == IBV_WC_REM_ACCESS_ERR);
+    });
+    Connection conn = must(listener.accept(5s));
+    // serve (grant, then expire) until the client is done
+    const auto until = Clock::now() + 2s;
+    while (Clock::now() < until)
+        (void)conn.progress();
+    client.join();
+    // a fresh pair: returning an expired region is refused by its owner
+    std::thread second([port = listener.port()] {
+        Connection c = must(Connection::connect("127.0.0.1", port, quick()));
+        const RemoteMr remote = must(c.request_remote_mr(64, access_all, 100ms));
+        std::this_thread::sleep_for(300ms);
+        const Error refused = must_fail(c.send_remote_mr(remote));
+        CHECK(refused.is_errno(ESTALE));
+    });
+    Connection other = must(listener.accept(5s));
+    const auto end = Clock::now() + 1500ms;
+    while (Clock::now() < end)
+        (void)other.progress();
+    second.join();
+}
+
+TEST_CASE("the owner's access ceiling and quota bound what a peer may request") {
+    ConnectionOptions strict = quick();
+    strict.access_ceiling = Access::local_write | Access::remote_read;
+    strict.quota_bytes = 8192;
+    Listener listener = must(Listener::listen("127.0.0.1", 0, strict));
+    std::thread client([port = listener.port()] {
+        Connection conn = must(Connection::connect("127.0.0.1", port, quick()));
+        CHECK(must_fail(conn.request_remote_mr(64, Access::remote_write)).is_errno(EACCES));
+        const RemoteMr first = must(conn.request_remote_mr(8192, Access::remote_read));
+        CHECK(must_fail(conn.request_remote_mr(1, Access::remote_read)).is_errno(EDQUOT));
+        must(conn.send_remote_mr(first)); // returning frees the quota
+        must(conn.request_remote_mr(4096, Access::remote_read));
+        MemoryRegion done = must(conn.alloc_local_mr(8));
+        must(conn.send(done.slice(0, 1)));
+    });
+    Connection conn = must(listener.accept(5s));
+    std::array<std::byte, 8> buffer{};
+    must(conn.receive(buffer));
+    CHECK(must(conn.receive_local_mr()).size() == 8192);
+    client.join();
+}
+
+TEST_CASE("messages: size limits, and credits instead of endless RNR retries") {
+    ConnectionOptions small = quick();
+    small.receive_depth = 8;
+    small.max_message = 256;
+    small.timeout = 1s;
+    Listener listener = must(Listener::listen("127.0.0.1", 0, small));
+    std::thread client([port = listener.port(), small] {
+        Connection conn = must(Connection::connect("127.0.0.1", port, small));
+        MemoryRegion mr = must(conn.alloc_local_mr(4096));
+        CHECK(must_fail(conn.send(mr.slice(0, 257))).is_errno(EMSGSIZE));
+        // the server does not receive yet: the credits run out and send() times
+        // out with an Error; nothing is lost
+        int sent = 0;
+        for (int i = 0; i < 20; ++i) {
+            std::memcpy(mr.data(), &i, sizeof i);
+            if (!conn.send(mr.slice(0, 200)))
+                break;
+            ++sent;
+        }
+        CHECK(sent == 8 - 2); // receive_depth less the control reserve
+        must(conn.send(mr.slice(0, 4))); // the server drained meanwhile: credits came back
+    });
+    Connection conn = must(listener.accept(5s));
+    std::this_thread::sleep_for(1500ms); // let the client run out of credits
+    std::array<std::byte, 256> buffer{};
+    std::array<std::byte, 16> tiny{};
+    CHECK(must_fail(conn.receive(tiny)).is_errno(EMSGSIZE)); // too big for 16: stays queued
+    for (int i = 0; i < 6; ++i) {
+        CHECK(must(conn.receive(buffer)).size == 200);
+        int value = -1;
+        std::memcpy(&value, buffer.data(), sizeof value);
+        CHECK(value == i);
+    }
+    CHECK(must(conn.receive(buffer)).size == 4);
+    client.join();
+}
