@@ -56,19 +56,27 @@ inline bool zero(std::span<const std::byte> bytes) {
     return true;
 }
 
-// "--host H --port P" (either may be left out).
+// "[--host H] [--port P] [--transport tcp|cm]"
 struct Address {
     std::string host = "127.0.0.1";
     std::uint16_t port = default_port;
+    rdmaxx::ConnectionOptions options;
 };
 inline Address parse_address(int argc, char** argv) {
     Address a;
     for (int i = 1; i + 1 < argc; i += 2) {
         const std::string_view flag = argv[i];
+        const std::string_view value = argv[i + 1];
         if (flag == "--host")
-            a.host = argv[i + 1];
+            a.host = value;
         else if (flag == "--port")
             a.port = static_cast<std::uint16_t>(std::atoi(argv[i + 1]));
+        else if (flag == "--transport" && (value == "tcp" || value == "cm"))
+            a.options.transport = value == "cm" ? rdmaxx::Transport::rdma_cm : rdmaxx::Transport::tcp;
+        else {
+            fmt::print(stderr, "usage: {} [--host H] [--port P] [--transport tcp|cm]\n", argv[0]);
+            std::exit(2);
+        }
     }
     return a;
 }

@@ -1,5 +1,5 @@
 // The tutorial's client: the five scenarios against examples/server.
-//   client [--host ADDRESS] [--port PORT]
+//   client [--host ADDRESS] [--port PORT] [--transport tcp|cm]
 #include "../tutorial.hpp"
 
 using namespace rdmaxx;
@@ -8,7 +8,7 @@ using tutorial::must;
 
 int main(int argc, char** argv) {
     const auto address = tutorial::parse_address(argc, argv);
-    Connection connection = must(Connection::connect(address.host, address.port), "connect");
+    Connection connection = must(Connection::connect(address.host, address.port, address.options), "connect");
     MemoryRegion local = must(connection.alloc_local_mr(tutorial::region_size), "alloc_local_mr");
 
     // (1) send 8 bytes

@@ -1,5 +1,5 @@
 // The tutorial's server: accepts one client and checks the five scenarios.
-//   server [--host ADDRESS] [--port PORT]
+//   server [--host ADDRESS] [--port PORT] [--transport tcp|cm]
 #include "../tutorial.hpp"
 
 using namespace rdmaxx;
@@ -8,7 +8,7 @@ using tutorial::must;
 
 int main(int argc, char** argv) {
     const auto address = tutorial::parse_address(argc, argv);
-    Listener listener = must(Listener::listen(address.host, address.port), "listen");
+    Listener listener = must(Listener::listen(address.host, address.port, address.options), "listen");
     fmt::print("server: listening on {}:{}\n", address.host, listener.port());
     std::fflush(stdout);
     Connection connection = must(listener.accept(std::chrono::seconds(60)), "accept");

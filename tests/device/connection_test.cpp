@@ -1,5 +1,6 @@
 // The high-level Connection on real verbs: many clients, bad clients, dead peers,
 // leases, quotas, credits. Server and clients are threads of this process.
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -21,10 +22,20 @@ using rdmaxx::test::must_fail;
 
 namespace {
 
-ConnectionOptions quick() {
+ConnectionOptions quick(Transport transport = Transport::tcp) {
     ConnectionOptions o;
+    o.transport = transport;
     o.timeout = 3s;
     return o;
+}
+
+// RDMA CM needs an address on the RDMA device's netdev, not loopback.
+std::string cm_address() {
+    if (const char* vm = std::getenv("RDMAXX_VM_ADDR"); vm && *vm)
+        return vm;
+    auto context = must(Context::open());
+    const GidEntry gid = must(context.choose_gid(1));
+    return fmt::format("{}.{}.{}.{}", gid.gid.bytes[12], gid.gid.bytes[13], gid.gid.bytes[14], gid.gid.bytes[15]);
 }
 
 } // namespace
@@ -229,4 +240,39 @@ TEST_CASE("messages: size limits, and credits instead of endless RNR retries") {
     }
     CHECK(must(conn.receive(buffer)).size == 4);
     client.join();
+}
+
+TEST_CASE("RDMA CM: connect, move data both ways, and a disconnect fails the survivor's waits") {
+    const std::string address = cm_address();
+    Listener listener = must(Listener::listen(address, 0, quick(Transport::rdma_cm)));
+    REQUIRE(listener.port() != 0);
+    std::thread client([&address, port = listener.port()] {
+        Connection conn = must(Connection::connect(address, port, quick(Transport::rdma_cm)));
+        MemoryRegion mr = must(conn.alloc_local_mr(1 << 20));
+        test::fill(mr.bytes(), 11);
+        const RemoteMr remote = must(conn.request_remote_mr(1 << 20));
+        must(conn.write(mr.all(), remote.memory));
+        must(conn.send_remote_mr(remote));
+        std::array<std::byte, 8> got{};
+        CHECK(must(conn.receive(got)).imm == 5u);
+        // leaving the scope disconnects
+    });
+    Connection conn = must(listener.accept(10s));
+    MemoryRegion back = must(conn.receive_local_mr());
+    std::vector<std::byte> expected(1 << 20);
+    test::fill(expected, 11);
+    CHECK(std::memcmp(back.data(), expected.data(), expected.size()) == 0);
+    must(conn.send_with_imm(back.slice(0, 8), 5));
+    client.join();
+    std::array<std::byte, 8> buffer{};
+    const auto start = Clock::now();
+    const Error e = must_fail(conn.receive(buffer));
+    CHECK(Clock::now() - start < 2s);
+    CHECK(e.message().find("disconnected") != std::string::npos);
+}
+
+TEST_CASE("RDMA CM: nobody listening is an Error in time") {
+    const auto start = Clock::now();
+    CHECK_FALSE(Connection::connect(cm_address(), 1, quick(Transport::rdma_cm)));
+    CHECK(Clock::now() - start < 4s);
 }

@@ -8,6 +8,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include <netdb.h>
 #include <poll.h>
 #include <sys/socket.h>
 
@@ -15,6 +16,8 @@
 
 #include <rdmaxx/data/post.hpp>
 #include <rdmaxx/wrap/log.hpp>
+
+#include "cm.hpp"
 
 namespace rdmaxx {
 namespace detail {
@@ -104,7 +107,9 @@ struct Link {
 
     std::shared_ptr<Group> group;
     ConnectionOptions options;
-    TcpStream control;
+    // the peer's side channel: quiet after the handshake, it reports the peer's death
+    std::optional<TcpStream> tcp;
+    std::unique_ptr<CmSession> cm;
     QueuePair qp;
     MemoryRegion receive_mr;
     MemoryRegion send_mr;
@@ -129,9 +134,9 @@ struct Link {
     std::uint64_t op_awaited = 0;
     std::optional<Error> broken;
 
-    Link(std::shared_ptr<Group> g, const ConnectionOptions& o, TcpStream stream, QueuePair q, MemoryRegion receive,
-         MemoryRegion send, std::uint32_t buffer, std::uint32_t slots)
-        : group(std::move(g)), options(o), control(std::move(stream)), qp(std::move(q)),
+    Link(std::shared_ptr<Group> g, const ConnectionOptions& o, QueuePair q, MemoryRegion receive, MemoryRegion send,
+         std::uint32_t buffer, std::uint32_t slots)
+        : group(std::move(g)), options(o), qp(std::move(q)),
           receive_mr(std::move(receive)), send_mr(std::move(send)), buffer_bytes(buffer), slot_busy(slots, false),
           slot_error(slots) {}
     Link(const Link&) = delete;
@@ -382,19 +387,27 @@ struct Link {
     }
 
     // --- waiting ---------------------------------------------------------------
-    // The peer's control socket: it is quiet after the handshake, so readable means
-    // the peer closed it (died) or broke protocol.
+    const std::string& peer() const { return tcp ? tcp->peer() : cm->peer(); }
+    int watch_fd() const { return tcp ? tcp->fd() : cm->fd(); }
+
+    // The side channel: readable means the peer closed it (died), disconnected or
+    // broke protocol.
     void check_peer() {
-        pollfd pfd{.fd = control.fd(), .events = POLLIN, .revents = 0};
+        if (cm) {
+            if (auto alive = cm->check_alive(); !alive)
+                fail(std::move(alive.error()));
+            return;
+        }
+        pollfd pfd{.fd = tcp->fd(), .events = POLLIN, .revents = 0};
         if (::poll(&pfd, 1, 0) <= 0)
             return;
         std::byte b;
-        const ssize_t n = ::recv(control.fd(), &b, 1, MSG_PEEK | MSG_DONTWAIT);
+        const ssize_t n = ::recv(tcp->fd(), &b, 1, MSG_PEEK | MSG_DONTWAIT);
         if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))
             fail(Error::from_errno("Connection", ECONNRESET,
-                                   fmt::format("peer {} closed its control connection", control.peer())));
+                                   fmt::format("peer {} closed its control connection", peer())));
         else if (n > 0)
-            fail(Error::protocol("Connection", fmt::format("peer {} wrote to the control connection", control.peer())));
+            fail(Error::protocol("Connection", fmt::format("peer {} wrote to the control connection", peer())));
     }
 
     template <class Done>
@@ -417,9 +430,9 @@ struct Link {
             const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
             if (left.count() <= 0)
                 return std::unexpected(Error::timeout(
-                    "Connection", fmt::format("{}: nothing from peer {} within {} ms", what, control.peer(),
+                    "Connection", fmt::format("{}: nothing from peer {} within {} ms", what, peer(),
                                               options.timeout.count())));
-            if (auto woke = group->cq.wait_event(left, control.fd()); !woke && !woke.error().is_timeout())
+            if (auto woke = group->cq.wait_event(left, watch_fd()); !woke && !woke.error().is_timeout())
                 return woke;
         }
     }
@@ -495,9 +508,17 @@ Result<std::shared_ptr<Group>> make_group(const ConnectionOptions& options) {
     return std::make_shared<Group>(Group{std::move(*context), std::move(*pd), std::move(*cq), {}});
 }
 
-// The handshake: QP over the TCP exchange, receives posted, readiness confirmed.
-Result<std::unique_ptr<Link>> make_link(std::shared_ptr<Group> group, TcpStream stream,
-                                        const ConnectionOptions& options) {
+// The options, with the device an RDMA CM id resolved to.
+ConnectionOptions on_device_of(const rdma_cm_id* id, ConnectionOptions options) {
+    if (id->verbs) {
+        options.device = ibv_get_device_name(id->verbs->device);
+        options.port = id->port_num;
+    }
+    return options;
+}
+
+// A link's verbs objects: QP and buffers; not yet connected.
+Result<std::unique_ptr<Link>> create_link(std::shared_ptr<Group> group, const ConnectionOptions& options) {
     auto qp = QueuePair::create(group->pd, {.send_cq = &group->cq,
                                             .recv_cq = &group->cq,
                                             .caps = {.max_send_wr = options.max_send_wr,
@@ -517,31 +538,183 @@ Result<std::unique_ptr<Link>> make_link(std::shared_ptr<Group> group, TcpStream 
     auto send_mr = MemoryRegion::allocate(group->pd, slot_bytes * slots, Access::local_write);
     if (!send_mr)
         return std::unexpected(std::move(send_mr.error()));
-    auto link = std::make_unique<Link>(group, options, std::move(stream), std::move(*qp), std::move(*receive_mr),
-                                       std::move(*send_mr), buffer_bytes, slots);
+    return std::make_unique<Link>(std::move(group), options, std::move(*qp), std::move(*receive_mr),
+                                  std::move(*send_mr), buffer_bytes, slots);
+}
 
-    // what the peer needs besides the QP: its credits and our message limit
-    std::array<std::byte, 8> limits;
-    put(limits.data(), options.max_message, 4);
-    put(limits.data() + 4, options.receive_depth, 4);
-    QueuePair* qps[] = {&link->qp};
-    auto peer = connect_over_tcp(link->control, qps, limits, options.connect, options.timeout);
+// Our endpoint message: the QP, and what the peer needs besides: our message limit
+// and how many receives we post (its credits). 56 bytes: RDMA CM's private data
+// limit for a connect request.
+EndpointMessage describe_link(const Link& link) {
+    EndpointMessage mine{.qps = {{.endpoint = link.qp.endpoint(), .type = link.qp.type()}},
+                         .metadata = std::vector<std::byte>(8)};
+    put(mine.metadata.data(), link.options.max_message, 4);
+    put(mine.metadata.data() + 4, link.options.receive_depth, 4);
+    return mine;
+}
+
+// Takes the peer's limits and posts our receives: after this the peer may send.
+Result<void> start_link(Link& link, const EndpointMessage& peer) {
+    if (peer.metadata.size() != 8 || peer.qps.size() != 1)
+        return std::unexpected(Error::protocol("Connection", "the peer's connection description is malformed"));
+    link.peer_max_message = static_cast<std::uint32_t>(get(peer.metadata.data(), 4));
+    link.credits = static_cast<std::uint32_t>(get(peer.metadata.data() + 4, 4));
+    if (link.credits <= user_reserve)
+        return std::unexpected(Error::protocol(
+            "Connection", fmt::format("the peer posts {} receives: at least {} are needed", link.credits,
+                                      user_reserve + 1)));
+    for (std::uint32_t i = 0; i < link.options.receive_depth; ++i)
+        if (auto ok = link.post_receive(i); !ok)
+            return ok;
+    return {};
+}
+
+// The endpoint message in CM private data, which arrives padded with zeros.
+Result<EndpointMessage> decode_private_data(std::span<const std::byte> data) {
+    if (data.size() < endpoint_codec::header_size)
+        return std::unexpected(Error::protocol("rdma_cm", fmt::format("{} bytes of private data", data.size())));
+    auto body = endpoint_codec::body_length(data.first<endpoint_codec::header_size>());
+    if (!body)
+        return std::unexpected(std::move(body.error()));
+    if (data.size() < endpoint_codec::header_size + *body)
+        return std::unexpected(Error::protocol("rdma_cm", "private data shorter than its header says"));
+    return endpoint_codec::decode(data.first(endpoint_codec::header_size + *body));
+}
+
+rdma_conn_param conn_param(const Link& link, std::span<const std::byte> private_data) {
+    const auto& limits = link.group->context.attributes().raw;
+    rdma_conn_param param{};
+    param.private_data = private_data.data();
+    param.private_data_len = static_cast<std::uint8_t>(private_data.size());
+    param.responder_resources = static_cast<std::uint8_t>(std::min(limits.max_qp_rd_atom, 255));
+    param.initiator_depth = static_cast<std::uint8_t>(std::min(limits.max_qp_init_rd_atom, 255));
+    param.retry_count = link.options.connect.retry_cnt;
+    param.rnr_retry_count = link.options.connect.rnr_retry;
+    param.qp_num = link.qp.qpn();
+    return param;
+}
+
+Result<void> connect_qp(Link& link, const EndpointMessage& peer) {
+    if (peer.qps.size() != 1 || peer.qps[0].type != QpType::rc)
+        return std::unexpected(Error::protocol("Connection", "the peer does not offer one RC queue pair"));
+    return link.qp.connect(peer.qps[0].endpoint, link.options.connect);
+}
+
+// TCP: endpoints exchanged over the stream, QP connected, receives posted, and both
+// sides' readiness confirmed.
+Result<std::unique_ptr<Link>> handshake_tcp(std::shared_ptr<Group> group, TcpStream stream,
+                                            const ConnectionOptions& options) {
+    auto link = create_link(std::move(group), options);
+    if (!link)
+        return link;
+    Link& l = **link;
+    l.tcp.emplace(std::move(stream));
+    QueuePair* qps[] = {&l.qp};
+    const EndpointMessage mine = describe_link(l);
+    auto peer = connect_over_tcp(*l.tcp, qps, mine.metadata, options.connect, options.timeout);
     if (!peer)
         return std::unexpected(std::move(peer.error()));
-    if (peer->metadata.size() != limits.size())
-        return std::unexpected(Error::protocol("Connection", "the peer's connection limits are malformed"));
-    link->peer_max_message = static_cast<std::uint32_t>(get(peer->metadata.data(), 4));
-    link->credits = static_cast<std::uint32_t>(get(peer->metadata.data() + 4, 4));
-    if (link->credits <= user_reserve)
-        return std::unexpected(Error::protocol(
-            "Connection", fmt::format("the peer posts {} receives: at least {} are needed", link->credits,
-                                      user_reserve + 1)));
-    for (std::uint32_t i = 0; i < options.receive_depth; ++i)
-        if (auto ok = link->post_receive(i); !ok)
-            return std::unexpected(std::move(ok.error()));
-    if (auto ok = link->control.confirm_ready(options.timeout); !ok)
+    if (auto ok = start_link(l, *peer); !ok)
         return std::unexpected(std::move(ok.error()));
-    group->links.emplace(link->qp.qpn(), link.get());
+    if (auto ok = l.tcp->confirm_ready(options.timeout); !ok)
+        return std::unexpected(std::move(ok.error()));
+    l.group->links.emplace(l.qp.qpn(), &l);
+    return link;
+}
+
+// RDMA CM, active side: resolve, connect with our endpoint as private data, take the
+// server's from the response, then establish (our receives are posted by then).
+Result<std::unique_ptr<Link>> handshake_cm_client(const std::string& host, std::uint16_t port,
+                                                  const ConnectionOptions& options) {
+    const auto deadline = Clock::now() + options.timeout;
+    const int timeout_ms = static_cast<int>(options.timeout.count());
+    auto session = CmSession::create();
+    if (!session)
+        return std::unexpected(std::move(session.error()));
+    CmSession& cm = **session;
+    cm.set_peer(fmt::format("{}:{}", host, port));
+    auto address = cm_address(host, port, false);
+    if (!address)
+        return std::unexpected(std::move(address.error()));
+    if (rdma_resolve_addr(cm.id(), nullptr, reinterpret_cast<sockaddr*>(address->data()), timeout_ms) != 0)
+        return std::unexpected(Error::from_last_errno("rdma_resolve_addr", cm.peer()));
+    if (auto e = cm.expect(RDMA_CM_EVENT_ADDR_RESOLVED, deadline); !e)
+        return std::unexpected(std::move(e.error()));
+    if (rdma_resolve_route(cm.id(), timeout_ms) != 0)
+        return std::unexpected(Error::from_last_errno("rdma_resolve_route", cm.peer()));
+    if (auto e = cm.expect(RDMA_CM_EVENT_ROUTE_RESOLVED, deadline); !e)
+        return std::unexpected(std::move(e.error()));
+    auto group = make_group(on_device_of(cm.id(), options));
+    if (!group)
+        return std::unexpected(std::move(group.error()));
+    auto link = create_link(std::move(*group), on_device_of(cm.id(), options));
+    if (!link)
+        return link;
+    Link& l = **link;
+    const auto mine = endpoint_codec::encode(describe_link(l));
+    rdma_conn_param param = conn_param(l, mine);
+    if (rdma_connect(cm.id(), &param) != 0)
+        return std::unexpected(Error::from_last_errno("rdma_connect", cm.peer()));
+    auto response = cm.expect(RDMA_CM_EVENT_CONNECT_RESPONSE, deadline);
+    if (!response)
+        return std::unexpected(std::move(response.error()));
+    auto peer = decode_private_data(response->private_data);
+    if (!peer)
+        return std::unexpected(std::move(peer.error()));
+    if (auto ok = connect_qp(l, *peer); !ok)
+        return std::unexpected(std::move(ok.error()));
+    if (auto ok = start_link(l, *peer); !ok)
+        return std::unexpected(std::move(ok.error()));
+    if (rdma_establish(cm.id()) != 0)
+        return std::unexpected(Error::from_last_errno("rdma_establish", cm.peer()));
+    l.cm = std::move(*session);
+    l.group->links.emplace(l.qp.qpn(), &l);
+    return link;
+}
+
+// RDMA CM, passive side: a CONNECT_REQUEST's id, on a channel of its own; our QP
+// connected and receives posted before we accept.
+Result<std::unique_ptr<Link>> handshake_cm_server(std::shared_ptr<Group> group, const CmEvent& request,
+                                                  const ConnectionOptions& options) {
+    const auto deadline = Clock::now() + options.timeout;
+    auto session = CmSession::adopt(request.id);
+    if (!session) {
+        rdma_reject(request.id, nullptr, 0);
+        rdma_destroy_id(request.id);
+        return std::unexpected(std::move(session.error()));
+    }
+    CmSession& cm = **session;
+    char host[NI_MAXHOST] = "?";
+    getnameinfo(rdma_get_peer_addr(cm.id()), sizeof(sockaddr_storage), host, sizeof host, nullptr, 0, NI_NUMERICHOST);
+    cm.set_peer(fmt::format("{}:{}", host, ntohs(rdma_get_dst_port(cm.id()))));
+    const auto reject = [&](Error e) -> Result<std::unique_ptr<Link>> {
+        rdma_reject(cm.id(), nullptr, 0);
+        return std::unexpected(std::move(e));
+    };
+    if (cm.id()->verbs && std::string_view(ibv_get_device_name(cm.id()->verbs->device)) != group->context.name())
+        return reject(Error::from_errno("rdma_cm", EXDEV,
+                                        fmt::format("{} reached device {}, the listener serves {}", cm.peer(),
+                                                    ibv_get_device_name(cm.id()->verbs->device),
+                                                    group->context.name())));
+    auto peer = decode_private_data(request.private_data);
+    if (!peer)
+        return reject(std::move(peer.error()));
+    auto link = create_link(std::move(group), on_device_of(cm.id(), options));
+    if (!link)
+        return reject(std::move(link.error()));
+    Link& l = **link;
+    if (auto ok = connect_qp(l, *peer); !ok)
+        return reject(std::move(ok.error()));
+    if (auto ok = start_link(l, *peer); !ok)
+        return reject(std::move(ok.error()));
+    const auto mine = endpoint_codec::encode(describe_link(l));
+    rdma_conn_param param = conn_param(l, mine);
+    if (rdma_accept(cm.id(), &param) != 0)
+        return std::unexpected(Error::from_last_errno("rdma_accept", cm.peer()));
+    if (auto e = cm.expect(RDMA_CM_EVENT_ESTABLISHED, deadline); !e)
+        return std::unexpected(std::move(e.error()));
+    l.cm = std::move(*session);
+    l.group->links.emplace(l.qp.qpn(), &l);
     return link;
 }
 
@@ -556,13 +729,19 @@ Connection& Connection::operator=(Connection&&) noexcept = default;
 Connection::~Connection() = default;
 
 Result<Connection> Connection::connect(std::string_view host, std::uint16_t port, const ConnectionOptions& options) {
+    if (options.transport == Transport::rdma_cm) {
+        auto link = detail::handshake_cm_client(std::string(host), port, options);
+        if (!link)
+            return std::unexpected(std::move(link.error()));
+        return Connection(std::move(*link));
+    }
     auto group = detail::make_group(options);
     if (!group)
         return std::unexpected(std::move(group.error()));
     auto stream = TcpStream::connect(host, port, options.timeout);
     if (!stream)
         return std::unexpected(std::move(stream.error()));
-    auto link = detail::make_link(std::move(*group), std::move(*stream), options);
+    auto link = detail::handshake_tcp(std::move(*group), std::move(*stream), options);
     if (!link)
         return std::unexpected(std::move(link.error()));
     return Connection(std::move(*link));
@@ -704,26 +883,44 @@ Result<std::uint32_t> Connection::receive_write_imm() {
 
 // --- Listener ------------------------------------------------------------------
 
-Listener::Listener(TcpListener tcp, std::shared_ptr<detail::Group> group, ConnectionOptions options)
-    : tcp_(std::move(tcp)), group_(std::move(group)), options_(std::move(options)) {}
 Listener::Listener(Listener&&) noexcept = default;
 Listener& Listener::operator=(Listener&&) noexcept = default;
 Listener::~Listener() = default;
 
 Result<Listener> Listener::listen(std::string_view host, std::uint16_t port, const ConnectionOptions& options) {
-    auto group = detail::make_group(options);
+    Listener listener;
+    listener.options_ = options;
+    if (options.transport == Transport::rdma_cm) {
+        auto session = detail::CmSession::create();
+        if (!session)
+            return std::unexpected(std::move(session.error()));
+        auto address = detail::cm_address(std::string(host), port, true);
+        if (!address)
+            return std::unexpected(std::move(address.error()));
+        if (rdma_bind_addr((*session)->id(), reinterpret_cast<sockaddr*>(address->data())) != 0)
+            return std::unexpected(Error::from_last_errno("rdma_bind_addr", fmt::format("{}:{}", host, port)));
+        if (rdma_listen((*session)->id(), 64) != 0)
+            return std::unexpected(Error::from_last_errno("rdma_listen", fmt::format("{}:{}", host, port)));
+        listener.options_ = detail::on_device_of((*session)->id(), options);
+        listener.cm_ = std::move(*session);
+    } else {
+        auto tcp = TcpListener::listen(host, port);
+        if (!tcp)
+            return std::unexpected(std::move(tcp.error()));
+        listener.tcp_.emplace(std::move(*tcp));
+    }
+    auto group = detail::make_group(listener.options_);
     if (!group)
         return std::unexpected(std::move(group.error()));
-    auto tcp = TcpListener::listen(host, port);
-    if (!tcp)
-        return std::unexpected(std::move(tcp.error()));
-    return Listener(std::move(*tcp), std::move(*group), options);
+    listener.group_ = std::move(*group);
+    return listener;
 }
 
-std::uint16_t Listener::port() const { return tcp_.port(); }
+std::uint16_t Listener::port() const { return tcp_ ? tcp_->port() : ntohs(rdma_get_src_port(cm_->id())); }
 
 Result<Connection> Listener::accept(std::chrono::milliseconds timeout) {
     const auto deadline = Clock::now() + timeout;
+    const int knock_fd = tcp_ ? tcp_->fd() : cm_->fd();
     for (;;) {
         // serve the accepted connections while no client knocks
         if (auto ok = group_->pump(); !ok)
@@ -733,7 +930,7 @@ Result<Connection> Listener::accept(std::chrono::milliseconds timeout) {
         if (auto ok = group_->pump(); !ok)
             return std::unexpected(std::move(ok.error()));
         const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
-        pollfd fds[2] = {{.fd = tcp_.fd(), .events = POLLIN, .revents = 0},
+        pollfd fds[2] = {{.fd = knock_fd, .events = POLLIN, .revents = 0},
                          {.fd = group_->cq.channel_fd(), .events = POLLIN, .revents = 0}};
         const int n = ::poll(fds, 2, static_cast<int>(std::max<long long>(left.count(), 0)));
         if (n < 0 && errno != EINTR)
@@ -745,15 +942,32 @@ Result<Connection> Listener::accept(std::chrono::milliseconds timeout) {
         if (n == 0 && left.count() <= 0)
             return std::unexpected(Error::timeout("Listener::accept", "no client connected in time"));
     }
-    auto stream = tcp_.accept(std::chrono::milliseconds(0));
+    auto accepted = tcp_ ? accept_tcp() : accept_cm(timeout);
+    if (!accepted)
+        logger()->warn("Listener: a client's handshake failed: {}", accepted.error());
+    return accepted;
+}
+
+Result<Connection> Listener::accept_tcp() {
+    auto stream = tcp_->accept(std::chrono::milliseconds(0));
     if (!stream)
         return std::unexpected(std::move(stream.error()));
-    const std::string peer = stream->peer();
-    auto link = detail::make_link(group_, std::move(*stream), options_);
-    if (!link) {
-        logger()->warn("Listener: handshake with {} failed: {}", peer, link.error());
+    auto link = detail::handshake_tcp(group_, std::move(*stream), options_);
+    if (!link)
         return std::unexpected(std::move(link.error()));
-    }
+    return Connection(std::move(*link));
+}
+
+Result<Connection> Listener::accept_cm(std::chrono::milliseconds timeout) {
+    auto event = cm_->next(Clock::now() + timeout);
+    if (!event)
+        return std::unexpected(std::move(event.error()));
+    if (event->type != RDMA_CM_EVENT_CONNECT_REQUEST)
+        return std::unexpected(Error::protocol(
+            "Listener::accept", fmt::format("{} on the listening id", rdma_event_str(event->type))));
+    auto link = detail::handshake_cm_server(group_, *event, options_);
+    if (!link)
+        return std::unexpected(std::move(link.error()));
     return Connection(std::move(*link));
 }
 

@@ -29,8 +29,15 @@
 
 namespace rdmaxx {
 
+// How two peers find each other and exchange endpoints: the rdmaxx endpoint message
+// over TCP, or RDMA CM (address and route resolution by the kernel, the endpoint
+// message as private data; needs an IP address on the RDMA device's netdev).
+enum class Transport : std::uint8_t { tcp, rdma_cm };
+
 struct ConnectionOptions {
-    std::string device;                       // empty: Context::open's default
+    Transport transport = Transport::tcp;
+    std::string device;                       // empty: Context::open's default (RDMA CM: the
+                                              // device the address resolves to)
     std::uint8_t port = 1;
     std::optional<std::uint32_t> gid_index{}; // default: Context::choose_gid
     ConnectOptions connect{};                 // MTU, retries, ...
@@ -68,11 +75,12 @@ struct Received {
 namespace detail {
 struct Group;
 struct Link;
+class CmSession;
 } // namespace detail
 
 class Connection : detail::MoveOnly {
 public:
-    // Connects to a Listener at host:port over TCP.
+    // Connects to a Listener at host:port (over options.transport).
     static Result<Connection> connect(std::string_view host, std::uint16_t port, const ConnectionOptions& options = {});
 
     Connection(Connection&&) noexcept;
@@ -149,8 +157,11 @@ public:
     Result<Connection> accept(std::chrono::milliseconds timeout);
 
 private:
-    Listener(TcpListener tcp, std::shared_ptr<detail::Group> group, ConnectionOptions options);
-    TcpListener tcp_;
+    Listener() = default;
+    Result<Connection> accept_tcp();
+    Result<Connection> accept_cm(std::chrono::milliseconds timeout);
+    std::optional<TcpListener> tcp_;
+    std::unique_ptr<detail::CmSession> cm_;
     std::shared_ptr<detail::Group> group_;
     ConnectionOptions options_;
 };
