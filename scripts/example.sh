@@ -1,13 +1,16 @@
 #!/bin/bash
-# example.sh - install what is needed, build, and run the devinfo example on a real
-# RDMA device: this host's if it has one, else rxe0 in the project's Soft-RoCE VM.
+# example.sh - install what is needed, build, and run the examples on a real RDMA
+# device (this host's if it has one, else rxe0 in the project's Soft-RoCE VM): devinfo,
+# then the tutorial's server and client through their five scenarios, over TCP and
+# over RDMA CM.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/install-deps.sh
 [ -f build/build.ninja ] || meson setup build
-ninja -C build examples/devinfo
+ninja -C build examples/devinfo examples/server examples/client
+run=(bash -c 'build/examples/devinfo && examples/run-tutorial.sh build tcp && examples/run-tutorial.sh build cm')
 if compgen -G '/sys/class/infiniband/*' >/dev/null; then
-    exec build/examples/devinfo
+    exec "${run[@]}"
 fi
-exec scripts/vm/run.sh build/examples/devinfo
+exec scripts/vm/run.sh "${run[@]}"
