@@ -276,3 +276,76 @@ TEST_CASE("RDMA CM: nobody listening is an Error in time") {
     CHECK_FALSE(Connection::connect(cm_address(), 1, quick(Transport::rdma_cm)));
     CHECK(Clock::now() - start < 4s);
 }
+
+TEST_CASE("connect_over_tcp brings several QPs of two processes to RTS, then readiness is confirmed") {
+    TcpListener listener = must(TcpListener::listen("127.0.0.1", 0));
+    // each side: an RC and a UD QP, a receive posted on each before confirm_ready
+    struct Side {
+        test::Rig rig;
+        QueuePair rc = rig.make_qp(QpType::rc);
+        QueuePair ud = rig.make_qp(QpType::ud);
+        MemoryRegion mr = must(MemoryRegion::allocate(rig.pd, 4096, access_all));
+        EndpointMessage connect(TcpStream& stream, std::byte tag) {
+            QueuePair* qps[] = {&rc, &ud};
+            const std::byte metadata[] = {tag};
+            return must(connect_over_tcp(stream, qps, metadata, {}, 2s));
+        }
+    };
+    std::thread client([port = listener.port()] {
+        Side side;
+        TcpStream stream = must(TcpStream::connect("127.0.0.1", port, 2s));
+        const EndpointMessage peer = side.connect(stream, std::byte{'c'});
+        CHECK(peer.metadata == std::vector<std::byte>{std::byte{'s'}});
+        CHECK(must(side.rc.query_state()) == QpState::rts);
+        CHECK(must(side.ud.query_state()) == QpState::rts);
+        must(stream.confirm_ready(2s));
+        std::memcpy(side.mr.data(), "ready", 5);
+        // the server's receive is posted: confirm_ready said so
+        ibv_sge sge = side.mr.slice(0, 5).sge();
+        ibv_send_wr wr{};
+        wr.sg_list = &sge;
+        wr.num_sge = 1;
+        wr.opcode = IBV_WR_SEND;
+        wr.send_flags = IBV_SEND_SIGNALED;
+        ibv_send_wr* bad = nullptr;
+        REQUIRE(ibv_post_send(side.rc.get(), &wr, &bad) == 0);
+        ibv_wc wc{};
+        for (int i = 0; i < 10'000'000 && ibv_poll_cq(side.rig.cq.get(), 1, &wc) == 0; ++i) {
+        }
+        CHECK(wc.status == IBV_WC_SUCCESS);
+    });
+    Side side;
+    TcpStream stream = must(listener.accept(2s));
+    const EndpointMessage peer = side.connect(stream, std::byte{'s'});
+    CHECK(peer.qps.size() == 2);
+    CHECK(peer.qps[1].type == QpType::ud);
+    ibv_sge sge = side.mr.slice(0, 64).sge();
+    ibv_recv_wr rwr{.wr_id = 1, .next = nullptr, .sg_list = &sge, .num_sge = 1};
+    ibv_recv_wr* bad = nullptr;
+    REQUIRE(ibv_post_recv(side.rc.get(), &rwr, &bad) == 0);
+    must(stream.confirm_ready(2s));
+    ibv_wc wc{};
+    for (int i = 0; i < 10'000'000 && ibv_poll_cq(side.rig.cq.get(), 1, &wc) == 0; ++i) {
+    }
+    CHECK(wc.status == IBV_WC_SUCCESS);
+    CHECK(std::memcmp(side.mr.data(), "ready", 5) == 0);
+    client.join();
+}
+
+TEST_CASE("connect_over_tcp refuses a peer whose QPs do not match") {
+    TcpListener listener = must(TcpListener::listen("127.0.0.1", 0));
+    std::thread client([port = listener.port()] {
+        test::Rig rig;
+        QueuePair ud = rig.make_qp(QpType::ud);
+        TcpStream stream = must(TcpStream::connect("127.0.0.1", port, 2s));
+        QueuePair* qps[] = {&ud};
+        CHECK(must_fail(connect_over_tcp(stream, qps, {}, {}, 2s)).message().find("QP 0") != std::string::npos);
+    });
+    test::Rig rig;
+    QueuePair rc = rig.make_qp(QpType::rc);
+    TcpStream stream = must(listener.accept(2s));
+    QueuePair* qps[] = {&rc};
+    CHECK(must_fail(connect_over_tcp(stream, qps, {}, {}, 2s)).kind() == Error::Kind::protocol);
+    CHECK(must(rc.query_state()) == QpState::reset); // nothing was connected
+    client.join();
+}

@@ -351,7 +351,8 @@ struct Link {
         header[1] = std::byte{0};
         put(header + 2, returned_credits, 2);
         put(header + 4, length, 4);
-        std::memcpy(header + header_bytes, control_payload.data(), control_payload.size());
+        if (!control_payload.empty()) // memcpy from an empty span's null is UB
+            std::memcpy(header + header_bytes, control_payload.data(), control_payload.size());
         const LocalSlice parts[2] = {send_mr.slice(std::size_t{slot} * slot_bytes, header_bytes + control_payload.size()),
                                      user ? *user : LocalSlice(nullptr, 0, 0)};
         const std::span<const LocalSlice> sgl(parts, user ? 2 : 1);
@@ -862,8 +863,9 @@ Result<Received> Connection::receive(std::span<std::byte> into) {
         return std::unexpected(Error::from_errno(
             "Connection::receive", EMSGSIZE,
             fmt::format("a {}-byte message does not fit {} bytes; it stays queued", next.length, into.size())));
-    std::memcpy(into.data(), l.receive_mr.data() + std::size_t{next.buffer} * l.buffer_bytes + detail::header_bytes,
-                next.length);
+    if (next.length != 0) // `into` may be empty, and memcpy from or to null is UB
+        std::memcpy(into.data(), l.receive_mr.data() + std::size_t{next.buffer} * l.buffer_bytes + detail::header_bytes,
+                    next.length);
     l.inbox.pop_front();
     if (auto ok = l.recycle(next.buffer); !ok)
         return std::unexpected(l.fail(std::move(ok.error())));

@@ -83,18 +83,20 @@ std::uint32_t random_psn() {
 }
 
 Result<void> check_caps(const QpCaps& caps, bool with_srq, const ibv_device_attr& limits) {
-    const auto over = [&](const char* cap, std::uint32_t value, int limit) -> std::optional<Error> {
-        if (value <= static_cast<std::uint32_t>(limit))
-            return std::nullopt;
-        return Error::from_errno("ibv_create_qp", EINVAL,
-                                 fmt::format("{} {} above the device's limit {}", cap, value, limit));
+    struct Cap {
+        const char* name;
+        std::uint32_t value;
+        int limit;
+        bool applies;
     };
-    for (auto error : {over("max_send_wr", caps.max_send_wr, limits.max_qp_wr),
-                       over("max_send_sge", caps.max_send_sge, limits.max_sge),
-                       with_srq ? std::nullopt : over("max_recv_wr", caps.max_recv_wr, limits.max_qp_wr),
-                       with_srq ? std::nullopt : over("max_recv_sge", caps.max_recv_sge, limits.max_sge)})
-        if (error)
-            return std::unexpected(std::move(*error));
+    const Cap checked[] = {{"max_send_wr", caps.max_send_wr, limits.max_qp_wr, true},
+                           {"max_send_sge", caps.max_send_sge, limits.max_sge, true},
+                           {"max_recv_wr", caps.max_recv_wr, limits.max_qp_wr, !with_srq},
+                           {"max_recv_sge", caps.max_recv_sge, limits.max_sge, !with_srq}};
+    for (const Cap& cap : checked)
+        if (cap.applies && cap.value > static_cast<std::uint32_t>(cap.limit))
+            return std::unexpected(Error::from_errno(
+                "ibv_create_qp", EINVAL, fmt::format("{} {} above the device's limit {}", cap.name, cap.value, cap.limit)));
     return {};
 }
 
