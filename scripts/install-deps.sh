@@ -8,6 +8,9 @@ PACKAGES=(
     # build
     g++ meson ninja-build pkg-config cmake
     libibverbs-dev librdmacm-dev libspdlog-dev libfmt-dev doctest-dev
+    # the libFuzzer target of the endpoint parser (g++ has no libFuzzer; clang 14
+    # cannot compile libstdc++ 12's <expected>, clang 19 can)
+    clang-19 libclang-rt-19-dev
     # the Soft-RoCE VM: Debian's own kernel (it has rdma_rxe), qemu, a static busybox
     qemu-system-x86 linux-image-amd64 busybox-static kmod cpio xz-utils gzip iproute2
     # user space inside the VM (the guest runs the host's / read-only)
