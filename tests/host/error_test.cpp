@@ -25,6 +25,17 @@ TEST_CASE("an errno Error names the call, the reason and the detail") {
     CHECK(fmt::format("[{:>5}]", Error::timeout("x")).size() > 5);
 }
 
+TEST_CASE("Result is a std::expected that must not be ignored") {
+    static_assert(std::is_base_of_v<std::expected<int, Error>, rdmaxx::Result<int>>);
+    const rdmaxx::Result<int> value = 7;
+    const rdmaxx::Result<int> failed = std::unexpected(Error::timeout("x"));
+    const std::expected<int, Error>& as_expected = failed;
+    CHECK(*value == 7);
+    CHECK(as_expected.error().is_timeout());
+    const rdmaxx::Result<void> converted = std::expected<void, Error>{};
+    CHECK(converted.has_value());
+}
+
 TEST_CASE("from_last_errno reads errno, and never reports success") {
     errno = EACCES;
     CHECK(Error::from_last_errno("ibv_reg_mr").code() == EACCES);

@@ -77,8 +77,14 @@ private:
     Kind kind_;
 };
 
+// std::expected<T, Error>, and [[nodiscard]]: a runtime error must not be dropped by
+// accident (write `(void)` where dropping it is meant).
 template <class T>
-using Result = std::expected<T, Error>;
+class [[nodiscard]] Result : public std::expected<T, Error> {
+public:
+    using std::expected<T, Error>::expected;
+    Result(std::expected<T, Error> value) : std::expected<T, Error>(std::move(value)) {} // NOLINT: implicit
+};
 
 std::string_view to_string(Error::Kind kind) noexcept;
 
