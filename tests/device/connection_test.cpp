@@ -12,6 +12,7 @@
 #include <doctest/doctest.h>
 
 #include <rdmaxx/ctrl/connection.hpp>
+#include <rdmaxx/data/post.hpp>
 
 #include "../support/device.hpp"
 
@@ -301,33 +302,17 @@ TEST_CASE("connect_over_tcp brings several QPs of two processes to RTS, then rea
         must(stream.confirm_ready(2s));
         std::memcpy(side.mr.data(), "ready", 5);
         // the server's receive is posted: confirm_ready said so
-        ibv_sge sge = side.mr.slice(0, 5).sge();
-        ibv_send_wr wr{};
-        wr.sg_list = &sge;
-        wr.num_sge = 1;
-        wr.opcode = IBV_WR_SEND;
-        wr.send_flags = IBV_SEND_SIGNALED;
-        ibv_send_wr* bad = nullptr;
-        REQUIRE(ibv_post_send(side.rc.get(), &wr, &bad) == 0);
-        ibv_wc wc{};
-        for (int i = 0; i < 10'000'000 && ibv_poll_cq(side.rig.cq.get(), 1, &wc) == 0; ++i) {
-        }
-        CHECK(wc.status == IBV_WC_SUCCESS);
+        must(post_send(side.rc, side.mr.slice(0, 5), {.wr_id = 1}));
+        must(wait_for(side.rig.cq, 1));
     });
     Side side;
     TcpStream stream = must(listener.accept(2s));
     const EndpointMessage peer = side.connect(stream, std::byte{'s'});
     CHECK(peer.qps.size() == 2);
     CHECK(peer.qps[1].type == QpType::ud);
-    ibv_sge sge = side.mr.slice(0, 64).sge();
-    ibv_recv_wr rwr{.wr_id = 1, .next = nullptr, .sg_list = &sge, .num_sge = 1};
-    ibv_recv_wr* bad = nullptr;
-    REQUIRE(ibv_post_recv(side.rc.get(), &rwr, &bad) == 0);
+    must(post_recv(side.rc, side.mr.slice(0, 64), 7));
     must(stream.confirm_ready(2s));
-    ibv_wc wc{};
-    for (int i = 0; i < 10'000'000 && ibv_poll_cq(side.rig.cq.get(), 1, &wc) == 0; ++i) {
-    }
-    CHECK(wc.status == IBV_WC_SUCCESS);
+    CHECK(must(wait_for(side.rig.cq, 7)).byte_len() == 5);
     CHECK(std::memcmp(side.mr.data(), "ready", 5) == 0);
     client.join();
 }

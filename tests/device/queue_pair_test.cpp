@@ -28,19 +28,28 @@ ibv_wc poll_one(const CompletionQueue& cq) {
     return wc;
 }
 
-// A raw one-WR post: these tests prove the wrap layer's connections carry data; the
+// Raw one-WR posts: these tests prove the wrap layer's connections carry data; the
 // data layer has its own suite.
-void post(QueuePair& qp, ibv_wr_opcode opcode, const LocalSlice& local, const RemoteMemory& remote) {
-    ibv_sge sge = local.sge();
+ibv_send_wr signaled(ibv_sge& sge, ibv_wr_opcode opcode) {
     ibv_send_wr wr{};
     wr.sg_list = &sge;
     wr.num_sge = 1;
     wr.opcode = opcode;
     wr.send_flags = IBV_SEND_SIGNALED;
-    wr.wr.rdma.remote_addr = remote.addr;
-    wr.wr.rdma.rkey = remote.rkey;
+    return wr;
+}
+
+void post(QueuePair& qp, ibv_send_wr wr) {
     ibv_send_wr* bad = nullptr;
     REQUIRE(ibv_post_send(qp.get(), &wr, &bad) == 0);
+}
+
+void post(QueuePair& qp, ibv_wr_opcode opcode, const LocalSlice& local, const RemoteMemory& remote) {
+    ibv_sge sge = local.sge();
+    ibv_send_wr wr = signaled(sge, opcode);
+    wr.wr.rdma.remote_addr = remote.addr;
+    wr.wr.rdma.rkey = remote.rkey;
+    post(qp, wr);
 }
 
 } // namespace
@@ -106,14 +115,9 @@ TEST_CASE("two UD QPs activate and exchange a datagram through an address handle
 
     std::memcpy(buf.data(), "datagram", 8);
     ibv_sge sge = buf.slice(0, 8).sge();
-    ibv_send_wr wr{};
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    wr.opcode = IBV_WR_SEND;
-    wr.send_flags = IBV_SEND_SIGNALED;
+    ibv_send_wr wr = signaled(sge, IBV_WR_SEND);
     wr.wr.ud = {.ah = to_b.get(), .remote_qpn = b.qpn(), .remote_qkey = b.qkey()};
-    ibv_send_wr* bad = nullptr;
-    REQUIRE(ibv_post_send(a.get(), &wr, &bad) == 0);
+    post(a, wr);
     // the send and the receive completion land in the shared CQ in either order
     ibv_wc first = poll_one(rig.cq);
     ibv_wc second = poll_one(rig.cq);
@@ -266,13 +270,7 @@ TEST_CASE("shared receive queues feed a QP's receives") {
     REQUIRE(ibv_post_srq_recv(srq.get(), &rwr, &bad_recv) == 0);
     std::memcpy(mr.data(), "via srq!", 8);
     ibv_sge sge = mr.slice(0, 8).sge();
-    ibv_send_wr wr{};
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    wr.opcode = IBV_WR_SEND;
-    wr.send_flags = IBV_SEND_SIGNALED;
-    ibv_send_wr* bad = nullptr;
-    REQUIRE(ibv_post_send(a.get(), &wr, &bad) == 0);
+    post(a, signaled(sge, IBV_WR_SEND));
     ibv_wc first = poll_one(rig.cq);
     ibv_wc second = poll_one(rig.cq);
     const ibv_wc& received = first.opcode == IBV_WC_RECV ? first : second;

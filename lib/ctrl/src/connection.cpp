@@ -16,6 +16,7 @@
 
 #include <rdmaxx/data/post.hpp>
 #include <rdmaxx/wrap/log.hpp>
+#include <rdmaxx/wrap/wire.hpp>
 
 #include "cm.hpp"
 
@@ -35,23 +36,12 @@ constexpr std::uint32_t user_reserve = 2;             // credits only control me
 constexpr std::uint64_t tag_send = 1ull << 56, tag_recv = 2ull << 56, tag_op = 3ull << 56;
 constexpr std::uint64_t tag_mask = 0xffull << 56;
 
-void put(std::byte* out, std::uint64_t value, int bytes) {
-    for (int i = bytes - 1; i >= 0; --i, value >>= 8)
-        out[i] = static_cast<std::byte>(value & 0xff);
-}
-std::uint64_t get(const std::byte* in, int bytes) {
-    std::uint64_t value = 0;
-    for (int i = 0; i < bytes; ++i)
-        value = value << 8 | static_cast<std::uint8_t>(in[i]);
-    return value;
-}
-
 // Control payloads, built and parsed in one place.
 struct Control {
     std::array<std::byte, control_max> bytes{};
     std::size_t size = 0;
     Control& u(std::uint64_t value, int width) {
-        put(bytes.data() + size, value, width);
+        wire::put(bytes.data() + size, value, width);
         size += static_cast<std::size_t>(width);
         return *this;
     }
@@ -66,7 +56,7 @@ struct ControlReader {
             ok = false;
             return 0;
         }
-        const auto v = get(in.data() + at, width);
+        const auto v = wire::get(in.data() + at, width);
         at += static_cast<std::size_t>(width);
         return v;
     }
@@ -185,8 +175,8 @@ struct Link {
         if (wc.byte_len() < header_bytes)
             return std::unexpected(Error::protocol("Connection", fmt::format("a {}-byte message", wc.byte_len())));
         const auto kind = static_cast<Kind>(buffer[0]);
-        credits += static_cast<std::uint32_t>(get(buffer + 2, 2));
-        const auto length = static_cast<std::uint32_t>(get(buffer + 4, 4));
+        credits += static_cast<std::uint32_t>(wire::get(buffer + 2, 2));
+        const auto length = static_cast<std::uint32_t>(wire::get(buffer + 4, 4));
         if (length != wc.byte_len() - header_bytes)
             return std::unexpected(Error::protocol(
                 "Connection", fmt::format("header says {} bytes, {} arrived", length, wc.byte_len() - header_bytes)));
@@ -349,8 +339,8 @@ struct Link {
         const auto length = user ? user->size() : static_cast<std::uint32_t>(control_payload.size());
         header[0] = static_cast<std::byte>(kind);
         header[1] = std::byte{0};
-        put(header + 2, returned_credits, 2);
-        put(header + 4, length, 4);
+        wire::put(header + 2, returned_credits, 2);
+        wire::put(header + 4, length, 4);
         if (!control_payload.empty()) // memcpy from an empty span's null is UB
             std::memcpy(header + header_bytes, control_payload.data(), control_payload.size());
         const LocalSlice parts[2] = {send_mr.slice(std::size_t{slot} * slot_bytes, header_bytes + control_payload.size()),
@@ -549,8 +539,8 @@ Result<std::unique_ptr<Link>> create_link(std::shared_ptr<Group> group, const Co
 EndpointMessage describe_link(const Link& link) {
     EndpointMessage mine{.qps = {{.endpoint = link.qp.endpoint(), .type = link.qp.type()}},
                          .metadata = std::vector<std::byte>(8)};
-    put(mine.metadata.data(), link.options.max_message, 4);
-    put(mine.metadata.data() + 4, link.options.receive_depth, 4);
+    wire::put(mine.metadata.data(), link.options.max_message, 4);
+    wire::put(mine.metadata.data() + 4, link.options.receive_depth, 4);
     return mine;
 }
 
@@ -558,8 +548,8 @@ EndpointMessage describe_link(const Link& link) {
 Result<void> start_link(Link& link, const EndpointMessage& peer) {
     if (peer.metadata.size() != 8 || peer.qps.size() != 1)
         return std::unexpected(Error::protocol("Connection", "the peer's connection description is malformed"));
-    link.peer_max_message = static_cast<std::uint32_t>(get(peer.metadata.data(), 4));
-    link.credits = static_cast<std::uint32_t>(get(peer.metadata.data() + 4, 4));
+    link.peer_max_message = static_cast<std::uint32_t>(wire::get(peer.metadata.data(), 4));
+    link.credits = static_cast<std::uint32_t>(wire::get(peer.metadata.data() + 4, 4));
     if (link.credits <= user_reserve)
         return std::unexpected(Error::protocol(
             "Connection", fmt::format("the peer posts {} receives: at least {} are needed", link.credits,

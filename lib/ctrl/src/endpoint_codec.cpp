@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include <rdmaxx/wrap/wire.hpp>
+
 namespace rdmaxx::endpoint_codec {
 namespace {
 
@@ -11,8 +13,8 @@ namespace {
 struct Writer {
     std::vector<std::byte>& out;
     void put(std::uint64_t value, int bytes) {
-        for (int i = bytes - 1; i >= 0; --i)
-            out.push_back(static_cast<std::byte>((value >> (8 * i)) & 0xff));
+        out.resize(out.size() + static_cast<std::size_t>(bytes));
+        wire::put(out.data() + out.size() - static_cast<std::size_t>(bytes), value, bytes);
     }
     void put(std::span<const std::byte> bytes) { out.insert(out.end(), bytes.begin(), bytes.end()); }
 };
@@ -24,9 +26,8 @@ struct Reader {
     std::size_t at = 0;
     bool has(std::size_t n) const { return in.size() - at >= n; }
     std::uint64_t get(int bytes) {
-        std::uint64_t value = 0;
-        for (int i = 0; i < bytes; ++i)
-            value = value << 8 | static_cast<std::uint8_t>(in[at++]);
+        const std::uint64_t value = wire::get(in.data() + at, bytes);
+        at += static_cast<std::size_t>(bytes);
         return value;
     }
     std::span<const std::byte> take(std::size_t n) {

@@ -8,22 +8,12 @@
 #include <endian.h>
 #include <unistd.h>
 
+#include <rdmaxx/wrap/wire.hpp>
+
 #include "handle.hpp"
 
 namespace rdmaxx {
 namespace {
-
-void put_be(std::byte* out, std::uint64_t value, int bytes) {
-    for (int i = bytes - 1; i >= 0; --i, value >>= 8)
-        out[i] = static_cast<std::byte>(value & 0xff);
-}
-
-std::uint64_t get_be(const std::byte* in, int bytes) {
-    std::uint64_t value = 0;
-    for (int i = 0; i < bytes; ++i)
-        value = value << 8 | static_cast<std::uint8_t>(in[i]);
-    return value;
-}
 
 std::string access_string(Access access) {
     std::string text;
@@ -55,9 +45,9 @@ Result<std::shared_ptr<ibv_mr>> register_with(const ProtectionDomain& pd, std::s
 
 RemoteMemory::Wire RemoteMemory::serialize() const noexcept {
     Wire wire;
-    put_be(wire.data(), addr, 8);
-    put_be(wire.data() + 8, length, 8);
-    put_be(wire.data() + 16, rkey, 4);
+    wire::put(wire.data(), addr, 8);
+    wire::put(wire.data() + 8, length, 8);
+    wire::put(wire.data() + 16, rkey, 4);
     return wire;
 }
 
@@ -65,9 +55,9 @@ Result<RemoteMemory> RemoteMemory::parse(std::span<const std::byte> bytes) {
     if (bytes.size() != wire_size)
         return std::unexpected(Error::protocol(
             "RemoteMemory::parse", fmt::format("{} bytes, a remote region takes {}", bytes.size(), wire_size)));
-    RemoteMemory remote{.addr = get_be(bytes.data(), 8),
-                        .length = get_be(bytes.data() + 8, 8),
-                        .rkey = static_cast<std::uint32_t>(get_be(bytes.data() + 16, 4))};
+    RemoteMemory remote{.addr = wire::get(bytes.data(), 8),
+                        .length = wire::get(bytes.data() + 8, 8),
+                        .rkey = static_cast<std::uint32_t>(wire::get(bytes.data() + 16, 4))};
     if (remote.length > std::numeric_limits<std::uint64_t>::max() - remote.addr)
         return std::unexpected(Error::protocol(
             "RemoteMemory::parse", fmt::format("region {:#x} +{} wraps around the address space", remote.addr,
