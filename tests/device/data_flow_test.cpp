@@ -180,3 +180,26 @@ TEST_CASE("a solicited SEND wakes a receiver armed for solicited events only") {
     must(wait_n(p.cq_b, wcs, 2));
     CHECK(wcs[1].wr_id() == 2);
 }
+
+TEST_CASE("an overflowing CQ raises a CQ error event that ends pending waits") {
+    test::Rig rig;
+    AsyncEvents events = must(AsyncEvents::open(rig.context));
+    CompletionQueue tiny = must(CompletionQueue::create(rig.context, {.depth = 1}));
+    QueuePair a = must(QueuePair::create(rig.pd, {.send_cq = &tiny, .recv_cq = &rig.cq}));
+    QueuePair b = rig.make_qp(QpType::rc);
+    must(a.connect(b.endpoint()));
+    must(b.connect(a.endpoint()));
+    MemoryRegion mr = must(MemoryRegion::allocate(rig.pd, 64, access_all));
+    // more signaled completions than the CQ holds, none polled
+    for (std::uint64_t i = 0; i < tiny.depth() + 8; ++i)
+        must(post_write(a, mr.slice(0, 8), mr.remote().slice(8, 8), {.wr_id = i}));
+    const AsyncEvent event = must(events.wait(5s));
+    INFO("event: ", to_string(event.type));
+    CHECK(event.type == AsyncEventType::cq_error);
+    CHECK(event.kills(a.qpn()));
+    // a wait that watches the events fails at once, however long its timeout
+    const auto start = std::chrono::steady_clock::now();
+    const Error e = must_fail(wait_for(rig.cq, 12345, {.timeout = 20s, .events = &events}));
+    CHECK(std::chrono::steady_clock::now() - start < 5s);
+    CHECK(e.message().find("CQ_ERR") != std::string::npos);
+}
