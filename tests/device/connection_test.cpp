@@ -334,3 +334,33 @@ TEST_CASE("connect_over_tcp refuses a peer whose QPs do not match") {
     CHECK(must(rc.query_state()) == QpState::reset); // nothing was connected
     client.join();
 }
+
+TEST_CASE("Connection atomics return the old value; a failed one is an Error") {
+    Listener listener = must(Listener::listen("127.0.0.1", 0, quick()));
+    std::thread client([port = listener.port()] {
+        Connection conn = must(Connection::connect("127.0.0.1", port, quick()));
+        const RemoteMr counter = must(conn.request_remote_mr(64));
+        MemoryRegion old = must(conn.alloc_local_mr(64));
+        for (std::uint64_t i = 0; i < 10; ++i) {
+            must(conn.fetch_add(old.slice(0, 8), counter.slice(0, 8), 3));
+            std::uint64_t before = 0;
+            std::memcpy(&before, old.data(), 8);
+            CHECK(before == 3 * i);
+        }
+        must(conn.compare_swap(old.slice(8, 8), counter.slice(0, 8), 30, 7)); // 30 == 30: swapped
+        must(conn.compare_swap(old.slice(16, 8), counter.slice(0, 8), 30, 9)); // 7 != 30: kept
+        std::uint64_t first = 0, second = 0;
+        std::memcpy(&first, old.data() + 8, 8);
+        std::memcpy(&second, old.data() + 16, 8);
+        CHECK(first == 30);
+        CHECK(second == 7);
+        RemoteMemory wrong = counter.memory;
+        wrong.rkey ^= 0x100;
+        CHECK(must_fail(conn.fetch_add(old.slice(0, 8), wrong.slice(0, 8), 1)).code() == IBV_WC_REM_ACCESS_ERR);
+    });
+    Connection conn = must(listener.accept(5s));
+    const auto until = Clock::now() + 3s;
+    while (Clock::now() < until && conn.progress())
+        std::this_thread::sleep_for(1ms);
+    client.join();
+}
