@@ -108,7 +108,7 @@ public:
     // A region we lent or granted, given back by the peer: ours again.
     Result<MemoryRegion> receive_local_mr();
 
-    // --- one-sided ---
+    // --- one-sided: local slices from alloc_local_mr; each call waits for its completion ---
     Result<void> read(const LocalSlice& local, const RemoteMemory& remote);
     Result<void> write(const LocalSlice& local, const RemoteMemory& remote);
     // The peer sees the immediate through receive_write_imm(); uses one credit.
@@ -119,8 +119,9 @@ public:
     Result<void> fetch_add(const LocalSlice& result, const RemoteMemory& target, std::uint64_t add);
 
     // --- two-sided: one message per receive ---
-    // A message of at most max_message bytes (larger is an Error: nothing is split),
-    // sent from registered memory without a copy. Returns when it was delivered.
+    // A message of at most the peer's max_message bytes (larger is an Error: nothing
+    // is split), sent without a copy from a region of this connection's PD
+    // (alloc_local_mr). Returns when it was delivered.
     Result<void> send(const LocalSlice& message);
     Result<void> send_with_imm(const LocalSlice& message, std::uint32_t imm);
     // The next message, copied into `into`; a message larger than `into` is an Error
