@@ -76,9 +76,14 @@ Result<Context> Context::open(std::string_view name) {
     ibv_context* context = ibv_open_device(chosen);
     if (!context)
         return std::unexpected(Error::from_last_errno("ibv_open_device", ibv_get_device_name(chosen)));
+    return adopt(context);
+}
+
+Result<Context> Context::adopt(ibv_context* context, std::source_location where) {
+    require(context != nullptr, where, "Context::adopt of a null ibv_context");
     // from here on the state owns the context and closes it on every path
-    std::shared_ptr<detail::DeviceState> state(
-        new detail::DeviceState{.context = context, .name = ibv_get_device_name(chosen), .attributes = {}});
+    std::shared_ptr<detail::DeviceState> state(new detail::DeviceState{
+        .context = context, .name = ibv_get_device_name(context->device), .attributes = {}});
     ibv_device_attr raw{};
     if (const int rc = ibv_query_device(context, &raw); rc != 0)
         return std::unexpected(Error::from_errno("ibv_query_device", rc, state->name));

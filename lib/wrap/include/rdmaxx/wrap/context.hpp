@@ -54,6 +54,10 @@ public:
     // first device of the list. No device, or no device of that name: an Error that
     // lists the devices present.
     static Result<Context> open(std::string_view name = {});
+    // Takes ownership of a context opened some other way (mlx5dv_open_device, ...):
+    // it is closed with ibv_close_device when the last object using it goes.
+    // Programming error: a null context.
+    static Result<Context> adopt(ibv_context* context, std::source_location where = std::source_location::current());
 
     // Programming error, here and below: a moved-from Context.
     const std::string& name(std::source_location where = std::source_location::current()) const;
