@@ -1,8 +1,9 @@
-// pingpong: WRITE and SEND ping-pong latency and WRITE bandwidth on rdmaxx's data
-// layer, measured the way perftest measures them, so the figures compare with
-// ib_write_lat, ib_send_lat and ib_write_bw run on the same device.
+// pingpong: WRITE and SEND ping-pong latency, READ and fetch-and-add latency, and WRITE
+// bandwidth on rdmaxx's data layer, measured the way perftest measures them, so the
+// figures compare with ib_write_lat, ib_send_lat, ib_read_lat, ib_atomic_lat and
+// ib_write_bw run on the same device.
 //
-//   pingpong [--test write_lat|send_lat|write_bw|all] [--size N | --sweep] [--iters N]
+//   pingpong [--test write_lat|send_lat|read_lat|atomic_lat|write_bw|all] [--size N | --sweep] [--iters N]
 //            [--device NAME] [--json]
 //
 // Two RC QPs of one process, each side busy-polling in its own thread. Latency: a
@@ -129,12 +130,45 @@ Latency summarize(std::vector<double> samples) {
             at(0.99), at(0.999)};
 }
 
-// One-way latency samples (us) from the initiator's per-iteration timestamps.
-std::vector<double> samples_of(const std::vector<Clock::time_point>& stamps) {
+// Latency samples (us) from the initiator's per-iteration timestamps: halved for a
+// ping-pong (a round trip is two one-way trips), whole for READ and atomics, whose
+// one operation is itself the round trip (perftest does the same).
+std::vector<double> samples_of(const std::vector<Clock::time_point>& stamps, double divisor = 2) {
     std::vector<double> samples;
     for (std::size_t i = 1; i < stamps.size(); ++i)
-        samples.push_back(std::chrono::duration<double, std::micro>(stamps[i] - stamps[i - 1]).count() / 2);
+        samples.push_back(std::chrono::duration<double, std::micro>(stamps[i] - stamps[i - 1]).count() / divisor);
     return samples;
+}
+
+// READ or fetch-and-add latency: one operation at a time, the initiator alone.
+Latency one_sided_lat(Bench& bench, std::size_t size, std::size_t iters, bool atomic) {
+    Side& a = bench.a;
+    Side& b = bench.b;
+    for (std::size_t i = 0; i < size; ++i)
+        b.mr.data()[i] = static_cast<std::byte>(i * 7 + 3);
+    std::uint64_t start_value = 0;
+    std::memcpy(&start_value, b.inbox(), 8);
+    std::vector<Clock::time_point> stamps(iters + 1);
+    for (std::size_t i = 0; i < iters; ++i) {
+        stamps[i] = Clock::now();
+        if (atomic)
+            must(post_fetch_add(a.qp, a.mr.slice(a.half(), 8), b.mr.remote().slice(b.half(), 8), 1, {.wr_id = i}),
+                 "post_fetch_add");
+        else
+            must(post_read(a.qp, a.mr.slice(a.half(), size), b.mr.remote().slice(0, size), {.wr_id = i}), "post_read");
+        reap(a.cq, atomic ? WcOpcode::fetch_add : WcOpcode::rdma_read);
+    }
+    stamps[iters] = Clock::now();
+    std::uint64_t end_value = 0, last_old = 0;
+    std::memcpy(&end_value, b.inbox(), 8);
+    std::memcpy(&last_old, a.inbox(), 8);
+    const bool right = atomic ? end_value == start_value + iters && last_old == end_value - 1
+                              : std::memcmp(a.inbox(), b.mr.data(), size) == 0;
+    if (!right) {
+        fmt::print(stderr, "pingpong: {} moved wrong bytes\n", atomic ? "atomic_lat" : "read_lat");
+        std::exit(1);
+    }
+    return summarize(samples_of(stamps, 1));
 }
 
 Latency write_lat(Bench& bench, std::size_t size, std::size_t iters) {
@@ -264,12 +298,14 @@ int main(int argc, char** argv) {
         else if (arg == "--json")
             json = true;
         else {
-            fmt::print(stderr, "usage: pingpong [--test write_lat|send_lat|write_bw|all] [--size N | --sweep] "
+            fmt::print(stderr, "usage: pingpong [--test write_lat|send_lat|read_lat|atomic_lat|write_bw|all] [--size N | --sweep] "
                                "[--iters N] [--device NAME] [--json]\n");
             return 2;
         }
     }
-    if (test != "all" && test != "write_lat" && test != "send_lat" && test != "write_bw") {
+    const std::vector<std::string_view> latency_tests{"write_lat", "send_lat", "read_lat", "atomic_lat"};
+    if (test != "all" && test != "write_bw" &&
+        std::find(latency_tests.begin(), latency_tests.end(), test) == latency_tests.end()) {
         fmt::print(stderr, "pingpong: unknown test '{}'\n", test);
         return 2;
     }
@@ -286,22 +322,27 @@ int main(int argc, char** argv) {
         return s;
     };
     if (test == "all" || test.ends_with("_lat")) {
-        for (const char* name : {"write_lat", "send_lat"}) {
+        for (const std::string_view name : latency_tests) {
             if (test != "all" && test != name)
                 continue;
             if (!json)
                 fmt::print("{} on {}: {:>8} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}  [usec]\n", name, bench.context.name(),
                            "#bytes", "#iters", "t_min", "t_max", "t_typical", "t_avg", "p99", "p99.9");
-            for (const std::size_t size : sweep ? sweep_sizes(64 << 10) : sizes) {
-                const Latency l = std::string_view(name) == "write_lat" ? write_lat(bench, size, iters)
-                                                                         : send_lat(bench, size, iters);
+            // atomics move 8 bytes, whatever the size asked for
+            const auto test_sizes = name == "atomic_lat" ? std::vector<std::size_t>{8}
+                                    : sweep              ? sweep_sizes(64 << 10)
+                                                         : sizes;
+            for (const std::size_t size : test_sizes) {
+                const Latency l = name == "write_lat"  ? write_lat(bench, size, iters)
+                                  : name == "send_lat" ? send_lat(bench, size, iters)
+                                                       : one_sided_lat(bench, size, iters, name == "atomic_lat");
                 if (json)
                     fmt::print("{{\"test\":\"{}\",\"size\":{},\"iters\":{},\"t_min\":{:.3f},\"t_max\":{:.3f},"
                                "\"t_typical\":{:.3f},\"t_avg\":{:.3f},\"p99\":{:.3f},\"p99_9\":{:.3f}}}\n",
                                name, size, iters, l.t_min, l.t_max, l.t_typical, l.t_avg, l.p99, l.p999);
                 else
                     fmt::print("{:>{}} {:>8} {:>8} {:>9.2f} {:>9.2f} {:>9.2f} {:>9.2f} {:>9.2f} {:>9.2f}\n", "",
-                               std::strlen(name) + 4 + bench.context.name().size(), size, iters, l.t_min, l.t_max,
+                               name.size() + 4 + bench.context.name().size(), size, iters, l.t_min, l.t_max,
                                l.t_typical, l.t_avg, l.p99, l.p999);
             }
         }
