@@ -1,0 +1,237 @@
+#include "options.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <limits>
+
+#include <fmt/format.h>
+
+namespace rdmaxx::perf {
+namespace {
+
+constexpr std::string_view verb_names[] = {"write", "read", "send", "write_imm", "atomic"};
+
+Error invalid(std::string detail) { return Error::from_errno("options", EINVAL, std::move(detail)); }
+
+Result<std::uint64_t> number(std::string_view flag, std::string_view text, std::uint64_t low, std::uint64_t high) {
+    std::uint64_t value = 0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+    if (ec != std::errc{} || end != text.data() + text.size() || text.empty())
+        return std::unexpected(invalid(fmt::format("{} takes a number, not '{}'", flag, text)));
+    if (value < low || value > high)
+        return std::unexpected(invalid(fmt::format("{} {} outside {}..{}", flag, value, low, high)));
+    return value;
+}
+
+Result<Mtu> mtu_of(std::string_view text) {
+    constexpr std::pair<std::string_view, Mtu> mtus[] = {
+        {"256", Mtu::b256}, {"512", Mtu::b512}, {"1024", Mtu::b1024}, {"2048", Mtu::b2048}, {"4096", Mtu::b4096}};
+    for (const auto& [name, mtu] : mtus)
+        if (text == name)
+            return mtu;
+    return std::unexpected(invalid(fmt::format("--mtu takes 256, 512, 1024, 2048 or 4096, not '{}'", text)));
+}
+
+} // namespace
+
+std::string_view verb_name(Verb verb) noexcept { return verb_names[static_cast<int>(verb)]; }
+
+std::string test_name(Test test) {
+    return fmt::format("{}_{}", verb_name(test.verb), test.measure == Measure::latency ? "lat" : "bw");
+}
+
+std::optional<Test> parse_test(std::string_view name) {
+    for (int v = 0; v < 5; ++v)
+        for (const Measure m : {Measure::latency, Measure::bandwidth})
+            if (const Test t{static_cast<Verb>(v), m}; test_name(t) == name)
+                return t;
+    return std::nullopt;
+}
+
+std::vector<std::uint32_t> sweep_sizes(Verb verb) {
+    if (verb == Verb::atomic)
+        return {atomic_size};
+    std::vector<std::uint32_t> sizes;
+    for (std::uint32_t s = min_size; s <= max_size; s *= 2)
+        sizes.push_back(s);
+    return sizes;
+}
+
+std::uint32_t signal_interval(const Options& options, std::uint32_t size) {
+    const std::uint32_t list = options.post_list;
+    const std::uint32_t wanted = size > signal_every_wr_above ? 1 : options.cq_mod;
+    const std::uint32_t rounded = (wanted + list - 1) / list * list;
+    return std::min(rounded, options.tx_depth / list * list);
+}
+
+std::uint32_t default_inline(Test test, bool mlx5, std::uint32_t device_limit) {
+    if (test.measure == Measure::bandwidth || test.verb == Verb::read || test.verb == Verb::atomic)
+        return 0;
+    if (!mlx5)
+        return device_limit;
+    return std::min(device_limit, test.verb == Verb::send ? 236u : 220u);
+}
+
+std::string usage() {
+    return "usage: rdmaxx-perf TEST [HOST] [options]\n"
+           "  TEST: write_lat write_bw read_lat read_bw send_lat send_bw write_imm_lat write_imm_bw\n"
+           "        atomic_lat atomic_bw\n"
+           "  without HOST: serve one client (the client's run parameters apply); with HOST: the client\n"
+           "  -d, --ib-dev NAME       device (default $RDMAXX_DEVICE, else the first)\n"
+           "  -i, --ib-port N         device port (1)\n"
+           "  -x, --gid-index N       GID index (default: the RoCE v2 IPv4 entry, or 0 on InfiniBand)\n"
+           "  -p, --port N            TCP port of the exchange, or the RDMA CM port (18515)\n"
+           "  -R, --rdma_cm           connect the QPs through RDMA CM\n"
+           "  -s, --size N            message size in bytes (2..8388608; 65536 for bandwidth, 2 for latency)\n"
+           "  -a, --all               sweep 2 B .. 8 MiB\n"
+           "  -n, --iters N           iterations (1000 latency, 5000 bandwidth)\n"
+           "  -t, --tx-depth N        send queue depth (128)\n"
+           "  -r, --rx-depth N        receives posted (512)\n"
+           "  -l, --post_list N       WRs per doorbell, bandwidth (1, at most 64; divides the TX depth)\n"
+           "  -Q, --cq-mod N          signal one WR in N, bandwidth (100; every WR above 8 KiB)\n"
+           "  -I, --inline_size N     inline up to N bytes (latency: 220 WRITE / 236 SEND on mlx5, the\n"
+           "                          device's limit elsewhere; 0 for bandwidth)\n"
+           "  -m, --mtu N             path MTU 256..4096 (default: both ports' active MTU)\n"
+           "  -q, --qp N              QPs, bandwidth (1)\n"
+           "  -A, --atomic_type T     FETCH_AND_ADD (default) or CMP_AND_SWAP\n"
+           "      --timeout MS        longest the peer may stay silent (10000)\n"
+           "      --json              one JSON object per result line\n";
+}
+
+Result<Options> parse_options(std::span<const std::string_view> args) {
+    Options o;
+    std::vector<std::string_view> positional;
+    std::optional<std::uint32_t> size, iters;
+    bool all = false;
+    for (std::size_t i = 0; i < args.size(); ++i) {
+        std::string_view arg = args[i];
+        std::optional<std::string_view> attached;
+        if (arg.starts_with("--"))
+            if (const auto eq = arg.find('='); eq != std::string_view::npos)
+                attached = arg.substr(eq + 1), arg = arg.substr(0, eq);
+        const auto is = [&](std::string_view shorter, std::string_view longer) {
+            return (!shorter.empty() && arg == shorter) || arg == longer;
+        };
+        std::optional<Error> missing;
+        const auto value = [&]() -> std::string_view {
+            if (attached)
+                return *attached;
+            if (i + 1 < args.size())
+                return args[++i];
+            missing = invalid(fmt::format("{} needs a value", arg));
+            return {};
+        };
+        // Each numeric flag: its value in [low, high], stored in `out`.
+        const auto take = [&](auto& out, std::uint64_t low, std::uint64_t high) -> Result<void> {
+            const std::string_view text = value();
+            if (missing)
+                return std::unexpected(*missing);
+            auto n = number(arg, text, low, high);
+            if (!n)
+                return std::unexpected(n.error());
+            out = static_cast<std::remove_reference_t<decltype(out)>>(*n);
+            return {};
+        };
+        Result<void> ok;
+        if (is("-h", "--help")) {
+            o.help = true;
+            return o;
+        } else if (is("-a", "--all")) {
+            all = true;
+        } else if (is("-R", "--rdma_cm")) {
+            o.rdma_cm = true;
+        } else if (is("", "--json")) {
+            o.json = true;
+        } else if (is("-d", "--ib-dev")) {
+            o.device = value();
+        } else if (is("-i", "--ib-port")) {
+            ok = take(o.ib_port, 1, 255);
+        } else if (is("-x", "--gid-index")) {
+            std::uint32_t gid = 0;
+            ok = take(gid, 0, 1023);
+            o.gid_index = gid;
+        } else if (is("-p", "--port")) {
+            ok = take(o.port, 1, 65535);
+        } else if (is("-s", "--size")) {
+            std::uint32_t s = 0;
+            ok = take(s, min_size, max_size);
+            size = s;
+        } else if (is("-n", "--iters")) {
+            std::uint32_t n = 0;
+            ok = take(n, 5, 100'000'000);
+            iters = n;
+        } else if (is("-t", "--tx-depth")) {
+            ok = take(o.tx_depth, 1, 16384);
+        } else if (is("-r", "--rx-depth")) {
+            ok = take(o.rx_depth, 1, 16384);
+        } else if (is("-l", "--post_list")) {
+            ok = take(o.post_list, 1, max_post_list);
+        } else if (is("-Q", "--cq-mod")) {
+            ok = take(o.cq_mod, 1, 16384);
+        } else if (is("-I", "--inline_size")) {
+            std::uint32_t n = 0;
+            ok = take(n, 0, 16384);
+            o.inline_size = n;
+        } else if (is("-q", "--qp")) {
+            ok = take(o.qps, 1, max_qps);
+        } else if (is("", "--timeout")) {
+            std::uint32_t ms = 0;
+            ok = take(ms, 100, 3'600'000);
+            o.timeout = std::chrono::milliseconds(ms);
+        } else if (is("-m", "--mtu")) {
+            const std::string_view text = value();
+            auto mtu = missing ? Result<Mtu>(std::unexpected(*missing)) : mtu_of(text);
+            if (!mtu)
+                return std::unexpected(mtu.error());
+            o.mtu = *mtu;
+        } else if (is("-A", "--atomic_type")) {
+            const std::string_view text = value();
+            if (text == "FETCH_AND_ADD")
+                o.atomic = AtomicOp::fetch_add;
+            else if (text == "CMP_AND_SWAP")
+                o.atomic = AtomicOp::compare_swap;
+            else
+                return std::unexpected(invalid(
+                    fmt::format("--atomic_type takes FETCH_AND_ADD or CMP_AND_SWAP, not '{}'", text)));
+        } else if (arg.starts_with("-") && arg.size() > 1) {
+            return std::unexpected(invalid(fmt::format("unknown option {}", arg)));
+        } else {
+            positional.push_back(arg);
+        }
+        if (missing)
+            return std::unexpected(*missing);
+        if (!ok)
+            return std::unexpected(ok.error());
+    }
+    if (positional.empty() || positional.size() > 2)
+        return std::unexpected(invalid("give a TEST, and HOST for the client"));
+    const auto test = parse_test(positional[0]);
+    if (!test)
+        return std::unexpected(invalid(fmt::format("unknown test '{}'", positional[0])));
+    o.test = *test;
+    if (positional.size() == 2)
+        o.host = positional[1];
+
+    const bool latency = o.test.measure == Measure::latency;
+    if (o.test.verb == Verb::atomic && size && *size != atomic_size)
+        return std::unexpected(invalid("atomics move 8 bytes: --size must be 8 or absent"));
+    if (all && size)
+        return std::unexpected(invalid("--size and --all exclude each other"));
+    if (all)
+        o.sizes = sweep_sizes(o.test.verb);
+    else
+        o.sizes = {o.test.verb == Verb::atomic ? atomic_size : size.value_or(latency ? 2 : 65536)};
+    o.iters = iters.value_or(latency ? 1000 : 5000);
+    if (latency && o.qps != 1)
+        return std::unexpected(invalid("latency tests use one QP (--qp 1)"));
+    if (latency && o.post_list != 1)
+        return std::unexpected(invalid("latency tests post one WR at a time (--post_list 1)"));
+    if (o.post_list > o.tx_depth || o.tx_depth % o.post_list != 0)
+        return std::unexpected(
+            invalid(fmt::format("--post_list {} must divide --tx-depth {}", o.post_list, o.tx_depth)));
+    if (o.inline_size && *o.inline_size != 0 && (o.test.verb == Verb::read || o.test.verb == Verb::atomic))
+        return std::unexpected(invalid("READ and atomics cannot be inline: --inline_size 0 or absent"));
+    return o;
+}
+
+} // namespace rdmaxx::perf

@@ -1,0 +1,347 @@
+#include "runs.hpp"
+
+#include <array>
+#include <atomic>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include <rdmaxx/data/completion.hpp>
+#include <rdmaxx/data/post.hpp>
+#include <rdmaxx/data/signaling.hpp>
+
+namespace rdmaxx::perf {
+namespace {
+
+using protocol::Command;
+using protocol::CommandKind;
+using protocol::Reply;
+using protocol::ReplyKind;
+using Batch = SendBatch<max_post_list>;
+
+// Bounded waiting without a system call per spin: the clock is read every 1024 spins.
+class Patience {
+public:
+    explicit Patience(std::chrono::milliseconds timeout) : timeout_(timeout), deadline_(Clock::now() + timeout) {}
+    bool over() { return (++spins_ & 1023) == 0 && Clock::now() > deadline_; }
+    Error error(std::string_view what) const {
+        return Error::timeout("peer", fmt::format("no {} within {} ms: is the peer alive?", what, timeout_.count()));
+    }
+
+private:
+    std::chrono::milliseconds timeout_;
+    Clock::time_point deadline_;
+    unsigned spins_ = 0;
+};
+
+bool ping_pong(Verb verb) { return verb == Verb::write || verb == Verb::send || verb == Verb::write_imm; }
+
+// Whether `role` ends a run with the peer's data (or the atomics' results) in its inboxes.
+bool receives(Role role, Test test) {
+    if (test.verb == Verb::atomic)
+        return true;
+    if (test.measure == Measure::latency && ping_pong(test.verb))
+        return true;
+    return (role == Role::client) == (test.verb == Verb::read);
+}
+
+// WRITE ping-pong: the receiver spins on the last byte, which carries the iteration.
+std::byte tag(std::uint32_t i) { return static_cast<std::byte>(i % 255 + 1); }
+
+// One completion of `cq`; a failed one is its Error.
+Result<WorkCompletion> next_completion(CompletionQueue& cq, std::chrono::milliseconds timeout, std::string_view what) {
+    std::array<WorkCompletion, 1> wc;
+    for (Patience patience(timeout);;) {
+        auto n = poll(cq, wc);
+        if (!n)
+            return std::unexpected(std::move(n.error()));
+        if (*n == 1) {
+            if (!wc[0].ok())
+                return std::unexpected(wc[0].error());
+            return wc[0];
+        }
+        if (patience.over())
+            return std::unexpected(patience.error(what));
+    }
+}
+
+// Adds QP q's WR number n of a run to `batch`.
+void add(Batch& batch, const Side& side, std::size_t q, std::uint32_t size, std::uint32_t n, const PostOptions& options) {
+    switch (side.options().test.verb) {
+    case Verb::write: batch.write(side.out(q, size), side.peer_in(q, size), options); break;
+    case Verb::read: batch.read(side.in(q, size), side.peer_out(q, size), options); break;
+    case Verb::send: batch.send(side.out(q, size), options); break;
+    case Verb::write_imm: batch.write_with_imm(side.out(q, size), side.peer_in(q, size), n, options); break;
+    case Verb::atomic:
+        if (side.options().atomic == AtomicOp::fetch_add)
+            batch.fetch_add(side.in(q, atomic_size), side.peer_in(q, atomic_size), 1, options);
+        else
+            batch.compare_swap(side.in(q, atomic_size), side.peer_in(q, atomic_size), n, n + 1, options);
+        break;
+    }
+}
+
+std::uint64_t load_u64(const LocalSlice& slice) {
+    std::uint64_t value = 0;
+    std::memcpy(&value, slice.data(), sizeof value);
+    return value;
+}
+
+// Before a run: this side's data in its outboxes, its inboxes cleared.
+void prepare(Side& side, std::uint32_t size) {
+    for (std::size_t q = 0; q < side.qp_count(); ++q) {
+        const LocalSlice out = side.out(q, size);
+        for (std::uint32_t k = 0; k < size; ++k)
+            out.data()[k] = pattern(side.role(), k, size);
+        std::memset(side.in(q, size).data(), 0, size);
+    }
+}
+
+// After a run: whether this side's inboxes hold what the peer's run left there, or why not.
+std::optional<std::string> check_inboxes(const Side& side, std::uint32_t size, std::uint32_t iters) {
+    const Test test = side.options().test;
+    if (!receives(side.role(), test))
+        return std::nullopt;
+    const Role peer = side.role() == Role::client ? Role::server : Role::client;
+    for (std::size_t q = 0; q < side.qp_count(); ++q) {
+        const LocalSlice in = side.in(q, size);
+        if (test.verb == Verb::atomic) {
+            // the target counts to iters; the initiator's last result is the value before the last
+            const std::uint64_t wanted = side.role() == Role::server ? iters : iters - 1;
+            if (const std::uint64_t got = load_u64(in); got != wanted)
+                return fmt::format("QP {}: the atomic's 8 bytes hold {}, expected {}", q, got, wanted);
+            continue;
+        }
+        for (std::uint32_t k = 0; k < size; ++k) {
+            const bool tagged = k + 1 == size && test.verb == Verb::write && test.measure == Measure::latency;
+            const std::byte wanted = tagged ? tag(iters - 1) : pattern(peer, k, size);
+            if (in.data()[k] != wanted)
+                return fmt::format("QP {}: byte {} of {} is {:#04x}, expected {:#04x}", q, k, size,
+                                   static_cast<unsigned>(in.data()[k]), static_cast<unsigned>(wanted));
+        }
+    }
+    return std::nullopt;
+}
+
+// The message of a two-sided ping-pong or stream: its completion, checked, and the
+// receive it used posted again.
+Result<void> take_message(Side& side, std::size_t q, std::uint32_t size, std::uint32_t n, const WorkCompletion& wc) {
+    const Verb verb = side.options().test.verb;
+    if (verb == Verb::send && wc.byte_len() != size)
+        return std::unexpected(Error::protocol(
+            "rdmaxx-perf", fmt::format("QP {}: message {} has {} bytes, expected {}", q, n, wc.byte_len(), size)));
+    if (verb == Verb::write_imm && wc.imm() != n)
+        return std::unexpected(Error::protocol(
+            "rdmaxx-perf", fmt::format("QP {}: write {} carries immediate {}, expected {}", q, n,
+                                       wc.imm() ? fmt::format("{}", *wc.imm()) : "none", n)));
+    return side.post_receive(q);
+}
+
+// One side of a latency run, one WR at a time on QP 0. In a ping-pong the client posts
+// then waits for the server's answer, the server waits then answers; READ and atomics
+// are the client's alone. The client stamps each post (and the end) into `stamps`.
+Result<void> latency_loop(Side& side, std::uint32_t size, std::uint32_t iters, std::span<Clock::time_point> stamps) {
+    const Options& o = side.options();
+    const Verb verb = o.test.verb;
+    const bool client = side.role() == Role::client;
+    const bool answered = ping_pong(verb);
+    std::byte* const last_out = side.out(0, size).data() + size - 1;
+    const std::byte* const last_in = side.in(0, size).data() + size - 1;
+    const PostOptions post{.signaled = true, .inline_data = size <= side.inline_size()};
+    const auto answer = [&](std::uint32_t i) -> Result<void> {
+        if (verb == Verb::write) {
+            for (Patience patience(o.timeout);
+                 std::atomic_ref(*const_cast<std::byte*>(last_in)).load(std::memory_order_acquire) != tag(i);)
+                if (patience.over())
+                    return std::unexpected(patience.error("WRITE from the peer"));
+            return {};
+        }
+        auto wc = next_completion(side.recv_cq(0), o.timeout, "message from the peer");
+        if (!wc)
+            return std::unexpected(std::move(wc.error()));
+        return take_message(side, 0, size, i, *wc);
+    };
+    for (std::uint32_t i = 0; i < iters; ++i) {
+        if (answered && !client)
+            if (auto ok = answer(i); !ok)
+                return ok;
+        if (verb == Verb::write)
+            *last_out = tag(i);
+        if (client)
+            stamps[i] = Clock::now();
+        Batch batch(side.qp(0));
+        add(batch, side, 0, size, i, {.wr_id = i, .signaled = post.signaled, .inline_data = post.inline_data});
+        if (auto ok = batch.post(); !ok)
+            return ok;
+        if (answered && client)
+            if (auto ok = answer(i); !ok)
+                return ok;
+        auto wc = next_completion(side.send_cq(0), o.timeout, "send completion");
+        if (!wc)
+            return std::unexpected(std::move(wc.error()));
+        if (verb == Verb::atomic && load_u64(side.in(0, atomic_size)) != i)
+            return std::unexpected(Error::protocol(
+                "rdmaxx-perf", fmt::format("atomic {} returned {}, expected {}", i, load_u64(side.in(0, atomic_size)), i)));
+    }
+    if (client)
+        stamps[iters] = Clock::now();
+    return {};
+}
+
+// The client's side of a bandwidth run: every QP streams `iters` WRs, post_list per
+// doorbell, round robin, one WR in signal_interval() signaled (and each QP's last);
+// timed from the first post to the last completion.
+Result<Bandwidth> stream(Side& side, std::uint32_t size, std::uint32_t iters) {
+    const Options& o = side.options();
+    const std::uint32_t interval = signal_interval(o, size);
+    const bool inline_data = size <= side.inline_size();
+    std::vector<SignaledSendQueue> queues;
+    for (std::size_t q = 0; q < side.qp_count(); ++q)
+        queues.emplace_back(side.qp(q), side.send_cq(q), interval);
+    std::vector<std::uint32_t> posted(side.qp_count(), 0);
+    const auto start = Clock::now();
+    for (bool more = true; more;) {
+        more = false;
+        for (std::size_t q = 0; q < side.qp_count(); ++q) {
+            if (posted[q] == iters)
+                continue;
+            Batch batch(side.qp(q));
+            const std::uint32_t count = std::min(o.post_list, iters - posted[q]);
+            for (std::uint32_t n = posted[q]; n < posted[q] + count; ++n) {
+                auto options = queues[q].next({.wr_id = n, .inline_data = inline_data}, n + 1 == iters, o.timeout);
+                if (!options)
+                    return std::unexpected(std::move(options.error()));
+                add(batch, side, q, size, n, *options);
+            }
+            if (auto ok = batch.post(); !ok)
+                return std::unexpected(std::move(ok.error()));
+            posted[q] += count;
+            more = more || posted[q] < iters;
+        }
+    }
+    for (SignaledSendQueue& queue : queues)
+        if (auto ok = queue.drain(o.timeout); !ok)
+            return std::unexpected(std::move(ok.error()));
+    return bandwidth(size, std::uint64_t{iters} * side.qp_count(), Clock::now() - start);
+}
+
+// The server's side of a SEND or WRITE_WITH_IMM bandwidth run: every QP's `iters`
+// messages taken, checked and their receives posted again.
+Result<void> absorb(Side& side, std::uint32_t size, std::uint32_t iters) {
+    std::vector<std::uint32_t> received(side.qp_count(), 0);
+    std::array<WorkCompletion, 16> batch;
+    std::size_t done = 0;
+    Patience patience(side.options().timeout);
+    while (done < side.qp_count()) {
+        for (std::size_t q = 0; q < side.qp_count(); ++q) {
+            auto n = poll(side.recv_cq(q), batch);
+            if (!n)
+                return std::unexpected(std::move(n.error()));
+            if (*n != 0)
+                patience = Patience(side.options().timeout);
+            for (std::size_t k = 0; k < *n; ++k) {
+                if (auto ok = batch[k].check(); !ok)
+                    return ok;
+                if (auto ok = take_message(side, q, size, received[q]++, batch[k]); !ok)
+                    return ok;
+                done += received[q] == iters;
+            }
+        }
+        if (patience.over())
+            return std::unexpected(patience.error("message from the client"));
+    }
+    return {};
+}
+
+Result<Command> receive_command(Side& side, Clock::time_point deadline) {
+    protocol::CommandWire wire;
+    if (auto ok = side.receive(wire, deadline); !ok)
+        return std::unexpected(std::move(ok.error()));
+    return protocol::decode_command(wire, side.options().test);
+}
+
+Result<void> expect_reply(Side& side, ReplyKind wanted) {
+    auto reply = side.receive_reply(Clock::now() + side.options().timeout);
+    if (!reply)
+        return std::unexpected(std::move(reply.error()));
+    if (reply->kind == wanted)
+        return {};
+    if (reply->kind == ReplyKind::mismatch)
+        return std::unexpected(
+            Error::protocol("peer", fmt::format("the server found wrong bytes: {}", reply->reason)));
+    return std::unexpected(Error::protocol("peer", fmt::format("unexpected reply {} from the server",
+                                                                      static_cast<int>(reply->kind))));
+}
+
+} // namespace
+
+Result<Figures> run_client(Side& side, std::uint32_t size, std::uint32_t iters) {
+    const Test test = side.options().test;
+    prepare(side, size);
+    if (auto ok = side.send(protocol::encode_command({CommandKind::run, size, iters})); !ok)
+        return std::unexpected(std::move(ok.error()));
+    if (auto ok = expect_reply(side, ReplyKind::ready); !ok)
+        return std::unexpected(std::move(ok.error()));
+    Figures figures;
+    if (test.measure == Measure::latency) {
+        std::vector<Clock::time_point> stamps(std::size_t{iters} + 1);
+        if (auto ok = latency_loop(side, size, iters, stamps); !ok)
+            return std::unexpected(std::move(ok.error()));
+        figures = summarize_latency(stamps, ping_pong(test.verb) ? 2 : 1);
+    } else {
+        auto bw = stream(side, size, iters);
+        if (!bw)
+            return std::unexpected(std::move(bw.error()));
+        figures = *bw;
+    }
+    if (auto ok = side.send(protocol::encode_command({CommandKind::done, size, iters})); !ok)
+        return std::unexpected(std::move(ok.error()));
+    if (auto ok = expect_reply(side, ReplyKind::verified); !ok)
+        return std::unexpected(std::move(ok.error()));
+    if (auto wrong = check_inboxes(side, size, iters))
+        return std::unexpected(Error::protocol("peer", fmt::format("wrong bytes arrived: {}", *wrong)));
+    return figures;
+}
+
+Result<void> finish_client(Side& side) { return side.send(protocol::encode_command({CommandKind::finish, 0, 0})); }
+
+Result<std::uint32_t> serve(Side& side) {
+    const Options& o = side.options();
+    for (std::uint32_t runs = 0;; ++runs) {
+        // between runs the client prints and moves on: it has the usual silence
+        auto command = receive_command(side, Clock::now() + o.timeout);
+        if (!command)
+            return std::unexpected(std::move(command.error()));
+        if (command->kind == CommandKind::finish)
+            return runs;
+        if (command->kind != CommandKind::run)
+            return std::unexpected(Error::protocol("peer", "the client ended a run it never started"));
+        const std::uint32_t size = command->size, iters = command->iters;
+        prepare(side, size);
+        if (auto ok = side.reply({ReplyKind::ready, {}}); !ok)
+            return std::unexpected(std::move(ok.error()));
+        Result<void> served;
+        if (o.test.measure == Measure::latency && ping_pong(o.test.verb))
+            served = latency_loop(side, size, iters, {});
+        else if (o.test.measure == Measure::bandwidth && (o.test.verb == Verb::send || o.test.verb == Verb::write_imm))
+            served = absorb(side, size, iters);
+        if (!served)
+            return std::unexpected(std::move(served.error()));
+        // One-sided runs leave the server nothing to watch: allow them 1 ms per WR and
+        // 1 us per KiB on top of the usual silence (a dead client closes the stream sooner).
+        const auto budget = o.timeout + std::uint64_t{iters} * side.qp_count() *
+                                            (std::chrono::milliseconds(1) + std::chrono::microseconds(size / 1024));
+        auto done = receive_command(side, Clock::now() + budget);
+        if (!done)
+            return std::unexpected(std::move(done.error()));
+        if (done->kind != CommandKind::done)
+            return std::unexpected(Error::protocol("peer", "the client started a run before ending the last"));
+        const auto wrong = check_inboxes(side, size, iters);
+        if (auto ok = side.reply({wrong ? ReplyKind::mismatch : ReplyKind::verified, wrong.value_or("")}); !ok)
+            return std::unexpected(std::move(ok.error()));
+        if (wrong)
+            return std::unexpected(Error::protocol("peer", fmt::format("wrong bytes arrived: {}", *wrong)));
+    }
+}
+
+} // namespace rdmaxx::perf

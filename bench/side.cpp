@@ -1,0 +1,177 @@
+#include "side.hpp"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+namespace rdmaxx::perf {
+namespace {
+
+// The server waits this long for its client to appear.
+constexpr std::chrono::seconds accept_wait{120};
+constexpr std::uint32_t probe_inline[] = {1024, 512, 256, 128, 64, 0};
+
+bool is_mlx5(const Context& context) { return context.name().starts_with("mlx5"); }
+
+} // namespace
+
+std::byte pattern(Role role, std::size_t offset, std::uint32_t size) noexcept {
+    return static_cast<std::byte>((offset * 7 + size + (role == Role::client ? 0 : 101)) & 0xff);
+}
+
+Result<void> Side::send(std::span<const std::byte> message) {
+    return stream_.write_all(message, Clock::now() + options_.timeout);
+}
+
+Result<void> Side::receive(std::span<std::byte> message, Clock::time_point deadline) {
+    return stream_.read_exact(message, deadline);
+}
+
+Result<protocol::Reply> Side::receive_reply(Clock::time_point deadline) {
+    protocol::ReplyWire wire;
+    if (auto ok = receive(wire, deadline); !ok)
+        return std::unexpected(std::move(ok.error()));
+    return protocol::decode_reply(wire);
+}
+
+Result<void> Side::build() {
+    const Options& o = options_;
+    auto context = Context::open(o.device);
+    if (!context)
+        return std::unexpected(std::move(context.error()));
+    context_.emplace(std::move(*context));
+    auto pd = ProtectionDomain::create(*context_);
+    if (!pd)
+        return std::unexpected(std::move(pd.error()));
+    pd_.emplace(std::move(*pd));
+
+    const bool two_sided = o.test.verb == Verb::send || o.test.verb == Verb::write_imm;
+    send_cqs_.reserve(o.qps);
+    recv_cqs_.reserve(o.qps);
+    qps_.reserve(o.qps);
+    // An explicit inline size is asked for as it is; the default probes the device's
+    // limit (QP creation is the only way libibverbs tells it).
+    std::vector<std::uint32_t> inline_tries(std::begin(probe_inline), std::end(probe_inline));
+    if (o.inline_size)
+        inline_tries = {*o.inline_size};
+    else if (default_inline(o.test, is_mlx5(*context_), 1024) == 0)
+        inline_tries = {0};
+    for (std::uint32_t i = 0; i < o.qps; ++i) {
+        auto send_cq = CompletionQueue::create(*context_, {.depth = o.tx_depth});
+        if (!send_cq)
+            return std::unexpected(std::move(send_cq.error()));
+        auto recv_cq = CompletionQueue::create(*context_, {.depth = two_sided ? o.rx_depth : 1});
+        if (!recv_cq)
+            return std::unexpected(std::move(recv_cq.error()));
+        send_cqs_.push_back(std::move(*send_cq));
+        recv_cqs_.push_back(std::move(*recv_cq));
+        Result<QueuePair> qp = std::unexpected(Error::unsupported("ibv_create_qp", "no inline size to try"));
+        for (const std::uint32_t inline_bytes : inline_tries) {
+            qp = QueuePair::create(*pd_, {.send_cq = &send_cqs_.back(),
+                                          .recv_cq = &recv_cqs_.back(),
+                                          .caps = {.max_send_wr = o.tx_depth,
+                                                   .max_recv_wr = two_sided ? o.rx_depth : 1,
+                                                   .max_inline_data = inline_bytes},
+                                          .port = o.ib_port,
+                                          .gid_index = o.gid_index});
+            if (qp)
+                break;
+        }
+        if (!qp)
+            return std::unexpected(std::move(qp.error()));
+        inline_tries = {qp->caps().max_inline_data}; // every QP alike
+        qps_.push_back(std::move(*qp));
+    }
+    const std::uint32_t inline_size =
+        o.inline_size.value_or(default_inline(o.test, is_mlx5(*context_), qps_.front().caps().max_inline_data));
+
+    slot_ = (std::size_t{*std::max_element(o.sizes.begin(), o.sizes.end())} + 63) / 64 * 64;
+    auto mr = MemoryRegion::allocate(*pd_, 2 * slot_ * o.qps, access_all);
+    if (!mr)
+        return std::unexpected(std::move(mr.error()));
+    mr_.emplace(std::move(*mr));
+    setup_ = {.test = o.test,
+              .atomic = o.atomic,
+              .device = context_->name(),
+              .rdma_cm = o.rdma_cm,
+              .qps = o.qps,
+              .tx_depth = o.tx_depth,
+              .post_list = o.post_list,
+              .cq_mod = o.cq_mod,
+              .inline_size = inline_size,
+              .mtu_bytes = 0};
+    return {};
+}
+
+Result<void> Side::link() {
+    std::vector<QueuePair*> qps;
+    for (QueuePair& qp : qps_)
+        qps.push_back(&qp);
+    const auto mine = mr_->remote().serialize();
+    auto peer = connect_over_tcp(stream_, qps, mine, {.path_mtu = options_.mtu}, options_.timeout);
+    if (!peer)
+        return std::unexpected(std::move(peer.error()));
+    auto region = RemoteMemory::parse(peer->metadata);
+    if (!region)
+        return std::unexpected(std::move(region.error()));
+    if (region->length != mr_->size())
+        return std::unexpected(Error::protocol(
+            "rdmaxx-perf", fmt::format("the peer's region has {} bytes, this run needs {}", region->length, mr_->size())));
+    peer_ = *region;
+    const Mtu local = qps_.front().endpoint().mtu, remote = peer->qps.front().endpoint.mtu;
+    setup_.mtu_bytes = mtu_bytes(options_.mtu.value_or(std::min(local, remote)));
+    if (options_.test.verb == Verb::send || options_.test.verb == Verb::write_imm)
+        for (std::size_t i = 0; i < qps_.size(); ++i)
+            for (std::uint32_t n = 0; n < options_.rx_depth; ++n)
+                if (auto ok = post_receive(i); !ok)
+                    return ok;
+    return stream_.confirm_ready(options_.timeout);
+}
+
+Result<Side> Side::connect(const Options& options) {
+    auto stream = TcpStream::connect(options.host, options.port, options.timeout);
+    if (!stream)
+        return std::unexpected(std::move(stream.error()));
+    Side side(options, Role::client, std::move(*stream));
+    if (auto ok = side.send(protocol::encode_request(options)); !ok)
+        return std::unexpected(std::move(ok.error()));
+    auto reply = side.receive_reply(Clock::now() + options.timeout);
+    if (!reply)
+        return std::unexpected(std::move(reply.error()));
+    if (reply->kind != protocol::ReplyKind::accepted)
+        return std::unexpected(Error::from_errno("peer", ECONNREFUSED,
+                                                 fmt::format("the server refused: {}", reply->reason)));
+    if (auto ok = side.build(); !ok)
+        return std::unexpected(std::move(ok.error()));
+    if (auto ok = side.link(); !ok)
+        return std::unexpected(std::move(ok.error()));
+    return side;
+}
+
+Result<Side> Side::accept(const Options& options) {
+    auto listener = TcpListener::listen("", options.port);
+    if (!listener)
+        return std::unexpected(std::move(listener.error()));
+    auto stream = listener->accept(accept_wait);
+    if (!stream)
+        return std::unexpected(std::move(stream.error()));
+    Side side(options, Role::server, std::move(*stream));
+    protocol::RequestWire request;
+    if (auto ok = side.receive(request, Clock::now() + options.timeout); !ok)
+        return std::unexpected(std::move(ok.error()));
+    auto built = protocol::decode_request(request, side.options_);
+    if (built)
+        built = side.build();
+    if (!built) {
+        // the client learns why; a write failure here changes nothing for the server
+        (void)side.reply({protocol::ReplyKind::refused, fmt::format("{}", built.error())});
+        return std::unexpected(std::move(built.error()));
+    }
+    if (auto ok = side.reply({protocol::ReplyKind::accepted, {}}); !ok)
+        return std::unexpected(std::move(ok.error()));
+    if (auto ok = side.link(); !ok)
+        return std::unexpected(std::move(ok.error()));
+    return side;
+}
+
+} // namespace rdmaxx::perf

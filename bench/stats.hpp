@@ -1,0 +1,34 @@
+// perftest's arithmetic, so that rdmaxx-perf's figures compare with its figures.
+// Pure logic, tested on the host.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace rdmaxx::perf {
+
+using Clock = std::chrono::steady_clock;
+
+// In microseconds.
+struct Latency {
+    double t_min = 0, t_max = 0, t_typical = 0, t_avg = 0, t_stdev = 0, p99 = 0, p999 = 0;
+};
+
+// From the initiator's timestamps, one per post plus one after the last: each sample is
+// the gap between consecutive posts, divided by `divisor` (2 for a ping-pong, whose
+// round trip is two one-way trips; 1 for READ and atomics, whose one operation is the
+// round trip). The two largest samples are dropped; t_typical is the median (the
+// element at n/2 of the sorted samples), p99 and p99.9 the element at ceil(n*p),
+// clamped to the last.
+Latency summarize_latency(std::span<const Clock::time_point> stamps, double divisor);
+
+struct Bandwidth {
+    double gbit_per_s = 0, mib_per_s = 0, mpps = 0;
+};
+
+// `messages` of `size` bytes moved between the first post and the last completion.
+Bandwidth bandwidth(std::uint64_t size, std::uint64_t messages, Clock::duration elapsed);
+
+} // namespace rdmaxx::perf

@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""perf_smoke.py RDMAXX_PERF - a short run of each rdmaxx-perf test, server and client
+on this machine's RDMA device: both must exit 0 (each checks the bytes the other's
+run left in its memory), and every output line must parse with sane figures. No
+speed is asserted. Also: a sweep in the human table, and a client the server must
+refuse. Exit 77 (skipped) without an RDMA device."""
+import glob
+import json
+import subprocess
+import sys
+import time
+
+perf = sys.argv[1]
+if not glob.glob("/sys/class/infiniband/*"):
+    print("perf-smoke: no RDMA device here: skipped (run it with scripts/vm/run.sh)")
+    sys.exit(77)
+
+failures = []
+next_port = 18700
+
+
+def listening(port):
+    out = subprocess.run(["ss", "-ltn"], capture_output=True, text=True).stdout
+    return f":{port} " in out
+
+
+def pair(test, client_args, server_test=None):
+    """Runs a server and a client of `test`; returns (client rc, stdout, stderr, server rc)."""
+    global next_port
+    port, next_port = next_port, next_port + 1
+    server = subprocess.Popen([perf, server_test or test, "-p", str(port)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    for _ in range(500):  # until it listens: never a fixed sleep
+        if listening(port) or server.poll() is not None:
+            break
+        time.sleep(0.02)
+    client = subprocess.run([perf, test, "127.0.0.1", "-p", str(port), *client_args], capture_output=True,
+                            text=True, timeout=300)
+    try:
+        server_out, server_err = server.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server_out, server_err = server.communicate()
+    return client.returncode, client.stdout, client.stderr + server_err, server.returncode
+
+
+def check(name, ok, detail=""):
+    print(f"perf-smoke: {'ok  ' if ok else 'FAIL'} {name} {detail}")
+    if not ok:
+        failures.append(name)
+
+
+def check_json(name, out, test, sizes, qps):
+    rows = [json.loads(line) for line in out.splitlines() if line.strip()]
+    check(f"{name}: one JSON line per size", [r["size"] for r in rows] == sizes, f"({len(rows)} lines)")
+    for r in rows:
+        check(f"{name}: names its test", r["tool"] == "rdmaxx-perf" and r["test"] == test and r["qps"] == qps)
+        if test.endswith("_lat"):
+            sane = 0 < r["t_min"] <= r["t_typical"] <= r["t_max"] and r["t_min"] <= r["t_avg"] <= r["t_max"] \
+                and r["t_typical"] <= r["p99"] <= r["p99_9"] <= r["t_max"]
+        else:
+            sane = r["gbit_per_s"] > 0 and r["mpps"] > 0 and \
+                abs(r["mib_per_s"] - r["gbit_per_s"] * 1e9 / 8 / 2**20) < 1e-3 * r["mib_per_s"] + 1e-3 and \
+                r["iters"] == 20 * qps
+        check(f"{name}: figures {r['size']} B", sane, json.dumps(r))
+
+
+for verb in ["write", "read", "send", "write_imm", "atomic"]:
+    for measure in ["lat", "bw"]:
+        test = f"{verb}_{measure}"
+        size = 8 if verb == "atomic" else (64 if measure == "lat" else 4096)
+        variants = [["-s", str(size)]]
+        if measure == "bw":  # several QPs, post lists, a signal interval, the other atomic
+            variants.append(["-s", str(size), "-q", "2", "-l", "4", "-Q", "8"] +
+                            (["-A", "CMP_AND_SWAP"] if verb == "atomic" else []))
+        elif verb == "atomic":
+            variants.append(["-A", "CMP_AND_SWAP"])
+        for extra in variants:
+            name = f"{test} {' '.join(extra)}"
+            rc, out, err, src = pair(test, ["-n", "20", "--json", *extra])
+            check(f"{name}: client and server exit 0", rc == 0 and src == 0, err.strip())
+            if rc == 0:
+                check_json(name, out, test, [size], int(extra[extra.index("-q") + 1]) if "-q" in extra else 1)
+
+# the human table over a whole sweep (2 B .. 8 MiB)
+rc, out, err, src = pair("write_lat", ["-a", "-n", "5"])
+rows = [line.split() for line in out.splitlines() if line[:2].strip().isdigit()]
+check("write_lat -a: a table row per size", rc == 0 and src == 0 and [int(r[0]) for r in rows] ==
+      [2 << i for i in range(23)], err.strip())
+check("write_lat -a: perftest's columns", "t_typical[usec]" in out and "99.9% percentile[usec]" in out)
+
+# a client of another test is refused, and says why
+rc, out, err, src = pair("write_bw", ["-n", "20"], server_test="read_bw")
+check("mismatched tests: both fail", rc == 1 and src == 1)
+check("mismatched tests: the client says why", "the client runs write_bw, this server read_bw" in err, err.strip())
+
+# bad arguments never reach the device
+bad = subprocess.run([perf, "write_lat", "127.0.0.1", "--qp", "2"], capture_output=True, text=True)
+check("latency with 2 QPs: a usage error", bad.returncode == 2 and "one QP" in bad.stderr)
+
+print(f"perf-smoke: {len(failures)} failure(s)")
+sys.exit(1 if failures else 0)
