@@ -103,23 +103,58 @@ Result<void> Side::build() {
     return {};
 }
 
-Result<void> Side::link() {
-    std::vector<QueuePair*> qps;
-    for (QueuePair& qp : qps_)
-        qps.push_back(&qp);
-    const auto mine = mr_->remote().serialize();
-    auto peer = connect_over_tcp(stream_, qps, mine, {.path_mtu = options_.mtu}, options_.timeout);
+Result<void> Side::connect_cm(std::size_t i, CmConnection connection) {
+    auto peer = connection.connect(qps_[i], {}, {.path_mtu = options_.mtu}, options_.timeout);
     if (!peer)
         return std::unexpected(std::move(peer.error()));
-    auto region = RemoteMemory::parse(peer->metadata);
+    if (auto ok = connection.establish(); !ok)
+        return ok;
+    peer_mtu_ = peer->qps.front().endpoint.mtu;
+    cm_.push_back(std::move(connection));
+    return {};
+}
+
+Result<void> Side::accept_cm(std::size_t i, CmRequest request) {
+    if (auto ok = request.connect(qps_[i], {.path_mtu = options_.mtu}); !ok)
+        return ok;
+    peer_mtu_ = request.offer().qps.front().endpoint.mtu;
+    auto connection = std::move(request).accept(qps_[i], {}, options_.timeout);
+    if (!connection)
+        return std::unexpected(std::move(connection.error()));
+    cm_.push_back(std::move(*connection));
+    return {};
+}
+
+Result<void> Side::link() {
+    const auto mine = mr_->remote().serialize();
+    RemoteMemory::Wire theirs{};
+    if (options_.rdma_cm) {
+        // CM private data has no room for the descriptor: it takes the control stream
+        if (auto ok = send(mine); !ok)
+            return ok;
+        if (auto ok = receive(theirs, Clock::now() + options_.timeout); !ok)
+            return ok;
+    } else {
+        std::vector<QueuePair*> qps;
+        for (QueuePair& qp : qps_)
+            qps.push_back(&qp);
+        auto peer = connect_over_tcp(stream_, qps, mine, {.path_mtu = options_.mtu}, options_.timeout);
+        if (!peer)
+            return std::unexpected(std::move(peer.error()));
+        if (peer->metadata.size() != theirs.size())
+            return std::unexpected(Error::protocol(
+                "peer", fmt::format("{} bytes of region descriptor, expected {}", peer->metadata.size(), theirs.size())));
+        std::copy(peer->metadata.begin(), peer->metadata.end(), theirs.begin());
+        peer_mtu_ = peer->qps.front().endpoint.mtu;
+    }
+    auto region = RemoteMemory::parse(theirs);
     if (!region)
         return std::unexpected(std::move(region.error()));
     if (region->length != mr_->size())
         return std::unexpected(Error::protocol(
-            "rdmaxx-perf", fmt::format("the peer's region has {} bytes, this run needs {}", region->length, mr_->size())));
+            "peer", fmt::format("the peer's region has {} bytes, this run needs {}", region->length, mr_->size())));
     peer_ = *region;
-    const Mtu local = qps_.front().endpoint().mtu, remote = peer->qps.front().endpoint.mtu;
-    setup_.mtu_bytes = mtu_bytes(options_.mtu.value_or(std::min(local, remote)));
+    setup_.mtu_bytes = mtu_bytes(options_.mtu.value_or(std::min(qps_.front().endpoint().mtu, peer_mtu_)));
     if (options_.test.verb == Verb::send || options_.test.verb == Verb::write_imm)
         for (std::size_t i = 0; i < qps_.size(); ++i)
             for (std::uint32_t n = 0; n < options_.rx_depth; ++n)
@@ -141,8 +176,25 @@ Result<Side> Side::connect(const Options& options) {
     if (reply->kind != protocol::ReplyKind::accepted)
         return std::unexpected(Error::from_errno("peer", ECONNREFUSED,
                                                  fmt::format("the server refused: {}", reply->reason)));
-    if (auto ok = side.build(); !ok)
-        return std::unexpected(std::move(ok.error()));
+    if (!options.rdma_cm) {
+        if (auto ok = side.build(); !ok)
+            return std::unexpected(std::move(ok.error()));
+    } else {
+        // the CM resolves the server's address to the device the QPs must live on
+        for (std::uint32_t i = 0; i < options.qps; ++i) {
+            auto connection = CmConnection::resolve(options.host, options.port, options.timeout);
+            if (!connection)
+                return std::unexpected(std::move(connection.error()));
+            if (i == 0) {
+                side.options_.device = connection->device();
+                side.options_.ib_port = connection->ib_port();
+                if (auto ok = side.build(); !ok)
+                    return std::unexpected(std::move(ok.error()));
+            }
+            if (auto ok = side.connect_cm(i, std::move(*connection)); !ok)
+                return std::unexpected(std::move(ok.error()));
+        }
+    }
     if (auto ok = side.link(); !ok)
         return std::unexpected(std::move(ok.error()));
     return side;
@@ -159,16 +211,39 @@ Result<Side> Side::accept(const Options& options) {
     protocol::RequestWire request;
     if (auto ok = side.receive(request, Clock::now() + options.timeout); !ok)
         return std::unexpected(std::move(ok.error()));
-    auto built = protocol::decode_request(request, side.options_);
-    if (built)
-        built = side.build();
-    if (!built) {
+    // Over TCP the side is built before the client is accepted; over RDMA CM the
+    // listener must be up first, and the side is built on the device the client reaches.
+    std::optional<CmListener> cm;
+    auto ready = protocol::decode_request(request, side.options_);
+    if (ready && options.rdma_cm) {
+        auto listening = CmListener::listen("", options.port);
+        if (listening)
+            cm.emplace(std::move(*listening));
+        else
+            ready = std::unexpected(std::move(listening.error()));
+    } else if (ready) {
+        ready = side.build();
+    }
+    if (!ready) {
         // the client learns why; a write failure here changes nothing for the server
-        (void)side.reply({protocol::ReplyKind::refused, fmt::format("{}", built.error())});
-        return std::unexpected(std::move(built.error()));
+        (void)side.reply({protocol::ReplyKind::refused, fmt::format("{}", ready.error())});
+        return std::unexpected(std::move(ready.error()));
     }
     if (auto ok = side.reply({protocol::ReplyKind::accepted, {}}); !ok)
         return std::unexpected(std::move(ok.error()));
+    for (std::uint32_t i = 0; cm && i < side.options_.qps; ++i) {
+        auto connect_request = cm->next(options.timeout);
+        if (!connect_request)
+            return std::unexpected(std::move(connect_request.error()));
+        if (i == 0) {
+            side.options_.device = connect_request->device();
+            side.options_.ib_port = connect_request->ib_port();
+            if (auto ok = side.build(); !ok)
+                return std::unexpected(std::move(ok.error())); // the request, dropped, rejects the client
+        }
+        if (auto ok = side.accept_cm(i, std::move(*connect_request)); !ok)
+            return std::unexpected(std::move(ok.error()));
+    }
     if (auto ok = side.link(); !ok)
         return std::unexpected(std::move(ok.error()));
     return side;

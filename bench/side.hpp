@@ -7,6 +7,7 @@
 #include <optional>
 #include <vector>
 
+#include <rdmaxx/ctrl/cm.hpp>
 #include <rdmaxx/ctrl/tcp.hpp>
 #include <rdmaxx/data/post.hpp>
 #include <rdmaxx/wrap.hpp>
@@ -59,8 +60,11 @@ private:
     Side(Options options, Role role, TcpStream stream) : options_(std::move(options)), role_(role), stream_(std::move(stream)) {}
     // Device, CQs, QPs (inline limit resolved) and memory for options_.
     Result<void> build();
-    // Exchanges endpoints and MR descriptors, connects the QPs, posts the receives and
-    // confirms both sides are ready.
+    // RDMA CM: QP i connected through one CM connection each.
+    Result<void> connect_cm(std::size_t i, CmConnection connection);
+    Result<void> accept_cm(std::size_t i, CmRequest request);
+    // Connects the QPs over the TCP exchange (unless RDMA CM did), exchanges the MR
+    // descriptors, posts the receives and confirms both sides are ready.
     Result<void> link();
 
     Options options_;
@@ -70,6 +74,8 @@ private:
     std::optional<ProtectionDomain> pd_;
     std::vector<CompletionQueue> send_cqs_, recv_cqs_;
     std::vector<QueuePair> qps_;
+    std::vector<CmConnection> cm_;   // RDMA CM: one per QP
+    Mtu peer_mtu_ = Mtu::unknown;
     std::optional<MemoryRegion> mr_;
     RemoteMemory peer_;
     std::size_t slot_ = 0;

@@ -6,6 +6,7 @@ speed is asserted. Also: a sweep in the human table, and a client the server mus
 refuse. Exit 77 (skipped) without an RDMA device."""
 import glob
 import json
+import os
 import subprocess
 import sys
 import time
@@ -24,17 +25,17 @@ def listening(port):
     return f":{port} " in out
 
 
-def pair(test, client_args, server_test=None):
+def pair(test, client_args, server_test=None, server_args=(), host="127.0.0.1"):
     """Runs a server and a client of `test`; returns (client rc, stdout, stderr, server rc)."""
     global next_port
     port, next_port = next_port, next_port + 1
-    server = subprocess.Popen([perf, server_test or test, "-p", str(port)], stdout=subprocess.PIPE,
+    server = subprocess.Popen([perf, server_test or test, "-p", str(port), *server_args], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
     for _ in range(500):  # until it listens: never a fixed sleep
         if listening(port) or server.poll() is not None:
             break
         time.sleep(0.02)
-    client = subprocess.run([perf, test, "127.0.0.1", "-p", str(port), *client_args], capture_output=True,
+    client = subprocess.run([perf, test, host, "-p", str(port), *client_args], capture_output=True,
                             text=True, timeout=300)
     try:
         server_out, server_err = server.communicate(timeout=60)
@@ -81,6 +82,23 @@ for verb in ["write", "read", "send", "write_imm", "atomic"]:
             check(f"{name}: client and server exit 0", rc == 0 and src == 0, err.strip())
             if rc == 0:
                 check_json(name, out, test, [size], int(extra[extra.index("-q") + 1]) if "-q" in extra else 1)
+
+# QPs connected through RDMA CM (it needs an address on the RDMA device's netdev)
+cm_host = os.environ.get("RDMAXX_VM_ADDR") or subprocess.run(
+    ["sh", "-c", "ip -4 -o addr show scope global | awk '{split($4, a, \"/\"); print a[1]; exit}'"],
+    capture_output=True, text=True).stdout.strip()
+for test, extra in [("write_lat", ["-s", "64"]), ("send_bw", ["-s", "4096", "-q", "2"]), ("read_bw", ["-s", "4096"]),
+                    ("atomic_lat", ["-A", "CMP_AND_SWAP"])]:
+    name = f"{test} -R {' '.join(extra)}"
+    rc, out, err, src = pair(test, ["-R", "-n", "20", "--json", *extra], server_args=["-R"], host=cm_host)
+    check(f"{name}: client and server exit 0", rc == 0 and src == 0, err.strip())
+    if rc == 0:
+        check_json(name, out, test, [8 if test.startswith("atomic") else 64 if test.endswith("lat") else 4096],
+                   2 if "-q" in extra else 1)
+        check(f"{name}: says RDMA CM", all(json.loads(l)["transport"] == "rdma_cm" for l in out.splitlines()))
+rc, out, err, src = pair("write_lat", ["-R", "-n", "20"], host=cm_host)
+check("RDMA CM client, TCP server: refused, and says why", rc == 1 and "over RDMA CM, this server over TCP" in err,
+      err.strip())
 
 # the human table over a whole sweep (2 B .. 8 MiB)
 rc, out, err, src = pair("write_lat", ["-a", "-n", "5"])

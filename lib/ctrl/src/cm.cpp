@@ -1,133 +1,225 @@
-#include "cm.hpp"
+#include <rdmaxx/ctrl/cm.hpp>
 
-#include <cstring>
+#include <algorithm>
 
-#include <fcntl.h>
 #include <netdb.h>
-#include <poll.h>
 
 #include <fmt/format.h>
 
 #include <rdmaxx/wrap/log.hpp>
 
-namespace rdmaxx::detail {
+#include "cm_session.hpp"
+
+namespace rdmaxx {
 namespace {
 
-Result<rdma_event_channel*> make_channel() {
-    rdma_event_channel* channel = rdma_create_event_channel();
-    if (!channel)
-        return std::unexpected(Error::from_last_errno("rdma_create_event_channel"));
-    const int flags = fcntl(channel->fd, F_GETFL);
-    if (flags < 0 || fcntl(channel->fd, F_SETFL, flags | O_NONBLOCK) < 0) {
-        const Error e = Error::from_last_errno("fcntl", "O_NONBLOCK on the CM event channel");
-        rdma_destroy_event_channel(channel);
-        return std::unexpected(e);
-    }
-    return channel;
+using detail::CmSession;
+
+// The endpoint message in CM private data, which arrives padded with zeros.
+Result<EndpointMessage> decode_private_data(std::span<const std::byte> data) {
+    if (data.size() < endpoint_codec::header_size)
+        return std::unexpected(Error::protocol("rdma_cm", fmt::format("{} bytes of private data", data.size())));
+    auto body = endpoint_codec::body_length(data.first<endpoint_codec::header_size>());
+    if (!body)
+        return std::unexpected(std::move(body.error()));
+    if (data.size() < endpoint_codec::header_size + *body)
+        return std::unexpected(Error::protocol("rdma_cm", "private data shorter than its header says"));
+    return endpoint_codec::decode(data.first(endpoint_codec::header_size + *body));
 }
 
-} // namespace
-
-Result<std::unique_ptr<CmSession>> CmSession::create() {
-    auto channel = make_channel();
-    if (!channel)
-        return std::unexpected(std::move(channel.error()));
-    rdma_cm_id* id = nullptr;
-    if (rdma_create_id(*channel, &id, nullptr, RDMA_PS_TCP) != 0) {
-        const Error e = Error::from_last_errno("rdma_create_id");
-        rdma_destroy_event_channel(*channel);
-        return std::unexpected(e);
-    }
-    return std::unique_ptr<CmSession>(new CmSession(*channel, id));
-}
-
-Result<std::unique_ptr<CmSession>> CmSession::adopt(rdma_cm_id* id) {
-    auto channel = make_channel();
-    if (!channel)
-        return std::unexpected(std::move(channel.error()));
-    if (rdma_migrate_id(id, *channel) != 0) {
-        const Error e = Error::from_last_errno("rdma_migrate_id");
-        rdma_destroy_event_channel(*channel);
-        return std::unexpected(e);
-    }
-    return std::unique_ptr<CmSession>(new CmSession(*channel, id));
-}
-
-CmSession::~CmSession() {
-    if (!disconnected_)
-        rdma_disconnect(id_); // may fail when never connected: nothing to undo then
-    if (rdma_destroy_id(id_) != 0)
-        logger()->error("{}", Error::from_last_errno("rdma_destroy_id", peer_));
-    rdma_destroy_event_channel(channel_);
-}
-
-Result<CmEvent> CmSession::next(Clock::time_point deadline) {
-    for (;;) {
-        rdma_cm_event* raw = nullptr;
-        if (rdma_get_cm_event(channel_, &raw) == 0) {
-            CmEvent event{.type = raw->event, .id = raw->id, .status = raw->status, .private_data = {}};
-            if (raw->param.conn.private_data && raw->param.conn.private_data_len != 0) {
-                const auto* data = static_cast<const std::byte*>(raw->param.conn.private_data);
-                event.private_data.assign(data, data + raw->param.conn.private_data_len);
-            }
-            rdma_ack_cm_event(raw);
-            if (event.type == RDMA_CM_EVENT_DISCONNECTED)
-                disconnected_ = true;
-            return event;
-        }
-        if (errno != EAGAIN)
-            return std::unexpected(Error::from_last_errno("rdma_get_cm_event", peer_));
-        const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
-        if (left <= 0)
-            return std::unexpected(Error::timeout("rdma_get_cm_event", fmt::format("no CM event from {} in time", peer_)));
-        pollfd pfd{.fd = channel_->fd, .events = POLLIN, .revents = 0};
-        if (::poll(&pfd, 1, static_cast<int>(left)) < 0 && errno != EINTR)
-            return std::unexpected(Error::from_last_errno("poll", "CM event channel"));
-    }
-}
-
-Result<CmEvent> CmSession::expect(rdma_cm_event_type wanted, Clock::time_point deadline) {
-    auto event = next(deadline);
-    if (!event)
-        return event;
-    if (event->type != wanted)
-        return std::unexpected(Error::from_errno(
-            "rdma_get_cm_event", event->status < 0 ? -event->status : ECONNREFUSED,
-            fmt::format("{}: {} while waiting for {} (status {})", peer_, rdma_event_str(event->type),
-                        rdma_event_str(wanted), event->status)));
-    return event;
-}
-
-Result<void> CmSession::check_alive() {
-    if (!disconnected_) {
-        rdma_cm_event* raw = nullptr;
-        while (rdma_get_cm_event(channel_, &raw) == 0) {
-            const auto type = raw->event;
-            rdma_ack_cm_event(raw);
-            if (type == RDMA_CM_EVENT_DISCONNECTED || type == RDMA_CM_EVENT_DEVICE_REMOVAL ||
-                type == RDMA_CM_EVENT_TIMEWAIT_EXIT)
-                disconnected_ = true;
-        }
-    }
-    if (disconnected_)
-        return std::unexpected(Error::from_errno("Connection", ECONNRESET, fmt::format("peer {} disconnected", peer_)));
+// The peer offers exactly one QP, of `qp`'s type.
+Result<void> check_offer(const EndpointMessage& offer, const QueuePair& qp, const std::string& peer) {
+    if (offer.qps.size() != 1 || offer.qps[0].type != qp.type())
+        return std::unexpected(Error::protocol(
+            "rdma_cm", fmt::format("{} offers {} QP(s){}, we connect one {} QP", peer, offer.qps.size(),
+                                   offer.qps.empty() ? "" : fmt::format(" ({})", to_string(offer.qps[0].type)),
+                                   to_string(qp.type()))));
     return {};
 }
 
-Result<std::vector<std::byte>> cm_address(const std::string& host, std::uint16_t port, bool passive) {
-    addrinfo hints{};
-    hints.ai_family = AF_INET;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = passive ? AI_PASSIVE : 0;
-    addrinfo* list = nullptr;
-    const std::string service = std::to_string(port);
-    if (const int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &list); rc != 0)
-        return std::unexpected(Error::from_errno("getaddrinfo", EHOSTUNREACH,
-                                                 fmt::format("{}:{}: {}", host, port, gai_strerror(rc))));
-    const auto* bytes = reinterpret_cast<const std::byte*>(list->ai_addr);
-    std::vector<std::byte> address(bytes, bytes + list->ai_addrlen);
-    freeaddrinfo(list);
-    return address;
+// Our side of the handshake: `qp` and `metadata`, and the device's read limits.
+struct Param {
+    std::vector<std::byte> private_data;
+    rdma_conn_param raw{};
+};
+
+Param conn_param(rdma_cm_id* id, const QueuePair& qp, std::span<const std::byte> metadata, std::uint8_t retry_cnt,
+                 std::uint8_t rnr_retry) {
+    Param p{endpoint_codec::encode({.qps = {{.endpoint = qp.endpoint(), .type = qp.type()}},
+                                    .metadata = {metadata.begin(), metadata.end()}}),
+            {}};
+    ibv_device_attr limits{};
+    if (id->verbs)
+        ibv_query_device(id->verbs, &limits); // informational for the CM: zeros are harmless
+    p.raw.private_data = p.private_data.data();
+    p.raw.private_data_len = static_cast<std::uint8_t>(p.private_data.size());
+    p.raw.responder_resources = static_cast<std::uint8_t>(std::min(limits.max_qp_rd_atom, 255));
+    p.raw.initiator_depth = static_cast<std::uint8_t>(std::min(limits.max_qp_init_rd_atom, 255));
+    p.raw.retry_count = retry_cnt;
+    p.raw.rnr_retry_count = rnr_retry;
+    p.raw.qp_num = qp.qpn();
+    return p;
 }
 
-} // namespace rdmaxx::detail
+std::string device_of(const rdma_cm_id* id) { return id->verbs ? ibv_get_device_name(id->verbs->device) : ""; }
+
+} // namespace
+
+// --- CmConnection -----------------------------------------------------------------
+
+CmConnection::CmConnection(std::unique_ptr<CmSession> session, std::string device, std::uint8_t ib_port)
+    : session_(std::move(session)), device_(std::move(device)), ib_port_(ib_port) {}
+CmConnection::CmConnection(CmConnection&&) noexcept = default;
+CmConnection& CmConnection::operator=(CmConnection&&) noexcept = default;
+CmConnection::~CmConnection() = default;
+
+const std::string& CmConnection::peer() const { return session_->peer(); }
+int CmConnection::fd() const { return session_->fd(); }
+Result<void> CmConnection::check_alive() { return session_->check_alive(); }
+
+Result<CmConnection> CmConnection::resolve(std::string_view host, std::uint16_t port,
+                                           std::chrono::milliseconds timeout) {
+    const auto deadline = Clock::now() + timeout;
+    const int timeout_ms = static_cast<int>(timeout.count());
+    auto session = CmSession::create();
+    if (!session)
+        return std::unexpected(std::move(session.error()));
+    CmSession& cm = **session;
+    cm.set_peer(fmt::format("{}:{}", host, port));
+    auto address = detail::cm_address(std::string(host), port, false);
+    if (!address)
+        return std::unexpected(std::move(address.error()));
+    if (rdma_resolve_addr(cm.id(), nullptr, reinterpret_cast<sockaddr*>(address->data()), timeout_ms) != 0)
+        return std::unexpected(Error::from_last_errno("rdma_resolve_addr", cm.peer()));
+    if (auto e = cm.expect(RDMA_CM_EVENT_ADDR_RESOLVED, deadline); !e)
+        return std::unexpected(std::move(e.error()));
+    if (rdma_resolve_route(cm.id(), timeout_ms) != 0)
+        return std::unexpected(Error::from_last_errno("rdma_resolve_route", cm.peer()));
+    if (auto e = cm.expect(RDMA_CM_EVENT_ROUTE_RESOLVED, deadline); !e)
+        return std::unexpected(std::move(e.error()));
+    std::string device = device_of(cm.id());
+    const std::uint8_t ib_port = cm.id()->port_num;
+    return CmConnection(std::move(*session), std::move(device), ib_port);
+}
+
+Result<EndpointMessage> CmConnection::connect(QueuePair& qp, std::span<const std::byte> metadata,
+                                              const ConnectOptions& options, std::chrono::milliseconds timeout,
+                                              std::source_location where) {
+    require(metadata.size() <= max_connect_metadata, where, "{} bytes of metadata in a CM connect request (at most {})",
+            metadata.size(), max_connect_metadata);
+    CmSession& cm = *session_;
+    Param param = conn_param(cm.id(), qp, metadata, options.retry_cnt, options.rnr_retry);
+    if (rdma_connect(cm.id(), &param.raw) != 0)
+        return std::unexpected(Error::from_last_errno("rdma_connect", cm.peer()));
+    auto response = cm.expect(RDMA_CM_EVENT_CONNECT_RESPONSE, Clock::now() + timeout);
+    if (!response)
+        return std::unexpected(std::move(response.error()));
+    auto peer = decode_private_data(response->private_data);
+    if (!peer)
+        return peer;
+    if (auto ok = check_offer(*peer, qp, cm.peer()); !ok)
+        return std::unexpected(std::move(ok.error()));
+    if (auto ok = qp.connect(peer->qps[0].endpoint, options, where); !ok)
+        return std::unexpected(std::move(ok.error()));
+    return peer;
+}
+
+Result<void> CmConnection::establish() {
+    if (rdma_establish(session_->id()) != 0)
+        return std::unexpected(Error::from_last_errno("rdma_establish", session_->peer()));
+    return {};
+}
+
+// --- CmRequest --------------------------------------------------------------------
+
+CmRequest::CmRequest(CmRequest&&) noexcept = default;
+CmRequest& CmRequest::operator=(CmRequest&&) noexcept = default;
+CmRequest::~CmRequest() {
+    if (!answered_ && connection_.session_)
+        rdma_reject(connection_.session_->id(), nullptr, 0);
+}
+
+void CmRequest::reject() && {
+    rdma_reject(connection_.session_->id(), nullptr, 0);
+    answered_ = true;
+}
+
+Result<void> CmRequest::connect(QueuePair& qp, const ConnectOptions& options, std::source_location where) {
+    if (auto ok = check_offer(offer_, qp, peer()); !ok)
+        return ok;
+    if (auto ok = qp.connect(offer_.qps[0].endpoint, options, where); !ok)
+        return ok;
+    connected_qpn_ = qp.qpn();
+    retry_cnt_ = options.retry_cnt;
+    rnr_retry_ = options.rnr_retry;
+    return {};
+}
+
+Result<CmConnection> CmRequest::accept(const QueuePair& qp, std::span<const std::byte> metadata,
+                                       std::chrono::milliseconds timeout, std::source_location where) && {
+    require(metadata.size() <= max_accept_metadata, where, "{} bytes of metadata in a CM answer (at most {})",
+            metadata.size(), max_accept_metadata);
+    require(connected_qpn_ == qp.qpn(), where, "CmRequest::accept with QP {:#x}, which its connect() did not connect",
+            qp.qpn());
+    CmSession& cm = *connection_.session_;
+    Param param = conn_param(cm.id(), qp, metadata, retry_cnt_, rnr_retry_);
+    answered_ = true;
+    if (rdma_accept(cm.id(), &param.raw) != 0)
+        return std::unexpected(Error::from_last_errno("rdma_accept", cm.peer()));
+    if (auto e = cm.expect(RDMA_CM_EVENT_ESTABLISHED, Clock::now() + timeout); !e)
+        return std::unexpected(std::move(e.error()));
+    return std::move(connection_);
+}
+
+// --- CmListener -------------------------------------------------------------------
+
+CmListener::CmListener(std::unique_ptr<CmSession> session)
+    : session_(std::move(session)), device_(device_of(session_->id())), ib_port_(session_->id()->port_num) {}
+CmListener::CmListener(CmListener&&) noexcept = default;
+CmListener& CmListener::operator=(CmListener&&) noexcept = default;
+CmListener::~CmListener() = default;
+
+std::uint16_t CmListener::port() const { return ntohs(rdma_get_src_port(session_->id())); }
+int CmListener::fd() const { return session_->fd(); }
+
+Result<CmListener> CmListener::listen(std::string_view host, std::uint16_t port) {
+    auto session = CmSession::create();
+    if (!session)
+        return std::unexpected(std::move(session.error()));
+    auto address = detail::cm_address(std::string(host), port, true);
+    if (!address)
+        return std::unexpected(std::move(address.error()));
+    if (rdma_bind_addr((*session)->id(), reinterpret_cast<sockaddr*>(address->data())) != 0)
+        return std::unexpected(Error::from_last_errno("rdma_bind_addr", fmt::format("{}:{}", host, port)));
+    if (rdma_listen((*session)->id(), 64) != 0)
+        return std::unexpected(Error::from_last_errno("rdma_listen", fmt::format("{}:{}", host, port)));
+    return CmListener(std::move(*session));
+}
+
+Result<CmRequest> CmListener::next(std::chrono::milliseconds timeout) {
+    auto event = session_->next(Clock::now() + timeout);
+    if (!event)
+        return std::unexpected(std::move(event.error()));
+    if (event->type != RDMA_CM_EVENT_CONNECT_REQUEST)
+        return std::unexpected(
+            Error::protocol("CmListener::next", fmt::format("{} on the listening id", rdma_event_str(event->type))));
+    auto session = CmSession::adopt(event->id);
+    if (!session) {
+        rdma_reject(event->id, nullptr, 0);
+        rdma_destroy_id(event->id);
+        return std::unexpected(std::move(session.error()));
+    }
+    rdma_cm_id* id = (*session)->id();
+    char host[NI_MAXHOST] = "?";
+    getnameinfo(rdma_get_peer_addr(id), sizeof(sockaddr_storage), host, sizeof host, nullptr, 0, NI_NUMERICHOST);
+    (*session)->set_peer(fmt::format("{}:{}", host, ntohs(rdma_get_dst_port(id))));
+    CmConnection connection(std::move(*session), device_of(id), id->port_num);
+    auto offer = decode_private_data(event->private_data);
+    if (!offer) {
+        rdma_reject(id, nullptr, 0);
+        return std::unexpected(std::move(offer.error())); // the CmConnection destroys the id
+    }
+    return CmRequest(std::move(connection), std::move(*offer));
+}
+
+} // namespace rdmaxx

@@ -18,7 +18,6 @@
 #include <rdmaxx/wrap/log.hpp>
 #include <rdmaxx/wrap/wire.hpp>
 
-#include "cm.hpp"
 
 namespace rdmaxx {
 namespace detail {
@@ -99,7 +98,7 @@ struct Link {
     ConnectionOptions options;
     // the peer's side channel: quiet after the handshake, it reports the peer's death
     std::optional<TcpStream> tcp;
-    std::unique_ptr<CmSession> cm;
+    std::optional<CmConnection> cm;
     QueuePair qp;
     MemoryRegion receive_mr;
     MemoryRegion send_mr;
@@ -499,11 +498,12 @@ Result<std::shared_ptr<Group>> make_group(const ConnectionOptions& options) {
     return std::make_shared<Group>(Group{std::move(*context), std::move(*pd), std::move(*cq), {}});
 }
 
-// The options, with the device an RDMA CM id resolved to.
-ConnectionOptions on_device_of(const rdma_cm_id* id, ConnectionOptions options) {
-    if (id->verbs) {
-        options.device = ibv_get_device_name(id->verbs->device);
-        options.port = id->port_num;
+// The options, with the device RDMA CM resolved to (when it names one).
+template <class Cm>
+ConnectionOptions on_device_of(const Cm& cm, ConnectionOptions options) {
+    if (!cm.device().empty()) {
+        options.device = cm.device();
+        options.port = cm.ib_port();
     }
     return options;
 }
@@ -560,37 +560,6 @@ Result<void> start_link(Link& link, const EndpointMessage& peer) {
     return {};
 }
 
-// The endpoint message in CM private data, which arrives padded with zeros.
-Result<EndpointMessage> decode_private_data(std::span<const std::byte> data) {
-    if (data.size() < endpoint_codec::header_size)
-        return std::unexpected(Error::protocol("rdma_cm", fmt::format("{} bytes of private data", data.size())));
-    auto body = endpoint_codec::body_length(data.first<endpoint_codec::header_size>());
-    if (!body)
-        return std::unexpected(std::move(body.error()));
-    if (data.size() < endpoint_codec::header_size + *body)
-        return std::unexpected(Error::protocol("rdma_cm", "private data shorter than its header says"));
-    return endpoint_codec::decode(data.first(endpoint_codec::header_size + *body));
-}
-
-rdma_conn_param conn_param(const Link& link, std::span<const std::byte> private_data) {
-    const auto& limits = link.group->context.attributes().raw;
-    rdma_conn_param param{};
-    param.private_data = private_data.data();
-    param.private_data_len = static_cast<std::uint8_t>(private_data.size());
-    param.responder_resources = static_cast<std::uint8_t>(std::min(limits.max_qp_rd_atom, 255));
-    param.initiator_depth = static_cast<std::uint8_t>(std::min(limits.max_qp_init_rd_atom, 255));
-    param.retry_count = link.options.connect.retry_cnt;
-    param.rnr_retry_count = link.options.connect.rnr_retry;
-    param.qp_num = link.qp.qpn();
-    return param;
-}
-
-Result<void> connect_qp(Link& link, const EndpointMessage& peer) {
-    if (peer.qps.size() != 1 || peer.qps[0].type != QpType::rc)
-        return std::unexpected(Error::protocol("Connection", "the peer does not offer one RC queue pair"));
-    return link.qp.connect(peer.qps[0].endpoint, link.options.connect);
-}
-
 // TCP: endpoints exchanged over the stream, QP connected, receives posted, and both
 // sides' readiness confirmed.
 Result<std::unique_ptr<Link>> handshake_tcp(std::shared_ptr<Group> group, TcpStream stream,
@@ -615,96 +584,50 @@ Result<std::unique_ptr<Link>> handshake_tcp(std::shared_ptr<Group> group, TcpStr
 
 // RDMA CM, active side: resolve, connect with our endpoint as private data, take the
 // server's from the response, then establish (our receives are posted by then).
-Result<std::unique_ptr<Link>> handshake_cm_client(const std::string& host, std::uint16_t port,
+Result<std::unique_ptr<Link>> handshake_cm_client(std::string_view host, std::uint16_t port,
                                                   const ConnectionOptions& options) {
-    const auto deadline = Clock::now() + options.timeout;
-    const int timeout_ms = static_cast<int>(options.timeout.count());
-    auto session = CmSession::create();
-    if (!session)
-        return std::unexpected(std::move(session.error()));
-    CmSession& cm = **session;
-    cm.set_peer(fmt::format("{}:{}", host, port));
-    auto address = cm_address(host, port, false);
-    if (!address)
-        return std::unexpected(std::move(address.error()));
-    if (rdma_resolve_addr(cm.id(), nullptr, reinterpret_cast<sockaddr*>(address->data()), timeout_ms) != 0)
-        return std::unexpected(Error::from_last_errno("rdma_resolve_addr", cm.peer()));
-    if (auto e = cm.expect(RDMA_CM_EVENT_ADDR_RESOLVED, deadline); !e)
-        return std::unexpected(std::move(e.error()));
-    if (rdma_resolve_route(cm.id(), timeout_ms) != 0)
-        return std::unexpected(Error::from_last_errno("rdma_resolve_route", cm.peer()));
-    if (auto e = cm.expect(RDMA_CM_EVENT_ROUTE_RESOLVED, deadline); !e)
-        return std::unexpected(std::move(e.error()));
-    auto group = make_group(on_device_of(cm.id(), options));
+    auto cm = CmConnection::resolve(host, port, options.timeout);
+    if (!cm)
+        return std::unexpected(std::move(cm.error()));
+    const ConnectionOptions on_device = on_device_of(*cm, options);
+    auto group = make_group(on_device);
     if (!group)
         return std::unexpected(std::move(group.error()));
-    auto link = create_link(std::move(*group), on_device_of(cm.id(), options));
+    auto link = create_link(std::move(*group), on_device);
     if (!link)
         return link;
     Link& l = **link;
-    const auto mine = endpoint_codec::encode(describe_link(l));
-    rdma_conn_param param = conn_param(l, mine);
-    if (rdma_connect(cm.id(), &param) != 0)
-        return std::unexpected(Error::from_last_errno("rdma_connect", cm.peer()));
-    auto response = cm.expect(RDMA_CM_EVENT_CONNECT_RESPONSE, deadline);
-    if (!response)
-        return std::unexpected(std::move(response.error()));
-    auto peer = decode_private_data(response->private_data);
+    auto peer = cm->connect(l.qp, describe_link(l).metadata, options.connect, options.timeout);
     if (!peer)
         return std::unexpected(std::move(peer.error()));
-    if (auto ok = connect_qp(l, *peer); !ok)
-        return std::unexpected(std::move(ok.error()));
     if (auto ok = start_link(l, *peer); !ok)
         return std::unexpected(std::move(ok.error()));
-    if (rdma_establish(cm.id()) != 0)
-        return std::unexpected(Error::from_last_errno("rdma_establish", cm.peer()));
-    l.cm = std::move(*session);
+    if (auto ok = cm->establish(); !ok)
+        return std::unexpected(std::move(ok.error()));
+    l.cm.emplace(std::move(*cm));
     l.group->links.emplace(l.qp.qpn(), &l);
     return link;
 }
 
-// RDMA CM, passive side: a CONNECT_REQUEST's id, on a channel of its own; our QP
-// connected and receives posted before we accept.
-Result<std::unique_ptr<Link>> handshake_cm_server(std::shared_ptr<Group> group, const CmEvent& request,
+// RDMA CM, passive side: our QP connected and receives posted before we accept.
+Result<std::unique_ptr<Link>> handshake_cm_server(std::shared_ptr<Group> group, CmRequest request,
                                                   const ConnectionOptions& options) {
-    const auto deadline = Clock::now() + options.timeout;
-    auto session = CmSession::adopt(request.id);
-    if (!session) {
-        rdma_reject(request.id, nullptr, 0);
-        rdma_destroy_id(request.id);
-        return std::unexpected(std::move(session.error()));
-    }
-    CmSession& cm = **session;
-    char host[NI_MAXHOST] = "?";
-    getnameinfo(rdma_get_peer_addr(cm.id()), sizeof(sockaddr_storage), host, sizeof host, nullptr, 0, NI_NUMERICHOST);
-    cm.set_peer(fmt::format("{}:{}", host, ntohs(rdma_get_dst_port(cm.id()))));
-    const auto reject = [&](Error e) -> Result<std::unique_ptr<Link>> {
-        rdma_reject(cm.id(), nullptr, 0);
-        return std::unexpected(std::move(e));
-    };
-    if (cm.id()->verbs && std::string_view(ibv_get_device_name(cm.id()->verbs->device)) != group->context.name())
-        return reject(Error::from_errno("rdma_cm", EXDEV,
-                                        fmt::format("{} reached device {}, the listener serves {}", cm.peer(),
-                                                    ibv_get_device_name(cm.id()->verbs->device),
-                                                    group->context.name())));
-    auto peer = decode_private_data(request.private_data);
-    if (!peer)
-        return reject(std::move(peer.error()));
-    auto link = create_link(std::move(group), on_device_of(cm.id(), options));
+    if (request.device() != group->context.name())
+        return std::unexpected(Error::from_errno("rdma_cm", EXDEV,
+                                                 fmt::format("{} reached device {}, the listener serves {}",
+                                                             request.peer(), request.device(), group->context.name())));
+    auto link = create_link(std::move(group), options);
     if (!link)
-        return reject(std::move(link.error()));
+        return link;
     Link& l = **link;
-    if (auto ok = connect_qp(l, *peer); !ok)
-        return reject(std::move(ok.error()));
-    if (auto ok = start_link(l, *peer); !ok)
-        return reject(std::move(ok.error()));
-    const auto mine = endpoint_codec::encode(describe_link(l));
-    rdma_conn_param param = conn_param(l, mine);
-    if (rdma_accept(cm.id(), &param) != 0)
-        return std::unexpected(Error::from_last_errno("rdma_accept", cm.peer()));
-    if (auto e = cm.expect(RDMA_CM_EVENT_ESTABLISHED, deadline); !e)
-        return std::unexpected(std::move(e.error()));
-    l.cm = std::move(*session);
+    if (auto ok = request.connect(l.qp, options.connect); !ok)
+        return std::unexpected(std::move(ok.error()));
+    if (auto ok = start_link(l, request.offer()); !ok)
+        return std::unexpected(std::move(ok.error()));
+    auto cm = std::move(request).accept(l.qp, describe_link(l).metadata, options.timeout);
+    if (!cm)
+        return std::unexpected(std::move(cm.error()));
+    l.cm.emplace(std::move(*cm));
     l.group->links.emplace(l.qp.qpn(), &l);
     return link;
 }
@@ -721,7 +644,7 @@ Connection::~Connection() = default;
 
 Result<Connection> Connection::connect(std::string_view host, std::uint16_t port, const ConnectionOptions& options) {
     if (options.transport == Transport::rdma_cm) {
-        auto link = detail::handshake_cm_client(std::string(host), port, options);
+        auto link = detail::handshake_cm_client(host, port, options);
         if (!link)
             return std::unexpected(std::move(link.error()));
         return Connection(std::move(*link));
@@ -883,18 +806,11 @@ Result<Listener> Listener::listen(std::string_view host, std::uint16_t port, con
     Listener listener;
     listener.options_ = options;
     if (options.transport == Transport::rdma_cm) {
-        auto session = detail::CmSession::create();
-        if (!session)
-            return std::unexpected(std::move(session.error()));
-        auto address = detail::cm_address(std::string(host), port, true);
-        if (!address)
-            return std::unexpected(std::move(address.error()));
-        if (rdma_bind_addr((*session)->id(), reinterpret_cast<sockaddr*>(address->data())) != 0)
-            return std::unexpected(Error::from_last_errno("rdma_bind_addr", fmt::format("{}:{}", host, port)));
-        if (rdma_listen((*session)->id(), 64) != 0)
-            return std::unexpected(Error::from_last_errno("rdma_listen", fmt::format("{}:{}", host, port)));
-        listener.options_ = detail::on_device_of((*session)->id(), options);
-        listener.cm_ = std::move(*session);
+        auto cm = CmListener::listen(host, port);
+        if (!cm)
+            return std::unexpected(std::move(cm.error()));
+        listener.options_ = detail::on_device_of(*cm, options);
+        listener.cm_.emplace(std::move(*cm));
     } else {
         auto tcp = TcpListener::listen(host, port);
         if (!tcp)
@@ -908,7 +824,7 @@ Result<Listener> Listener::listen(std::string_view host, std::uint16_t port, con
     return listener;
 }
 
-std::uint16_t Listener::port() const { return tcp_ ? tcp_->port() : ntohs(rdma_get_src_port(cm_->id())); }
+std::uint16_t Listener::port() const { return tcp_ ? tcp_->port() : cm_->port(); }
 
 Result<Connection> Listener::accept(std::chrono::milliseconds timeout) {
     const auto deadline = Clock::now() + timeout;
@@ -951,13 +867,10 @@ Result<Connection> Listener::accept_tcp() {
 }
 
 Result<Connection> Listener::accept_cm(std::chrono::milliseconds timeout) {
-    auto event = cm_->next(Clock::now() + timeout);
-    if (!event)
-        return std::unexpected(std::move(event.error()));
-    if (event->type != RDMA_CM_EVENT_CONNECT_REQUEST)
-        return std::unexpected(Error::protocol(
-            "Listener::accept", fmt::format("{} on the listening id", rdma_event_str(event->type))));
-    auto link = detail::handshake_cm_server(group_, *event, options_);
+    auto request = cm_->next(timeout);
+    if (!request)
+        return std::unexpected(std::move(request.error()));
+    auto link = detail::handshake_cm_server(group_, std::move(*request), options_);
     if (!link)
         return std::unexpected(std::move(link.error()));
     return Connection(std::move(*link));

@@ -22,6 +22,7 @@
 #include <string>
 #include <string_view>
 
+#include <rdmaxx/ctrl/cm.hpp>
 #include <rdmaxx/ctrl/tcp.hpp>
 #include <rdmaxx/data/completion.hpp>
 #include <rdmaxx/wrap/mr.hpp>
@@ -75,7 +76,6 @@ struct Received {
 namespace detail {
 struct Group;
 struct Link;
-class CmSession;
 } // namespace detail
 
 class Connection : detail::MoveOnly {
@@ -162,7 +162,7 @@ private:
     Result<Connection> accept_tcp();
     Result<Connection> accept_cm(std::chrono::milliseconds timeout);
     std::optional<TcpListener> tcp_;
-    std::unique_ptr<detail::CmSession> cm_;
+    std::optional<CmListener> cm_;
     std::shared_ptr<detail::Group> group_;
     ConnectionOptions options_;
 };

@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""compare.py - perftest and rdmaxx-perf side by side: the same device, sizes and knobs,
+in the same run, alternating A B A B, so that drift of the machine hits both alike.
+Prints one table (per test and size: perftest's figure, rdmaxx's, and the ratio) and
+writes it with the raw figures and a plot into OUT.
+
+  compare.py --perf BUILD/bench/rdmaxx-perf [--out DIR] [--sizes 2,64,... | all]
+             [--rounds N] [--tests write_lat,...]
+
+Latency compares t_typical (the median; ratio rdmaxx/perftest, lower is better),
+bandwidth the average MiB/s (ratio rdmaxx/perftest, higher is better). Server and
+client run on this machine's device ($RDMAXX_DEVICE, else the first); on RoCE both
+use the GID index $RDMAXX_GID_INDEX (the VM sets it). WRITE_WITH_IMM has no perftest
+counterpart (perftest 4.5): rdmaxx's figures alone."""
+import argparse
+import glob
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+# test: (perftest program, knobs given to both tools). Inline is set explicitly so both
+# use the same: perftest's mlx5 latency defaults, none for bandwidth.
+TESTS = {
+    "write_lat": ("ib_write_lat", ["-I", "220"]),
+    "send_lat": ("ib_send_lat", ["-I", "236"]),
+    "read_lat": ("ib_read_lat", []),
+    "atomic_lat": ("ib_atomic_lat", ["-A", "FETCH_AND_ADD"]),
+    "write_imm_lat": (None, ["-I", "220"]),
+    "write_bw": ("ib_write_bw", ["-I", "0"]),
+    "send_bw": ("ib_send_bw", ["-I", "0"]),
+    "read_bw": ("ib_read_bw", []),
+    "atomic_bw": ("ib_atomic_bw", ["-A", "FETCH_AND_ADD"]),
+    "write_imm_bw": (None, ["-I", "0"]),
+}
+DEFAULT_SIZES = [2, 64, 1024, 16384, 262144, 1048576]
+
+port = 19000
+
+
+def listening(p):
+    return f":{p} " in subprocess.run(["ss", "-ltn"], capture_output=True, text=True).stdout
+
+
+def run_pair(server_cmd, client_cmd):
+    """Server first, the client once the server listens; the client's stdout."""
+    global port
+    port += 1
+    server = subprocess.Popen(server_cmd + ["-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              text=True)
+    for _ in range(1000):
+        if listening(port) or server.poll() is not None:
+            break
+        time.sleep(0.01)
+    client = subprocess.run(client_cmd + ["-p", str(port)], capture_output=True, text=True, timeout=900)
+    try:
+        server.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
+    if client.returncode != 0:
+        raise RuntimeError(f"{' '.join(client_cmd)}: exit {client.returncode}: {client.stderr.strip()[-400:]}")
+    return client.stdout
+
+
+def perftest_figure(output, latency):
+    """t_typical (latency) or BW average [MiB/s] from perftest's table."""
+    for line in output.splitlines():
+        fields = line.split()
+        if len(fields) >= 5 and fields[0].isdigit() and fields[1].isdigit():
+            return float(fields[4] if latency else fields[3])
+    raise RuntimeError(f"no result line in perftest's output:\n{output}")
+
+
+def rdmaxx_figure(output, latency):
+    row = json.loads(output.strip().splitlines()[-1])
+    return row["t_typical"] if latency else row["mib_per_s"]
+
+
+def iterations(test, size):
+    # enough samples for a stable median, few enough for software emulation
+    if test.endswith("_lat"):
+        return max(50, min(1000, (16 << 20) // size))
+    return max(100, min(5000, (64 << 20) // size))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--perf", required=True)
+    ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)))
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--tests", default=",".join(TESTS))
+    args = ap.parse_args()
+    sizes = [2 << i for i in range(20)] if args.sizes == "all" else [int(s) for s in args.sizes.split(",")]
+    devices = sorted(os.path.basename(d) for d in glob.glob("/sys/class/infiniband/*"))
+    if not devices:
+        sys.exit("compare: no RDMA device here (run it with bench/compare.sh, which uses the VM)")
+    device = os.environ.get("RDMAXX_DEVICE") or devices[0]
+    gid = os.environ.get("RDMAXX_GID_INDEX") or os.environ.get("RDMAXX_VM_GID_INDEX")
+    common = ["-d", device] + (["-x", gid] if gid else [])
+    host = "127.0.0.1"
+
+    results = []
+    for test in args.tests.split(","):
+        program, knobs = TESTS[test]
+        latency = test.endswith("_lat")
+        for size in ([8] if test.startswith("atomic") else sizes):
+            n = str(iterations(test, size))
+            size_knobs = [] if test.startswith("atomic") else ["-s", str(size)]
+            perftest, rdmaxx = [], []
+            for _ in range(args.rounds):  # A B A B
+                if program:
+                    base = [program, *common, *knobs, *size_knobs, "-n", n]
+                    perftest.append(perftest_figure(run_pair(base, base + [host]), latency))
+                mine = [args.perf, test, *common, *knobs, *size_knobs, "-n", n]
+                rdmaxx.append(rdmaxx_figure(run_pair(mine, mine[:2] + [host] + mine[2:] + ["--json"]), latency))
+            row = {"test": test, "size": size, "iters": int(n), "unit": "us" if latency else "MiB/s",
+                   "perftest": statistics.median(perftest) if perftest else None,
+                   "rdmaxx": statistics.median(rdmaxx), "perftest_runs": perftest, "rdmaxx_runs": rdmaxx}
+            row["ratio"] = row["rdmaxx"] / row["perftest"] if perftest else None
+            results.append(row)
+            print(format_row(row), flush=True)
+
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "compare.json"), "w") as f:
+        json.dump({"device": device, "rounds": args.rounds, "results": results}, f, indent=1)
+    table = format_table(results, device, args.rounds)
+    with open(os.path.join(args.out, "compare.md"), "w") as f:
+        f.write(table)
+    print(table)
+    plot(results, device, os.path.join(args.out, "compare.png"))
+
+
+def format_row(r):
+    perftest = f"{r['perftest']:.2f}" if r["perftest"] is not None else "-"
+    ratio = f"{r['ratio']:.2f}" if r["ratio"] is not None else "-"
+    return f"| {r['test']} | {r['size']} | {perftest} | {r['rdmaxx']:.2f} | {ratio} |"
+
+
+def format_table(results, device, rounds):
+    head = (f"Device {device}; median of {rounds} alternating runs per tool; latency t_typical in us "
+            "(ratio rdmaxx/perftest, lower is better), bandwidth average MiB/s (ratio rdmaxx/perftest, "
+            "higher is better)\n\n| test | bytes | perftest | rdmaxx | ratio |\n| --- | ---: | ---: | ---: | ---: |\n")
+    return head + "\n".join(format_row(r) for r in results) + "\n"
+
+
+def plot(results, device, path):
+    try:
+        os.environ.setdefault("MPLCONFIGDIR", os.path.join(os.path.dirname(path), ".matplotlib"))
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("compare: no matplotlib for this python (scripts/install-deps.sh installs Debian's): no plot")
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5))
+    for ax, suffix, label in ((axes[0], "_lat", "t_typical [us]"), (axes[1], "_bw", "average bandwidth [MiB/s]")):
+        for test in dict.fromkeys(r["test"] for r in results if r["test"].endswith(suffix)):
+            rows = [r for r in results if r["test"] == test]
+            xs = [r["size"] for r in rows]
+            line, = ax.plot(xs, [r["rdmaxx"] for r in rows], marker="o", label=f"{test} rdmaxx")
+            if rows[0]["perftest"] is not None:
+                ax.plot(xs, [r["perftest"] for r in rows], marker="x", linestyle="--", color=line.get_color(),
+                        label=f"{test} perftest")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("message size [bytes]")
+        ax.set_ylabel(label)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"rdmaxx-perf vs perftest on {device} (Soft-RoCE under emulation: compare the lines, "
+                 "not the numbers)" if device.startswith("rxe") else f"rdmaxx-perf vs perftest on {device}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"compare: plot in {path}")
+
+
+if __name__ == "__main__":
+    main()

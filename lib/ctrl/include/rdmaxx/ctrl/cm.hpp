@@ -1,0 +1,142 @@
+// RDMA CM for rdmaxx's own queue pairs. The kernel resolves the peer's address to a
+// local device and port; create the QP on a Context of that device (device(),
+// ib_port()), then connect: the endpoint message (endpoint_codec) travels as CM
+// private data, the QP is connected exactly as over TCP, and the CM reports the
+// peer's disconnect. RDMA CM needs an IP address on the RDMA device's netdev (not
+// loopback).
+//
+//   active:  resolve -> create the QP -> connect (QP connected) -> post receives -> establish
+//   passive: listen -> next request -> create the QP -> connect (QP connected)
+//            -> post receives -> accept
+//
+// Private data is 56 bytes on a connect request (RDMA_PS_TCP): one QP and at most
+// `max_connect_metadata` bytes of metadata; the answer may carry up to
+// `max_accept_metadata`. Send larger descriptors over the connected QP or another channel.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include <rdmaxx/ctrl/endpoint_codec.hpp>
+#include <rdmaxx/wrap/error.hpp>
+#include <rdmaxx/wrap/qp.hpp>
+
+namespace rdmaxx {
+
+namespace detail {
+class CmSession;
+} // namespace detail
+
+inline constexpr std::size_t max_connect_metadata = 56 - (endpoint_codec::header_size + 8 + endpoint_codec::qp_size);
+inline constexpr std::size_t max_accept_metadata = 196 - (endpoint_codec::header_size + 8 + endpoint_codec::qp_size);
+
+// One RDMA CM connection: its CM id and event channel. Destroying it disconnects.
+class CmConnection {
+public:
+    // Active side: resolves host:port (address and route) within `timeout`.
+    static Result<CmConnection> resolve(std::string_view host, std::uint16_t port, std::chrono::milliseconds timeout);
+
+    CmConnection(CmConnection&&) noexcept;
+    CmConnection& operator=(CmConnection&&) noexcept;
+    ~CmConnection();
+
+    // The local device and port through which the peer is reached.
+    const std::string& device() const noexcept { return device_; }
+    std::uint8_t ib_port() const noexcept { return ib_port_; }
+    // "host:port" of the peer, for messages.
+    const std::string& peer() const;
+
+    // Active side: offers `qp` (in RESET, on device()) and `metadata`, and connects
+    // `qp` to the QP of the server's answer; returns the server's message. A server
+    // that rejects, answers garbage or offers not exactly one QP of qp's type is an
+    // Error. Then post the receives and call establish().
+    // Programming error: metadata above max_connect_metadata.
+    Result<EndpointMessage> connect(QueuePair& qp, std::span<const std::byte> metadata, const ConnectOptions& options,
+                                    std::chrono::milliseconds timeout,
+                                    std::source_location where = std::source_location::current());
+    // Active side: tells the server we are ready (our receives are posted).
+    Result<void> establish();
+
+    // Without waiting: an Error once the peer disconnected (or the device went away).
+    Result<void> check_alive();
+    // Readable when a CM event arrived (for poll()).
+    int fd() const;
+
+private:
+    friend class CmRequest;
+    friend class CmListener;
+    CmConnection(std::unique_ptr<detail::CmSession> session, std::string device, std::uint8_t ib_port);
+    std::unique_ptr<detail::CmSession> session_;
+    std::string device_;
+    std::uint8_t ib_port_ = 0;
+};
+
+// A peer's connect request, not yet answered; dropping it unanswered rejects it.
+class CmRequest {
+public:
+    CmRequest(CmRequest&&) noexcept;
+    CmRequest& operator=(CmRequest&&) noexcept;
+    ~CmRequest();
+
+    const std::string& device() const noexcept { return connection_.device(); }
+    std::uint8_t ib_port() const noexcept { return connection_.ib_port(); }
+    const std::string& peer() const { return connection_.peer(); }
+    // What the peer offered: one QP and its metadata (decoded, checked).
+    const EndpointMessage& offer() const noexcept { return offer_; }
+
+    // Connects `qp` (in RESET, on device()) to the offered QP. An offer of another QP
+    // type is an Error.
+    Result<void> connect(QueuePair& qp, const ConnectOptions& options,
+                         std::source_location where = std::source_location::current());
+    // Answers with `qp` (connected by connect(), receives posted) and `metadata`, and
+    // waits for the peer's establish. Programming error: metadata above
+    // max_accept_metadata, a QP that connect() did not connect.
+    Result<CmConnection> accept(const QueuePair& qp, std::span<const std::byte> metadata,
+                                std::chrono::milliseconds timeout,
+                                std::source_location where = std::source_location::current()) &&;
+    // Refuses the peer (what the destructor does to an unanswered request).
+    void reject() &&;
+
+private:
+    friend class CmListener;
+    CmRequest(CmConnection connection, EndpointMessage offer)
+        : connection_(std::move(connection)), offer_(std::move(offer)) {}
+    CmConnection connection_;
+    EndpointMessage offer_;
+    std::uint32_t connected_qpn_ = 0;
+    std::uint8_t retry_cnt_ = 7, rnr_retry_ = 6; // connect()'s options
+    bool answered_ = false;
+};
+
+class CmListener {
+public:
+    // Listens on host:port; an empty host listens on every address (then device() is
+    // empty: each request names its own).
+    static Result<CmListener> listen(std::string_view host, std::uint16_t port);
+
+    CmListener(CmListener&&) noexcept;
+    CmListener& operator=(CmListener&&) noexcept;
+    ~CmListener();
+
+    std::uint16_t port() const;
+    // The device of the address listened on; empty for every address.
+    const std::string& device() const noexcept { return device_; }
+    std::uint8_t ib_port() const noexcept { return ib_port_; }
+    int fd() const;
+    // The next connect request within `timeout`. A request whose private data is not
+    // a well-formed offer is rejected and returned as an Error.
+    Result<CmRequest> next(std::chrono::milliseconds timeout);
+
+private:
+    explicit CmListener(std::unique_ptr<detail::CmSession> session);
+    std::unique_ptr<detail::CmSession> session_;
+    std::string device_;
+    std::uint8_t ib_port_ = 0;
+};
+
+} // namespace rdmaxx
