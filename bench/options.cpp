@@ -85,7 +85,7 @@ std::string usage() {
            "  -s, --size N            message size in bytes (2..8388608; 65536 for bandwidth, 2 for latency)\n"
            "  -a, --all               sweep 2 B .. 8 MiB\n"
            "  -n, --iters N           iterations (1000 latency, 5000 bandwidth)\n"
-           "  -t, --tx-depth N        send queue depth (128)\n"
+           "  -t, --tx-depth N        send queue depth (1 latency, 128 bandwidth)\n"
            "  -r, --rx-depth N        receives posted (512)\n"
            "  -l, --post_list N       WRs per doorbell, bandwidth (1, at most 64; divides the TX depth)\n"
            "  -Q, --cq-mod N          signal one WR in N, bandwidth (100; every WR above 8 KiB)\n"
@@ -101,7 +101,7 @@ std::string usage() {
 Result<Options> parse_options(std::span<const std::string_view> args) {
     Options o;
     std::vector<std::string_view> positional;
-    std::optional<std::uint32_t> size, iters;
+    std::optional<std::uint32_t> size, iters, tx_depth;
     bool all = false;
     for (std::size_t i = 0; i < args.size(); ++i) {
         std::string_view arg = args[i];
@@ -161,7 +161,9 @@ Result<Options> parse_options(std::span<const std::string_view> args) {
             ok = take(n, 5, 100'000'000);
             iters = n;
         } else if (is("-t", "--tx-depth")) {
-            ok = take(o.tx_depth, 1, 16384);
+            std::uint32_t depth = 0;
+            ok = take(depth, 1, 16384);
+            tx_depth = depth;
         } else if (is("-r", "--rx-depth")) {
             ok = take(o.rx_depth, 1, 16384);
         } else if (is("-l", "--post_list")) {
@@ -222,6 +224,7 @@ Result<Options> parse_options(std::span<const std::string_view> args) {
     else
         o.sizes = {o.test.verb == Verb::atomic ? atomic_size : size.value_or(latency ? 2 : 65536)};
     o.iters = iters.value_or(latency ? 1000 : 5000);
+    o.tx_depth = tx_depth.value_or(latency ? 1 : 128); // perftest's: one WR at a time in latency tests
     if (latency && o.qps != 1)
         return std::unexpected(invalid("latency tests use one QP (--qp 1)"));
     if (latency && o.post_list != 1)

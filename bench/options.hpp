@@ -49,7 +49,7 @@ struct Options {
     bool rdma_cm = false;                    // connect QPs through RDMA CM instead of the TCP exchange
     std::vector<std::uint32_t> sizes{};      // resolved: one size, or the sweep
     std::uint32_t iters = 0;                 // resolved: 1000 latency, 5000 bandwidth (perftest's)
-    std::uint32_t tx_depth = 128;
+    std::uint32_t tx_depth = 128;             // resolved: 1 latency, 128 bandwidth (perftest's)
     std::uint32_t rx_depth = 512;
     std::uint32_t post_list = 1;
     std::uint32_t cq_mod = 100;              // signal one WR in cq_mod (bandwidth)

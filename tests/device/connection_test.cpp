@@ -30,15 +30,6 @@ ConnectionOptions quick(Transport transport = Transport::tcp) {
     return o;
 }
 
-// RDMA CM needs an address on the RDMA device's netdev, not loopback.
-std::string cm_address() {
-    if (const char* vm = std::getenv("RDMAXX_VM_ADDR"); vm && *vm)
-        return vm;
-    auto context = must(Context::open());
-    const GidEntry gid = must(context.choose_gid(1));
-    return fmt::format("{}.{}.{}.{}", gid.gid.bytes[12], gid.gid.bytes[13], gid.gid.bytes[14], gid.gid.bytes[15]);
-}
-
 } // namespace
 
 TEST_CASE("ten clients at once, each moving 1 MiB through the same server") {
@@ -244,7 +235,7 @@ TEST_CASE("messages: size limits, and credits instead of endless RNR retries") {
 }
 
 TEST_CASE("RDMA CM: connect, move data both ways, and a disconnect fails the survivor's waits") {
-    const std::string address = cm_address();
+    const std::string address = test::cm_address();
     Listener listener = must(Listener::listen(address, 0, quick(Transport::rdma_cm)));
     REQUIRE(listener.port() != 0);
     std::thread client([&address, port = listener.port()] {
@@ -274,7 +265,7 @@ TEST_CASE("RDMA CM: connect, move data both ways, and a disconnect fails the sur
 
 TEST_CASE("RDMA CM: nobody listening is an Error in time") {
     const auto start = Clock::now();
-    CHECK_FALSE(Connection::connect(cm_address(), 1, quick(Transport::rdma_cm)));
+    CHECK_FALSE(Connection::connect(test::cm_address(), 1, quick(Transport::rdma_cm)));
     CHECK(Clock::now() - start < 4s);
 }
 

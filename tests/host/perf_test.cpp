@@ -46,12 +46,13 @@ TEST_CASE("perf options: every test name, perftest's defaults per kind") {
     CHECK(lat.sizes == std::vector<std::uint32_t>{2});
     CHECK(lat.iters == 1000);
     CHECK(lat.port == 18515);
-    CHECK(lat.tx_depth == 128);
+    CHECK(lat.tx_depth == 1);
     CHECK(lat.cq_mod == 100);
     const Options bw = must(parse({"send_bw", "10.0.0.1"}));
     CHECK(bw.host == "10.0.0.1");
     CHECK(bw.sizes == std::vector<std::uint32_t>{65536});
     CHECK(bw.iters == 5000);
+    CHECK(bw.tx_depth == 128);
     CHECK(must(parse({"atomic_bw"})).sizes == std::vector<std::uint32_t>{8});
 }
 

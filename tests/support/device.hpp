@@ -2,6 +2,7 @@
 // the project's Soft-RoCE VM, or a real NIC).
 #pragma once
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,16 @@ struct RcPair {
         must(b.connect(a.endpoint(), options));
     }
 };
+
+// An address for RDMA CM, which needs one on the RDMA device's netdev, not loopback:
+// the VM's, else the IPv4 address in the device's chosen GID.
+inline std::string cm_address() {
+    if (const char* vm = std::getenv("RDMAXX_VM_ADDR"); vm && *vm)
+        return vm;
+    auto context = must(Context::open());
+    const GidEntry gid = must(context.choose_gid(1));
+    return fmt::format("{}.{}.{}.{}", gid.gid.bytes[12], gid.gid.bytes[13], gid.gid.bytes[14], gid.gid.bytes[15]);
+}
 
 // Fills `bytes` with a pattern that differs per `seed`.
 inline void fill(std::span<std::byte> bytes, unsigned seed) {
