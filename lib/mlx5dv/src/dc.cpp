@@ -291,6 +291,7 @@ Result<void> DcInitiator::post(const DcDestination& to, ibv_wr_opcode opcode, co
         require(remote.length >= local.size(), where, "{} bytes to or from a {}-byte remote region", local.size(),
                 remote.length);
     ibv_ah* ah = to.address_handle(where);
+    require(ah->pd == pd_.get(), where, "a DcDestination made in another PD than this DC initiator's");
 #if RDMAXX_HAVE_MLX5DV
     if (atomic && !atomics_)
         return std::unexpected(Error::unsupported("ibv_wr_atomic", "the device executes no atomics"));

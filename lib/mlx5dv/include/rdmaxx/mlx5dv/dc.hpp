@@ -134,7 +134,7 @@ public:
 
     // RDMA WRITE of `local` to the start of `remote` at `to`; READ is the reverse.
     // Programming error, here and below: a moved-from DCI or destination, a DCI not in
-    // RTS, a remote region shorter than `local`.
+    // RTS, a destination made in another PD, a remote region shorter than `local`.
     Result<void> write(const DcDestination& to, const LocalSlice& local, const RemoteMemory& remote,
                        DcPost post = {}, std::source_location where = std::source_location::current());
     Result<void> read(const DcDestination& to, const LocalSlice& local, const RemoteMemory& remote,
