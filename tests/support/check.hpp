@@ -70,6 +70,15 @@ inline void check_death(const std::function<void()>& body, std::string_view expe
     CHECK(output.find(caller_file.substr(slash == std::string_view::npos ? 0 : slash + 1)) != std::string::npos);
 }
 
+// Checks that `result` failed with an Error of kind protocol whose message says `what`.
+template <class T>
+void check_protocol_error(Result<T> result, std::string_view what) {
+    const Error e = must_fail(std::move(result));
+    INFO(e.message());
+    CHECK(e.kind() == Error::Kind::protocol);
+    CHECK(e.message().find(what) != std::string::npos);
+}
+
 #define RDMAXX_CHECK_DEATH(body, expected) ::rdmaxx::test::check_death([&] { body; }, expected, __FILE__)
 
 } // namespace rdmaxx::test

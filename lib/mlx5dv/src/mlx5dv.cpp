@@ -1,24 +1,36 @@
 #include <rdmaxx/mlx5dv/mlx5dv.hpp>
 
+#include <limits>
 #include <memory>
 #include <string>
 
 #include <fmt/format.h>
 
+#include <rdmaxx/wrap/handle.hpp>
 #include <rdmaxx/wrap/log.hpp>
+
+#include "unsupported.hpp"
 
 #if RDMAXX_HAVE_MLX5DV
 #include <infiniband/mlx5dv.h>
 #endif
 
 namespace rdmaxx::mlx5 {
+
+#if RDMAXX_HAVE_MLX5DV
+Error unsupported::not_mlx5(const char* call, std::string_view device) {
+    return Error::unsupported(call, fmt::format("{} is not an mlx5 device", device));
+}
+#else
+Error unsupported::no_mlx5dv(const char* call) {
+    return Error::unsupported(call, "this build of rdmaxx has no mlx5dv support (infiniband/mlx5dv.h or libmlx5 "
+                                    "was not found, or -Dmlx5dv=disabled)");
+}
+#endif
+
 namespace {
 
 #if RDMAXX_HAVE_MLX5DV
-Error not_mlx5(const char* call, std::string_view device) {
-    return Error::unsupported(call, fmt::format("{} is not an mlx5 device", device));
-}
-
 using DeviceList = std::unique_ptr<ibv_device*[], decltype(&ibv_free_device_list)>;
 
 // The device named `name` from a fresh list (kept alive by `list`).
@@ -32,12 +44,16 @@ Result<ibv_device*> find(std::string_view name, DeviceList& list) {
             return list[i];
     return std::unexpected(Error::from_errno("ibv_get_device_list", ENODEV, fmt::format("no RDMA device named '{}'", name)));
 }
-#else
-Error no_mlx5dv(const char* call) {
-    return Error::unsupported(call, "this build of rdmaxx has no mlx5dv support (infiniband/mlx5dv.h or libmlx5 "
-                                    "was not found, or -Dmlx5dv=disabled)");
-}
 #endif
+
+// The failure of a device-memory verb, from errno: a device (or provider) without
+// the feature is an unsupported Error saying `missing`, anything else a system one.
+Error device_memory_error(const char* call, std::string missing, std::string detail) {
+    const int error = errno;
+    if (error == EOPNOTSUPP || error == ENOSYS)
+        return Error::unsupported(call, std::move(missing));
+    return Error::from_errno(call, error != 0 ? error : EIO, std::move(detail));
+}
 
 } // namespace
 
@@ -52,7 +68,7 @@ Result<bool> is_supported(std::string_view device) {
     return mlx5dv_is_supported(*found);
 #else
     (void)device;
-    return std::unexpected(no_mlx5dv("mlx5::is_supported"));
+    return std::unexpected(unsupported::no_mlx5dv("mlx5::is_supported"));
 #endif
 }
 
@@ -63,7 +79,7 @@ Result<Context> open(std::string_view device, OpenOptions options) {
     if (!found)
         return std::unexpected(std::move(found.error()));
     if (!mlx5dv_is_supported(*found))
-        return std::unexpected(not_mlx5("mlx5dv_open_device", device));
+        return std::unexpected(unsupported::not_mlx5("mlx5dv_open_device", device));
     mlx5dv_context_attr attr{.flags = options.devx ? std::uint32_t{MLX5DV_CONTEXT_FLAGS_DEVX} : 0u, .comp_mask = 0};
     ibv_context* context = mlx5dv_open_device(*found, &attr);
     if (!context)
@@ -71,7 +87,7 @@ Result<Context> open(std::string_view device, OpenOptions options) {
     return Context::adopt(context);
 #else
     (void)device, (void)options;
-    return std::unexpected(no_mlx5dv("mlx5::open"));
+    return std::unexpected(unsupported::no_mlx5dv("mlx5::open"));
 #endif
 }
 
@@ -79,7 +95,7 @@ Result<DeviceCaps> query(const Context& context, std::source_location where) {
     ibv_context* raw = context.get(where);
 #if RDMAXX_HAVE_MLX5DV
     if (!mlx5dv_is_supported(raw->device))
-        return std::unexpected(not_mlx5("mlx5dv_query_device", context.name()));
+        return std::unexpected(unsupported::not_mlx5("mlx5dv_query_device", context.name()));
     mlx5dv_context attrs{};
     attrs.comp_mask = MLX5DV_CONTEXT_MASK_CQE_COMPRESION | MLX5DV_CONTEXT_MASK_DC_ODP_CAPS |
                       MLX5DV_CONTEXT_MASK_TUNNEL_OFFLOADS | MLX5DV_CONTEXT_MASK_NUM_LAG_PORTS |
@@ -105,7 +121,7 @@ Result<DeviceCaps> query(const Context& context, std::source_location where) {
     };
 #else
     (void)raw;
-    return std::unexpected(no_mlx5dv("mlx5::query"));
+    return std::unexpected(unsupported::no_mlx5dv("mlx5::query"));
 #endif
 }
 
@@ -114,20 +130,11 @@ Result<DeviceMemory> DeviceMemory::allocate(const Context& context, std::size_t 
     require(size > 0, where, "DeviceMemory of 0 bytes");
     ibv_alloc_dm_attr attr{.length = size, .log_align_req = 0, .comp_mask = 0};
     ibv_dm* dm = ibv_alloc_dm(device->context, &attr);
-    if (!dm) {
-        const int error = errno;
-        if (error == EOPNOTSUPP || error == ENOSYS)
-            return std::unexpected(Error::unsupported(
-                "ibv_alloc_dm", fmt::format("{} has no device memory", device->name)));
-        return std::unexpected(Error::from_errno("ibv_alloc_dm", error != 0 ? error : EIO,
-                                                 fmt::format("{} bytes on {}", size, device->name)));
-    }
-    // the deleter holds the device: it must stay open until the memory is freed
-    std::shared_ptr<ibv_dm> owned(dm, [device](ibv_dm* p) {
-        if (const int rc = ibv_free_dm(p); rc != 0)
-            logger()->error("{}", Error::from_errno("ibv_free_dm", rc, device->name));
-    });
-    return DeviceMemory(std::move(owned), size);
+    if (!dm)
+        return std::unexpected(device_memory_error("ibv_alloc_dm", fmt::format("{} has no device memory", device->name),
+                                                   fmt::format("{} bytes on {}", size, device->name)));
+    // the device stays open until the memory is freed
+    return DeviceMemory(detail::adopt(dm, "ibv_free_dm", &ibv_free_dm, device), size);
 }
 
 Result<void> DeviceMemory::copy_to(std::size_t offset, std::span<const std::byte> bytes, std::source_location where) {
@@ -148,9 +155,45 @@ Result<void> DeviceMemory::copy_from(std::size_t offset, std::span<std::byte> by
     return {};
 }
 
-ibv_dm* DeviceMemory::get(std::source_location where) const {
-    require(dm_ != nullptr, where, "use of a moved-from DeviceMemory");
-    return dm_.get();
+ibv_dm* DeviceMemory::get(std::source_location where) const { return handle(where).get(); }
+
+const std::shared_ptr<ibv_dm>& DeviceMemory::handle(std::source_location where) const {
+    return detail::live(dm_, "DeviceMemory", where);
+}
+
+Result<DeviceMemoryRegion> DeviceMemoryRegion::register_memory(const ProtectionDomain& pd, const DeviceMemory& memory,
+                                                               Access access, std::source_location where) {
+    const std::shared_ptr<ibv_pd>& pd_handle = pd.handle(where);
+    const std::shared_ptr<ibv_dm>& dm = memory.handle(where);
+    require(pd_handle->context == dm->context, where, "DeviceMemoryRegion: the PD and the device memory belong to "
+                                                      "different devices");
+    const Access zero_based = access | Access::zero_based;
+    ibv_mr* mr = ibv_reg_dm_mr(pd_handle.get(), dm.get(), 0, memory.size(), static_cast<unsigned>(zero_based));
+    if (!mr)
+        return std::unexpected(device_memory_error("ibv_reg_dm_mr", "the device cannot register device memory",
+                                                   fmt::format("{} bytes of device memory", memory.size())));
+    // deregistered before the device memory is freed and the PD deallocated
+    return DeviceMemoryRegion(detail::adopt(mr, "ibv_dereg_mr", &ibv_dereg_mr, pd_handle, dm), memory.size(),
+                              zero_based);
+}
+
+ibv_mr* DeviceMemoryRegion::get(std::source_location where) const {
+    return detail::live(mr_, "DeviceMemoryRegion", where).get();
+}
+
+std::uint32_t DeviceMemoryRegion::lkey(std::source_location where) const { return get(where)->lkey; }
+
+std::uint32_t DeviceMemoryRegion::rkey(std::source_location where) const { return get(where)->rkey; }
+
+ibv_sge DeviceMemoryRegion::sge(std::size_t offset, std::size_t length, std::source_location where) const {
+    require(offset <= size_ && length <= size_ - offset && length <= std::numeric_limits<std::uint32_t>::max(),
+            where, "sge [{}, +{}) of a {}-byte device memory region: past its end, or above 4 GiB - 1", offset,
+            length, size_);
+    return {.addr = offset, .length = static_cast<std::uint32_t>(length), .lkey = lkey(where)};
+}
+
+RemoteMemory DeviceMemoryRegion::remote(std::source_location where) const {
+    return {.addr = 0, .length = size_, .rkey = rkey(where)};
 }
 
 } // namespace rdmaxx::mlx5

@@ -1,6 +1,6 @@
 #include <rdmaxx/wrap/ah.hpp>
 
-#include "handle.hpp"
+#include <rdmaxx/wrap/handle.hpp>
 #include "path.hpp"
 
 namespace rdmaxx {
@@ -10,9 +10,16 @@ Result<AddressHandle> AddressHandle::create(const QueuePair& via, const Endpoint
     const std::shared_ptr<ibv_pd>& pd = via.pd(where);
     require(via.type() == QpType::ud, where, "an address handle for a {} QP: only UD sends use one",
             to_string(via.type()));
-    if (auto ok = detail::check_peer(peer, via.link_layer()); !ok)
+    return create(pd, peer, via.gid(), via.port(), via.link_layer(), options, where);
+}
+
+Result<AddressHandle> AddressHandle::create(const std::shared_ptr<ibv_pd>& pd, const Endpoint& peer,
+                                            const GidEntry& local, std::uint8_t port, LinkLayer layer,
+                                            const ConnectOptions& options, std::source_location where) {
+    require(pd != nullptr, where, "an address handle in a null PD");
+    if (auto ok = detail::check_peer(peer, layer); !ok)
         return std::unexpected(std::move(ok.error()));
-    ibv_ah_attr attr = detail::address_vector(peer, via.gid(), via.port(), via.link_layer(), options);
+    ibv_ah_attr attr = detail::address_vector(peer, local, port, layer, options);
     ibv_ah* ah = ibv_create_ah(pd.get(), &attr);
     if (!ah)
         return std::unexpected(Error::from_last_errno("ibv_create_ah", peer.gid.to_string()));

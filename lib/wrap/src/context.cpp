@@ -8,7 +8,7 @@
 #include <endian.h>
 #include <fmt/format.h>
 
-#include "handle.hpp"
+#include <rdmaxx/wrap/handle.hpp>
 
 namespace rdmaxx {
 namespace detail {

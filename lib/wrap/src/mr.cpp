@@ -10,7 +10,7 @@
 
 #include <rdmaxx/wrap/wire.hpp>
 
-#include "handle.hpp"
+#include <rdmaxx/wrap/handle.hpp>
 
 namespace rdmaxx {
 namespace {

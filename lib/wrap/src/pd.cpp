@@ -1,6 +1,6 @@
 #include <rdmaxx/wrap/pd.hpp>
 
-#include "handle.hpp"
+#include <rdmaxx/wrap/handle.hpp>
 
 namespace rdmaxx {
 

@@ -5,7 +5,7 @@
 
 #include <fmt/format.h>
 
-#include "handle.hpp"
+#include <rdmaxx/wrap/handle.hpp>
 #include "path.hpp"
 
 namespace rdmaxx {

@@ -14,6 +14,8 @@
 
 #include <rdmaxx/wrap/context.hpp>
 #include <rdmaxx/wrap/error.hpp>
+#include <rdmaxx/wrap/mr.hpp>
+#include <rdmaxx/wrap/pd.hpp>
 
 namespace rdmaxx::mlx5 {
 
@@ -66,11 +68,48 @@ public:
     Result<void> copy_from(std::size_t offset, std::span<std::byte> bytes,
                            std::source_location where = std::source_location::current()) const;
     ibv_dm* get(std::source_location where = std::source_location::current()) const;
+    const std::shared_ptr<ibv_dm>& handle(std::source_location where = std::source_location::current()) const;
 
 private:
     DeviceMemory(std::shared_ptr<ibv_dm> dm, std::size_t size) : dm_(std::move(dm)), size_(size) {}
     std::shared_ptr<ibv_dm> dm_; // keeps the device open
     std::size_t size_;
+};
+
+// Device memory registered as a memory region (ibv_reg_dm_mr, ibv_alloc_dm(3)). It is
+// zero-based (IBV_ACCESS_ZERO_BASED, which ibv_reg_dm_mr requires): addresses in work
+// requests are offsets into the device memory, not host pointers. There is therefore
+// no LocalSlice (whose data() is a host pointer): a local scatter/gather entry comes
+// from sge(), and a peer gets remote(), whose addr is 0 and slices like any other.
+// IBV_SEND_INLINE cannot read device memory (mlx5dv_create_qp(3), NOTES).
+class DeviceMemoryRegion : detail::MoveOnly {
+public:
+    // Registers all of `memory` in `pd` with `access` plus zero_based. A device that
+    // cannot register device memory is an Error of kind unsupported.
+    // Programming error: a moved-from PD or DeviceMemory, a PD of another device.
+    static Result<DeviceMemoryRegion> register_memory(const ProtectionDomain& pd, const DeviceMemory& memory,
+                                                      Access access,
+                                                      std::source_location where = std::source_location::current());
+
+    std::size_t size() const noexcept { return size_; }
+    Access access() const noexcept { return access_; }
+    // Programming error, here and below: a moved-from region.
+    std::uint32_t lkey(std::source_location where = std::source_location::current()) const;
+    std::uint32_t rkey(std::source_location where = std::source_location::current()) const;
+    // Bytes [offset, offset + length) as a local scatter/gather entry.
+    // Programming error (also): past the end, a length above 4 GiB - 1.
+    ibv_sge sge(std::size_t offset, std::size_t length,
+                std::source_location where = std::source_location::current()) const;
+    // The descriptor to hand to a peer: {0, size, rkey}.
+    RemoteMemory remote(std::source_location where = std::source_location::current()) const;
+    ibv_mr* get(std::source_location where = std::source_location::current()) const;
+
+private:
+    DeviceMemoryRegion(std::shared_ptr<ibv_mr> mr, std::size_t size, Access access)
+        : mr_(std::move(mr)), size_(size), access_(access) {}
+    std::shared_ptr<ibv_mr> mr_; // keeps the PD and the device memory alive
+    std::size_t size_;
+    Access access_;
 };
 
 } // namespace rdmaxx::mlx5

@@ -1,4 +1,5 @@
-// Private helpers of the wrap layer's implementation.
+// Ownership helpers of the wrap layer, shared with the layers that create verbs
+// objects of their own (lib/mlx5dv): not part of the user-facing API.
 #pragma once
 
 #include <memory>
