@@ -17,7 +17,6 @@ using protocol::Command;
 using protocol::CommandKind;
 using protocol::Reply;
 using protocol::ReplyKind;
-using Batch = SendBatch<max_post_list>;
 
 // Bounded waiting that stays off the clock in the common case: a wait that ends
 // within 1024 spins never reads it; after that the clock is read every 1024 spins
@@ -74,18 +73,30 @@ Result<WorkCompletion> next_completion(CompletionQueue& cq, std::chrono::millise
     }
 }
 
-// Adds QP q's WR number n of a run to `batch`.
-void add(Batch& batch, const Side& side, std::size_t q, std::uint32_t size, std::uint32_t n, const PostOptions& options) {
-    switch (side.options().test.verb) {
-    case Verb::write: batch.write(side.out(q, size), side.peer_in(q, size), options); break;
-    case Verb::read: batch.read(side.in(q, size), side.peer_out(q, size), options); break;
-    case Verb::send: batch.send(side.out(q, size), options); break;
-    case Verb::write_imm: batch.write_with_imm(side.out(q, size), side.peer_in(q, size), n, options); break;
+// QP q's buffers for a run of `size` bytes, sliced once before the timed loop (as
+// perftest builds its WRs once): the loop posts, it does not recompute bounds.
+struct Buffers {
+    LocalSlice out, in, result;          // result: the atomics' 8 bytes
+    RemoteMemory peer_out, peer_in, target;
+
+    Buffers(const Side& side, std::size_t q, std::uint32_t size)
+        : out(side.out(q, size)), in(side.in(q, size)), result(side.in(q, atomic_size)),
+          peer_out(side.peer_out(q, size)), peer_in(side.peer_in(q, size)), target(side.peer_in(q, atomic_size)) {}
+};
+
+// Adds a run's WR number n to `batch`.
+template <std::size_t N>
+void add(SendBatch<N>& batch, const Options& o, const Buffers& b, std::uint32_t n, const PostOptions& options) {
+    switch (o.test.verb) {
+    case Verb::write: batch.write(b.out, b.peer_in, options); break;
+    case Verb::read: batch.read(b.in, b.peer_out, options); break;
+    case Verb::send: batch.send(b.out, options); break;
+    case Verb::write_imm: batch.write_with_imm(b.out, b.peer_in, n, options); break;
     case Verb::atomic:
-        if (side.options().atomic == AtomicOp::fetch_add)
-            batch.fetch_add(side.in(q, atomic_size), side.peer_in(q, atomic_size), 1, options);
+        if (o.atomic == AtomicOp::fetch_add)
+            batch.fetch_add(b.result, b.target, 1, options);
         else
-            batch.compare_swap(side.in(q, atomic_size), side.peer_in(q, atomic_size), n, n + 1, options);
+            batch.compare_swap(b.result, b.target, n, n + 1, options);
         break;
     }
 }
@@ -154,9 +165,10 @@ Result<void> latency_loop(Side& side, std::uint32_t size, std::uint32_t iters, s
     const Verb verb = o.test.verb;
     const bool client = side.role() == Role::client;
     const bool answered = ping_pong(verb);
-    std::byte* const last_out = side.out(0, size).data() + size - 1;
-    const std::byte* const last_in = side.in(0, size).data() + size - 1;
-    const PostOptions post{.signaled = true, .inline_data = size <= side.inline_size()};
+    const Buffers buffers(side, 0, size);
+    std::byte* const last_out = buffers.out.data() + size - 1;
+    const std::byte* const last_in = buffers.in.data() + size - 1;
+    const bool inline_data = size <= side.inline_size();
     const auto answer = [&](std::uint32_t i) -> Result<void> {
         if (verb == Verb::write) {
             for (Patience patience(o.timeout);
@@ -178,17 +190,17 @@ Result<void> latency_loop(Side& side, std::uint32_t size, std::uint32_t iters, s
             *last_out = tag(i);
         if (client)
             stamps[i] = Clock::now();
-        Batch batch(side.qp(0));
-        add(batch, side, 0, size, i, {.wr_id = i, .signaled = post.signaled, .inline_data = post.inline_data});
+        SendBatch<1> batch(side.qp(0));
+        add(batch, o, buffers, i, {.wr_id = i, .signaled = true, .inline_data = inline_data});
         if (auto ok = batch.post(); !ok)
             return ok;
         // perftest's order: our own completion first, then the peer's answer
         auto wc = next_completion(side.send_cq(0), o.timeout, "send completion");
         if (!wc)
             return std::unexpected(std::move(wc.error()));
-        if (verb == Verb::atomic && load_u64(side.in(0, atomic_size)) != i)
+        if (verb == Verb::atomic && load_u64(buffers.result) != i)
             return std::unexpected(Error::protocol(
-                "peer", fmt::format("atomic {} returned {}, expected {}", i, load_u64(side.in(0, atomic_size)), i)));
+                "peer", fmt::format("atomic {} returned {}, expected {}", i, load_u64(buffers.result), i)));
         if (answered && client)
             if (auto ok = answer(i); !ok)
                 return ok;
@@ -206,8 +218,11 @@ Result<Bandwidth> stream(Side& side, std::uint32_t size, std::uint32_t iters) {
     const std::uint32_t interval = signal_interval(o, size);
     const bool inline_data = size <= side.inline_size();
     std::vector<SignaledSendQueue> queues;
-    for (std::size_t q = 0; q < side.qp_count(); ++q)
+    std::vector<Buffers> buffers;
+    for (std::size_t q = 0; q < side.qp_count(); ++q) {
         queues.emplace_back(side.qp(q), side.send_cq(q), interval);
+        buffers.emplace_back(side, q, size);
+    }
     std::vector<std::uint32_t> posted(side.qp_count(), 0);
     const auto start = Clock::now();
     for (bool more = true; more;) {
@@ -215,13 +230,13 @@ Result<Bandwidth> stream(Side& side, std::uint32_t size, std::uint32_t iters) {
         for (std::size_t q = 0; q < side.qp_count(); ++q) {
             if (posted[q] == iters)
                 continue;
-            Batch batch(side.qp(q));
+            SendBatch<max_post_list> batch(side.qp(q));
             const std::uint32_t count = std::min(o.post_list, iters - posted[q]);
             for (std::uint32_t n = posted[q]; n < posted[q] + count; ++n) {
                 auto options = queues[q].next({.wr_id = n, .inline_data = inline_data}, n + 1 == iters, o.timeout);
                 if (!options)
                     return std::unexpected(std::move(options.error()));
-                add(batch, side, q, size, n, *options);
+                add(batch, o, buffers[q], n, *options);
             }
             if (auto ok = batch.post(); !ok)
                 return std::unexpected(std::move(ok.error()));

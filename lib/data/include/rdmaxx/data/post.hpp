@@ -73,7 +73,7 @@ inline std::uint64_t build(SendWr& s, const QueuePair& qp, ibv_wr_opcode opcode,
                            const PostOptions& options, std::source_location where) {
     // RTS and later: a QP in ERR takes WRs and flushes them, a runtime condition
     require(qp.state() >= QpState::rts, where, "post on a {} QP in state {}: connect it first",
-            to_string(qp.type()), to_string(qp.state()));
+            qp.type(), qp.state());
     const auto slices = local.slices();
     require(slices.size() <= qp.caps().max_send_sge && slices.size() <= max_sge, where,
             "{} SGEs on a QP created with max_send_sge {}", slices.size(), qp.caps().max_send_sge);
@@ -99,7 +99,7 @@ inline void build_rdma(SendWr& s, const QueuePair& qp, ibv_wr_opcode opcode, Gat
     require(qp.type() != QpType::ud, where, "RDMA {} on a UD QP",
             opcode == IBV_WR_RDMA_READ ? "READ" : "WRITE");
     require(opcode != IBV_WR_RDMA_READ || qp.type() == QpType::rc, where, "RDMA READ on a {} QP: RC only",
-            to_string(qp.type()));
+            qp.type());
     require(opcode != IBV_WR_RDMA_READ || !options.inline_data, where, "RDMA READ cannot be inline");
     const std::uint64_t total = build(s, qp, opcode, local, options, where);
     require(total <= remote.length, where, "{} local bytes into a {}-byte remote slice", total, remote.length);
@@ -110,7 +110,7 @@ inline void build_rdma(SendWr& s, const QueuePair& qp, ibv_wr_opcode opcode, Gat
 inline void build_atomic(SendWr& s, const QueuePair& qp, ibv_wr_opcode opcode, const LocalSlice& result,
                          const RemoteMemory& target, std::uint64_t compare_add, std::uint64_t swap,
                          const PostOptions& options, std::source_location where) {
-    require(qp.type() == QpType::rc, where, "an atomic on a {} QP: RC only", to_string(qp.type()));
+    require(qp.type() == QpType::rc, where, "an atomic on a {} QP: RC only", qp.type());
     require(result.size() == 8 && reinterpret_cast<std::uintptr_t>(result.data()) % 8 == 0, where,
             "an atomic's local slice must be 8 bytes, 8-aligned (got {} bytes at {})", result.size(),
             static_cast<const void*>(result.data()));
@@ -201,7 +201,7 @@ public:
     }
     SendBatch& send(Gather local, const UdDestination& to, const PostOptions& options = {},
                     std::source_location where = std::source_location::current()) {
-        require(qp_->type() == QpType::ud, where, "a UdDestination on a {} QP", to_string(qp_->type()));
+        require(qp_->type() == QpType::ud, where, "a UdDestination on a {} QP", qp_->type());
         require(to.ah != nullptr, where, "a UdDestination without an address handle");
         detail::SendWr& s = next(where);
         detail::build(s, *qp_, IBV_WR_SEND, local, options, where);

@@ -160,3 +160,18 @@ private:
 };
 
 } // namespace rdmaxx
+
+// QP types and states format as their names, computed only when a message is made:
+// the post path's checks pass them by value and pay nothing unless they fail.
+template <>
+struct fmt::formatter<rdmaxx::QpType> : fmt::formatter<std::string_view> {
+    auto format(rdmaxx::QpType type, format_context& ctx) const {
+        return fmt::formatter<std::string_view>::format(rdmaxx::to_string(type), ctx);
+    }
+};
+template <>
+struct fmt::formatter<rdmaxx::QpState> : fmt::formatter<std::string_view> {
+    auto format(rdmaxx::QpState state, format_context& ctx) const {
+        return fmt::formatter<std::string_view>::format(rdmaxx::to_string(state), ctx);
+    }
+};
