@@ -7,6 +7,7 @@ refuse. Exit 77 (skipped) without an RDMA device."""
 import glob
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -25,7 +26,7 @@ def listening(port):
     return f":{port} " in out
 
 
-def pair(test, client_args, server_test=None, server_args=(), host="127.0.0.1"):
+def pair(test, client_args, server_test=None, server_args=(), host="127.0.0.1", tty=False):
     """Runs a server and a client of `test`; returns (client rc, stdout, stderr, server rc)."""
     global next_port
     port, next_port = next_port, next_port + 1
@@ -35,8 +36,10 @@ def pair(test, client_args, server_test=None, server_args=(), host="127.0.0.1"):
         if listening(port) or server.poll() is not None:
             break
         time.sleep(0.02)
-    client = subprocess.run([perf, test, host, "-p", str(port), *client_args], capture_output=True,
-                            text=True, timeout=300)
+    command = [perf, test, host, "-p", str(port), *client_args]
+    if tty:  # stdout a terminal: script(1) gives the client a pseudo-terminal
+        command = ["script", "-qec", shlex.join(command), "/dev/null"]
+    client = subprocess.run(command, capture_output=True, text=True, timeout=300)
     try:
         server_out, server_err = server.communicate(timeout=60)
     except subprocess.TimeoutExpired:
@@ -106,6 +109,13 @@ rows = [line.split() for line in out.splitlines() if line[:2].strip().isdigit()]
 check("write_lat -a: a table row per size", rc == 0 and src == 0 and [int(r[0]) for r in rows] ==
       [2 << i for i in range(23)], err.strip())
 check("write_lat -a: perftest's columns", "t_typical[usec]" in out and "99.9% percentile[usec]" in out)
+
+# on a terminal, a sweep shows its progress (and erases it before each row)
+rc, out, err, src = pair("write_bw", ["-a", "-n", "5"], tty=True)
+check("write_bw -a on a terminal: a progress line per size", rc == 0 and src == 0 and
+      "[1/23] 2 B x 5..." in out and "[23/23] 8388608 B x 5..." in out, (out + err)[-300:])
+rc, out, err, src = pair("write_bw", ["-s", "64", "-n", "5"], tty=True)
+check("write_bw of one size on a terminal: no progress line", rc == 0 and "[1/1]" not in out)
 
 # a client of another test is refused, and says why
 rc, out, err, src = pair("write_bw", ["-n", "20"], server_test="read_bw")
