@@ -40,6 +40,8 @@ std::string table_head(const Setup& s) {
     out += fmt::format(" TX depth       : {}\n Post list      : {}\n", s.tx_depth, s.post_list);
     if (!latency)
         out += fmt::format(" CQ Moderation  : {} (every WR above 8 KiB)\n", s.cq_mod);
+    else if (s.test.verb == Verb::send || s.test.verb == Verb::write_imm)
+        out += fmt::format(" CQ Moderation  : {}\n", s.cq_mod);
     out += fmt::format(" Mtu            : {}[B]\n Max inline data: {}[B]\n{}", s.mtu_bytes, s.inline_size, rule);
     if (latency)
         out += " #bytes   #iterations  t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    "

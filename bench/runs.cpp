@@ -3,6 +3,7 @@
 #include <array>
 #include <atomic>
 #include <cstring>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -169,6 +170,12 @@ Result<void> latency_loop(Side& side, std::uint32_t size, std::uint32_t iters, s
     std::byte* const last_out = buffers.out.data() + size - 1;
     const std::byte* const last_in = buffers.in.data() + size - 1;
     const bool inline_data = size <= side.inline_size();
+    // SEND and WRITE_WITH_IMM signal one WR in cq_mod, as perftest's send_lat does (the
+    // peer's answer already says the message arrived); WRITE, READ and atomics signal
+    // every WR and take its completion before going on, as perftest's other tests do.
+    std::optional<SignaledSendQueue> selective;
+    if (verb == Verb::send || verb == Verb::write_imm)
+        selective.emplace(side.qp(0), side.send_cq(0), std::min(o.cq_mod, side.qp(0).caps().max_send_wr));
     const auto answer = [&](std::uint32_t i) -> Result<void> {
         if (verb == Verb::write) {
             for (Patience patience(o.timeout);
@@ -190,23 +197,34 @@ Result<void> latency_loop(Side& side, std::uint32_t size, std::uint32_t iters, s
             *last_out = tag(i);
         if (client)
             stamps[i] = Clock::now();
+        PostOptions post{.wr_id = i, .signaled = true, .inline_data = inline_data};
+        if (selective) {
+            auto next = selective->next(post, i + 1 == iters, o.timeout);
+            if (!next)
+                return std::unexpected(std::move(next.error()));
+            post = *next;
+        }
         SendBatch<1> batch(side.qp(0));
-        add(batch, o, buffers, i, {.wr_id = i, .signaled = true, .inline_data = inline_data});
+        add(batch, o, buffers, i, post);
         if (auto ok = batch.post(); !ok)
             return ok;
-        // perftest's order: our own completion first, then the peer's answer
-        auto wc = next_completion(side.send_cq(0), o.timeout, "send completion");
-        if (!wc)
-            return std::unexpected(std::move(wc.error()));
-        if (verb == Verb::atomic && load_u64(buffers.result) != i)
-            return std::unexpected(Error::protocol(
-                "peer", fmt::format("atomic {} returned {}, expected {}", i, load_u64(buffers.result), i)));
+        if (!selective) {
+            // perftest's order: our own completion first, then the peer's answer
+            auto wc = next_completion(side.send_cq(0), o.timeout, "send completion");
+            if (!wc)
+                return std::unexpected(std::move(wc.error()));
+            if (verb == Verb::atomic && load_u64(buffers.result) != i)
+                return std::unexpected(Error::protocol(
+                    "peer", fmt::format("atomic {} returned {}, expected {}", i, load_u64(buffers.result), i)));
+        }
         if (answered && client)
             if (auto ok = answer(i); !ok)
                 return ok;
     }
     if (client)
         stamps[iters] = Clock::now();
+    if (selective)
+        return selective->drain(o.timeout);
     return {};
 }
 

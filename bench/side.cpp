@@ -56,8 +56,12 @@ Result<void> Side::build() {
         inline_tries = {*o.inline_size};
     else if (default_inline(o.test, is_mlx5(*context_), 1024) == 0)
         inline_tries = {0};
+    // A latency SEND or WRITE_WITH_IMM signals one WR in cq_mod (as perftest's send_lat):
+    // its send queue holds a whole interval, whatever the TX depth.
+    const std::uint32_t send_depth =
+        o.test.measure == Measure::latency && two_sided ? std::max(o.tx_depth, o.cq_mod) : o.tx_depth;
     for (std::uint32_t i = 0; i < o.qps; ++i) {
-        auto send_cq = CompletionQueue::create(*context_, {.depth = o.tx_depth});
+        auto send_cq = CompletionQueue::create(*context_, {.depth = send_depth});
         if (!send_cq)
             return std::unexpected(std::move(send_cq.error()));
         auto recv_cq = CompletionQueue::create(*context_, {.depth = two_sided ? o.rx_depth : 1});
@@ -69,7 +73,7 @@ Result<void> Side::build() {
         for (const std::uint32_t inline_bytes : inline_tries) {
             qp = QueuePair::create(*pd_, {.send_cq = &send_cqs_.back(),
                                           .recv_cq = &recv_cqs_.back(),
-                                          .caps = {.max_send_wr = o.tx_depth,
+                                          .caps = {.max_send_wr = send_depth,
                                                    .max_recv_wr = two_sided ? o.rx_depth : 1,
                                                    .max_inline_data = inline_bytes},
                                           .port = o.ib_port,
@@ -85,17 +89,22 @@ Result<void> Side::build() {
     const std::uint32_t inline_size =
         o.inline_size.value_or(default_inline(o.test, is_mlx5(*context_), qps_.front().caps().max_inline_data));
 
-    slot_ = (std::size_t{*std::max_element(o.sizes.begin(), o.sizes.end())} + 63) / 64 * 64;
+    // each buffer on pages of its own, as perftest lays them out (BUFF_SIZE: a whole
+    // number of pages): what a side spins on never shares a page with what it sends
+    const std::size_t page = 4096;
+    slot_ = (std::size_t{*std::max_element(o.sizes.begin(), o.sizes.end())} + page - 1) / page * page;
     auto mr = MemoryRegion::allocate(*pd_, 2 * slot_ * o.qps, access_all);
     if (!mr)
         return std::unexpected(std::move(mr.error()));
     mr_.emplace(std::move(*mr));
+    for (std::uint32_t i = 0; i < o.qps; ++i)
+        inboxes_.push_back(in(i, static_cast<std::uint32_t>(slot_)));
     setup_ = {.test = o.test,
               .atomic = o.atomic,
               .device = context_->name(),
               .rdma_cm = o.rdma_cm,
               .qps = o.qps,
-              .tx_depth = o.tx_depth,
+              .tx_depth = send_depth,
               .post_list = o.post_list,
               .cq_mod = o.cq_mod,
               .inline_size = inline_size,
