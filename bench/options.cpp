@@ -32,6 +32,17 @@ Result<Mtu> mtu_of(std::string_view text) {
     return std::unexpected(invalid(fmt::format("--mtu takes 256, 512, 1024, 2048 or 4096, not '{}'", text)));
 }
 
+// A checked number into a flag's field: an integer, an optional one, milliseconds.
+template <class T>
+void store(T& out, std::uint64_t n) {
+    out = static_cast<T>(n);
+}
+template <class T>
+void store(std::optional<T>& out, std::uint64_t n) {
+    out = static_cast<T>(n);
+}
+void store(std::chrono::milliseconds& out, std::uint64_t n) { out = std::chrono::milliseconds(n); }
+
 } // namespace
 
 std::string_view verb_name(Verb verb) noexcept { return verb_names[static_cast<int>(verb)]; }
@@ -130,7 +141,7 @@ Result<Options> parse_options(std::span<const std::string_view> args) {
             auto n = number(arg, text, low, high);
             if (!n)
                 return std::unexpected(n.error());
-            out = static_cast<std::remove_reference_t<decltype(out)>>(*n);
+            store(out, *n);
             return {};
         };
         Result<void> ok;
@@ -148,23 +159,15 @@ Result<Options> parse_options(std::span<const std::string_view> args) {
         } else if (is("-i", "--ib-port")) {
             ok = take(o.ib_port, 1, 255);
         } else if (is("-x", "--gid-index")) {
-            std::uint32_t gid = 0;
-            ok = take(gid, 0, 1023);
-            o.gid_index = gid;
+            ok = take(o.gid_index, 0, 1023);
         } else if (is("-p", "--port")) {
             ok = take(o.port, 1, 65535);
         } else if (is("-s", "--size")) {
-            std::uint32_t s = 0;
-            ok = take(s, min_size, max_size);
-            size = s;
+            ok = take(size, min_size, max_size);
         } else if (is("-n", "--iters")) {
-            std::uint32_t n = 0;
-            ok = take(n, 5, 100'000'000);
-            iters = n;
+            ok = take(iters, 5, 100'000'000);
         } else if (is("-t", "--tx-depth")) {
-            std::uint32_t depth = 0;
-            ok = take(depth, 1, 16384);
-            tx_depth = depth;
+            ok = take(tx_depth, 1, 16384);
         } else if (is("-r", "--rx-depth")) {
             ok = take(o.rx_depth, 1, 16384);
         } else if (is("-l", "--post_list")) {
@@ -172,15 +175,11 @@ Result<Options> parse_options(std::span<const std::string_view> args) {
         } else if (is("-Q", "--cq-mod")) {
             ok = take(o.cq_mod, 1, 16384);
         } else if (is("-I", "--inline_size")) {
-            std::uint32_t n = 0;
-            ok = take(n, 0, 16384);
-            o.inline_size = n;
+            ok = take(o.inline_size, 0, 16384);
         } else if (is("-q", "--qp")) {
             ok = take(o.qps, 1, max_qps);
         } else if (is("", "--timeout")) {
-            std::uint32_t ms = 0;
-            ok = take(ms, 100, 3'600'000);
-            o.timeout = std::chrono::milliseconds(ms);
+            ok = take(o.timeout, 100, 3'600'000);
         } else if (is("-m", "--mtu")) {
             const std::string_view text = value();
             auto mtu = missing ? Result<Mtu>(std::unexpected(*missing)) : mtu_of(text);

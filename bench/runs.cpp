@@ -57,21 +57,12 @@ bool receives(Role role, Test test) {
 // WRITE ping-pong: the receiver spins on the last byte, which carries the iteration.
 std::byte tag(std::uint32_t i) { return static_cast<std::byte>(i % 255 + 1); }
 
-// One completion of `cq`; a failed one is its Error.
-Result<WorkCompletion> next_completion(CompletionQueue& cq, std::chrono::milliseconds timeout, std::string_view what) {
+// One completion of `cq` (the data layer's bounded busy wait); a failed one is its Error.
+Result<WorkCompletion> next_completion(CompletionQueue& cq, std::chrono::milliseconds timeout) {
     std::array<WorkCompletion, 1> wc;
-    for (Patience patience(timeout);;) {
-        auto n = poll(cq, wc);
-        if (!n)
-            return std::unexpected(std::move(n.error()));
-        if (*n == 1) {
-            if (!wc[0].ok())
-                return std::unexpected(wc[0].error());
-            return wc[0];
-        }
-        if (patience.over())
-            return std::unexpected(patience.error(what));
-    }
+    if (auto ok = wait_n(cq, wc, 1, {.timeout = timeout}); !ok)
+        return std::unexpected(std::move(ok.error()));
+    return wc[0];
 }
 
 // QP q's buffers for a run of `size` bytes, sliced once before the timed loop (as
@@ -184,7 +175,7 @@ Result<void> latency_loop(Side& side, std::uint32_t size, std::uint32_t iters, s
                     return std::unexpected(patience.error("WRITE from the peer"));
             return {};
         }
-        auto wc = next_completion(side.recv_cq(0), o.timeout, "message from the peer");
+        auto wc = next_completion(side.recv_cq(0), o.timeout);
         if (!wc)
             return std::unexpected(std::move(wc.error()));
         return take_message(side, 0, size, i, *wc);
@@ -210,7 +201,7 @@ Result<void> latency_loop(Side& side, std::uint32_t size, std::uint32_t iters, s
             return ok;
         if (!selective) {
             // perftest's order: our own completion first, then the peer's answer
-            auto wc = next_completion(side.send_cq(0), o.timeout, "send completion");
+            auto wc = next_completion(side.send_cq(0), o.timeout);
             if (!wc)
                 return std::unexpected(std::move(wc.error()));
             if (verb == Verb::atomic && load_u64(buffers.result) != i)

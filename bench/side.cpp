@@ -112,6 +112,12 @@ Result<void> Side::build() {
     return {};
 }
 
+Result<void> Side::build_on(const std::string& device, std::uint8_t ib_port) {
+    options_.device = device;
+    options_.ib_port = ib_port;
+    return build();
+}
+
 Result<void> Side::connect_cm(std::size_t i, CmConnection connection) {
     auto peer = connection.connect(qps_[i], {}, {.path_mtu = options_.mtu}, options_.timeout);
     if (!peer)
@@ -194,12 +200,9 @@ Result<Side> Side::connect(const Options& options) {
             auto connection = CmConnection::resolve(options.host, options.port, options.timeout);
             if (!connection)
                 return std::unexpected(std::move(connection.error()));
-            if (i == 0) {
-                side.options_.device = connection->device();
-                side.options_.ib_port = connection->ib_port();
-                if (auto ok = side.build(); !ok)
+            if (i == 0)
+                if (auto ok = side.build_on(connection->device(), connection->ib_port()); !ok)
                     return std::unexpected(std::move(ok.error()));
-            }
             if (auto ok = side.connect_cm(i, std::move(*connection)); !ok)
                 return std::unexpected(std::move(ok.error()));
         }
@@ -244,12 +247,9 @@ Result<Side> Side::accept(const Options& options) {
         auto connect_request = cm->next(options.timeout);
         if (!connect_request)
             return std::unexpected(std::move(connect_request.error()));
-        if (i == 0) {
-            side.options_.device = connect_request->device();
-            side.options_.ib_port = connect_request->ib_port();
-            if (auto ok = side.build(); !ok)
+        if (i == 0)
+            if (auto ok = side.build_on(connect_request->device(), connect_request->ib_port()); !ok)
                 return std::unexpected(std::move(ok.error())); // the request, dropped, rejects the client
-        }
         if (auto ok = side.accept_cm(i, std::move(*connect_request)); !ok)
             return std::unexpected(std::move(ok.error()));
     }

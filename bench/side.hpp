@@ -60,6 +60,8 @@ private:
     Side(Options options, Role role, TcpStream stream) : options_(std::move(options)), role_(role), stream_(std::move(stream)) {}
     // Device, CQs, QPs (inline limit resolved) and memory for options_.
     Result<void> build();
+    // build() on the device and port RDMA CM resolved to.
+    Result<void> build_on(const std::string& device, std::uint8_t ib_port);
     // RDMA CM: QP i connected through one CM connection each.
     Result<void> connect_cm(std::size_t i, CmConnection connection);
     Result<void> accept_cm(std::size_t i, CmRequest request);
