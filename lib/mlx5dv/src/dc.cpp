@@ -150,9 +150,6 @@ DcEndpoint DcTarget::endpoint(std::source_location where) const {
     return {.dctn = qp->qp_num, .dc_key = access_key_, .gid = gid_.gid, .lid = port_.lid, .mtu = port_.active_mtu};
 }
 
-ibv_qp* DcTarget::get(std::source_location where) const {
-    return rdmaxx::detail::live(qp_, "DcTarget", where).get();
-}
 
 Result<DcInitiator> DcInitiator::create(const ProtectionDomain& pd, const DcInitiatorOptions& options,
                                         std::source_location where) {
@@ -319,8 +316,5 @@ Result<void> DcInitiator::post(const DcDestination& to, ibv_wr_opcode opcode, co
 #endif
 }
 
-ibv_qp* DcInitiator::get(std::source_location where) const {
-    return rdmaxx::detail::live(qp_, "DcInitiator", where).get();
-}
 
 } // namespace rdmaxx::mlx5

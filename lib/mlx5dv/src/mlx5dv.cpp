@@ -155,12 +155,6 @@ Result<void> DeviceMemory::copy_from(std::size_t offset, std::span<std::byte> by
     return {};
 }
 
-ibv_dm* DeviceMemory::get(std::source_location where) const { return handle(where).get(); }
-
-const std::shared_ptr<ibv_dm>& DeviceMemory::handle(std::source_location where) const {
-    return detail::live(dm_, "DeviceMemory", where);
-}
-
 Result<DeviceMemoryRegion> DeviceMemoryRegion::register_memory(const ProtectionDomain& pd, const DeviceMemory& memory,
                                                                Access access, std::source_location where) {
     const std::shared_ptr<ibv_pd>& pd_handle = pd.handle(where);
@@ -175,10 +169,6 @@ Result<DeviceMemoryRegion> DeviceMemoryRegion::register_memory(const ProtectionD
     // deregistered before the device memory is freed and the PD deallocated
     return DeviceMemoryRegion(detail::adopt(mr, "ibv_dereg_mr", &ibv_dereg_mr, pd_handle, dm), memory.size(),
                               zero_based);
-}
-
-ibv_mr* DeviceMemoryRegion::get(std::source_location where) const {
-    return detail::live(mr_, "DeviceMemoryRegion", where).get();
 }
 
 std::uint32_t DeviceMemoryRegion::lkey(std::source_location where) const { return get(where)->lkey; }

@@ -26,8 +26,5 @@ Result<AddressHandle> AddressHandle::create(const std::shared_ptr<ibv_pd>& pd, c
     return AddressHandle(detail::adopt(ah, "ibv_destroy_ah", &ibv_destroy_ah, pd));
 }
 
-ibv_ah* AddressHandle::get(std::source_location where) const {
-    return detail::live(ah_, "AddressHandle", where).get();
-}
 
 } // namespace rdmaxx

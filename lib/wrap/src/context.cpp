@@ -99,9 +99,6 @@ const DeviceAttributes& Context::attributes(std::source_location where) const {
     return detail::live(device_, "Context", where)->attributes;
 }
 
-ibv_context* Context::get(std::source_location where) const {
-    return detail::live(device_, "Context", where)->context;
-}
 
 const detail::DeviceHandle& Context::handle(std::source_location where) const {
     return detail::live(device_, "Context", where);

@@ -119,9 +119,6 @@ int CompletionQueue::channel_fd(std::source_location where) const {
     return channel_->fd;
 }
 
-ibv_cq* CompletionQueue::get(std::source_location where) const {
-    return detail::live(cq_, "CompletionQueue", where).get();
-}
 
 const std::shared_ptr<ibv_cq>& CompletionQueue::handle(std::source_location where) const {
     return detail::live(cq_, "CompletionQueue", where);

@@ -94,9 +94,6 @@ Result<MemoryRegion> MemoryRegion::allocate(const ProtectionDomain& pd, std::siz
     return MemoryRegion(std::move(*mr), size, access);
 }
 
-ibv_mr* MemoryRegion::get(std::source_location where) const {
-    return detail::live(mr_, "MemoryRegion", where).get();
-}
 
 std::byte* MemoryRegion::data(std::source_location where) const {
     return static_cast<std::byte*>(get(where)->addr);

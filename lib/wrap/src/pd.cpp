@@ -12,9 +12,6 @@ Result<ProtectionDomain> ProtectionDomain::create(const Context& context, std::s
     return ProtectionDomain(device, detail::adopt(pd, "ibv_dealloc_pd", &ibv_dealloc_pd, device));
 }
 
-ibv_pd* ProtectionDomain::get(std::source_location where) const {
-    return detail::live(pd_, "ProtectionDomain", where).get();
-}
 
 const std::shared_ptr<ibv_pd>& ProtectionDomain::handle(std::source_location where) const {
     return detail::live(pd_, "ProtectionDomain", where);

@@ -350,9 +350,6 @@ Result<QpState> QueuePair::query_state(std::source_location where) {
     return state_;
 }
 
-ibv_qp* QueuePair::get(std::source_location where) const {
-    return detail::live(qp_, "QueuePair", where).get();
-}
 
 const std::shared_ptr<ibv_pd>& QueuePair::pd(std::source_location where) const {
     return detail::live(pd_, "QueuePair", where);

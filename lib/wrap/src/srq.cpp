@@ -28,9 +28,6 @@ Result<SharedReceiveQueue> SharedReceiveQueue::create(const ProtectionDomain& pd
                               init.attr.max_sge);
 }
 
-ibv_srq* SharedReceiveQueue::get(std::source_location where) const {
-    return detail::live(srq_, "SharedReceiveQueue", where).get();
-}
 
 const std::shared_ptr<ibv_srq>& SharedReceiveQueue::handle(std::source_location where) const {
     return detail::live(srq_, "SharedReceiveQueue", where);

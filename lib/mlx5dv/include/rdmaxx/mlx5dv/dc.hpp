@@ -65,7 +65,9 @@ public:
     // What to send to initiators. Programming error: before activate() succeeded.
     DcEndpoint endpoint(std::source_location where = std::source_location::current()) const;
     QpState state() const noexcept { return state_; }
-    ibv_qp* get(std::source_location where = std::source_location::current()) const;
+    ibv_qp* get(std::source_location where = std::source_location::current()) const {
+        return rdmaxx::detail::live(qp_, "DcTarget", where).get();
+    }
 
 private:
     DcTarget() = default;
@@ -152,7 +154,9 @@ public:
 
     QpState state() const noexcept { return state_; }
     Mtu path_mtu() const noexcept { return path_mtu_; }
-    ibv_qp* get(std::source_location where = std::source_location::current()) const;
+    ibv_qp* get(std::source_location where = std::source_location::current()) const {
+        return rdmaxx::detail::live(qp_, "DcInitiator", where).get();
+    }
 
 private:
     DcInitiator() = default;

@@ -67,8 +67,10 @@ public:
                          std::source_location where = std::source_location::current());
     Result<void> copy_from(std::size_t offset, std::span<std::byte> bytes,
                            std::source_location where = std::source_location::current()) const;
-    ibv_dm* get(std::source_location where = std::source_location::current()) const;
-    const std::shared_ptr<ibv_dm>& handle(std::source_location where = std::source_location::current()) const;
+    ibv_dm* get(std::source_location where = std::source_location::current()) const { return handle(where).get(); }
+    const std::shared_ptr<ibv_dm>& handle(std::source_location where = std::source_location::current()) const {
+        return rdmaxx::detail::live(dm_, "DeviceMemory", where);
+    }
 
 private:
     DeviceMemory(std::shared_ptr<ibv_dm> dm, std::size_t size) : dm_(std::move(dm)), size_(size) {}
@@ -102,7 +104,9 @@ public:
                 std::source_location where = std::source_location::current()) const;
     // The descriptor to hand to a peer: {0, size, rkey}.
     RemoteMemory remote(std::source_location where = std::source_location::current()) const;
-    ibv_mr* get(std::source_location where = std::source_location::current()) const;
+    ibv_mr* get(std::source_location where = std::source_location::current()) const {
+        return rdmaxx::detail::live(mr_, "DeviceMemoryRegion", where).get();
+    }
 
 private:
     DeviceMemoryRegion(std::shared_ptr<ibv_mr> mr, std::size_t size, Access access)

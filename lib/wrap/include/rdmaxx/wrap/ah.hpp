@@ -28,7 +28,11 @@ public:
                                         std::uint8_t port, LinkLayer layer, const ConnectOptions& options = {},
                                         std::source_location where = std::source_location::current());
 
-    ibv_ah* get(std::source_location where = std::source_location::current()) const;
+    ibv_ah* get(std::source_location where = std::source_location::current()) const {
+
+        return detail::live(ah_, "AddressHandle", where).get();
+
+    }
 
 private:
     explicit AddressHandle(std::shared_ptr<ibv_ah> ah) : ah_(std::move(ah)) {}

@@ -72,7 +72,11 @@ public:
     Result<GidEntry> choose_gid(std::uint8_t port = 1, std::optional<std::uint32_t> index = {},
                                 std::source_location where = std::source_location::current()) const;
 
-    ibv_context* get(std::source_location where = std::source_location::current()) const;
+    ibv_context* get(std::source_location where = std::source_location::current()) const {
+
+        return detail::live(device_, "Context", where)->context;
+
+    }
     const detail::DeviceHandle& handle(std::source_location where = std::source_location::current()) const;
 
 private:

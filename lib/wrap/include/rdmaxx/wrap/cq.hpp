@@ -51,7 +51,11 @@ public:
     // loop; follow readiness with wait_event(0ms). Programming error: no channel.
     int channel_fd(std::source_location where = std::source_location::current()) const;
 
-    ibv_cq* get(std::source_location where = std::source_location::current()) const;
+    ibv_cq* get(std::source_location where = std::source_location::current()) const {
+
+        return detail::live(cq_, "CompletionQueue", where).get();
+
+    }
     const std::shared_ptr<ibv_cq>& handle(std::source_location where = std::source_location::current()) const;
 
 private:

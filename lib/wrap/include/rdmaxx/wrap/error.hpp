@@ -95,6 +95,18 @@ namespace detail {
 
 } // namespace detail
 
+namespace detail {
+
+// The failing side of require(): formatted out of line, so that the passing side is
+// one branch the compiler inlines into the hot path without the formatting code.
+template <class... Args>
+[[noreturn, gnu::cold, gnu::noinline]] void fail(std::source_location where, fmt::format_string<Args...> what,
+                                                 Args&&... args) {
+    programming_error(fmt::format(what, std::forward<Args>(args)...), where);
+}
+
+} // namespace detail
+
 // Aborts with a programming error unless `condition` holds. `where` must be the public
 // call's own `std::source_location` parameter, so the message names the user's line.
 // The message is formatted only on failure: a passing check costs one branch.
@@ -102,8 +114,20 @@ template <class... Args>
 inline void require(bool condition, std::source_location where, fmt::format_string<Args...> what,
                     Args&&... args) {
     if (!condition) [[unlikely]]
-        detail::programming_error(fmt::format(what, std::forward<Args>(args)...), where);
+        detail::fail<Args...>(where, what, std::forward<Args>(args)...);
 }
+
+namespace detail {
+
+// A wrapper's handle, or an abort naming the caller when the wrapper was moved from.
+// Inline: every post and poll goes through one.
+template <class Handle>
+const Handle& live(const Handle& handle, std::string_view type, std::source_location where) {
+    require(handle != nullptr, where, "use of a moved-from {}", type);
+    return handle;
+}
+
+} // namespace detail
 
 } // namespace rdmaxx
 

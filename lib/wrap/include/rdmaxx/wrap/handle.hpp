@@ -3,8 +3,6 @@
 #pragma once
 
 #include <memory>
-#include <source_location>
-#include <string_view>
 
 #include <rdmaxx/wrap/error.hpp>
 #include <rdmaxx/wrap/log.hpp>
@@ -21,13 +19,6 @@ std::shared_ptr<T> adopt(T* object, const char* destroy_call, int (*destroy)(T*)
         if (const int rc = destroy(p); rc != 0)
             logger()->error("{}", Error::from_errno(destroy_call, rc > 0 ? rc : errno));
     });
-}
-
-// Aborts naming the caller when a wrapper is used after being moved from.
-template <class Handle>
-const Handle& live(const Handle& handle, std::string_view type, std::source_location where) {
-    require(handle != nullptr, where, "use of a moved-from {}", type);
-    return handle;
 }
 
 } // namespace rdmaxx::detail

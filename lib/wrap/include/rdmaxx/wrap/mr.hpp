@@ -135,7 +135,11 @@ public:
     // The descriptor to hand to a peer.
     RemoteMemory remote(std::source_location where = std::source_location::current()) const;
 
-    ibv_mr* get(std::source_location where = std::source_location::current()) const;
+    ibv_mr* get(std::source_location where = std::source_location::current()) const {
+
+        return detail::live(mr_, "MemoryRegion", where).get();
+
+    }
 
 private:
     MemoryRegion(std::shared_ptr<ibv_mr> mr, std::size_t size, Access access)

@@ -19,7 +19,9 @@ public:
                                            std::source_location where = std::source_location::current());
 
     // Programming error, here and below: a moved-from ProtectionDomain.
-    ibv_pd* get(std::source_location where = std::source_location::current()) const;
+    ibv_pd* get(std::source_location where = std::source_location::current()) const {
+        return detail::live(pd_, "ProtectionDomain", where).get();
+    }
     const std::shared_ptr<ibv_pd>& handle(std::source_location where = std::source_location::current()) const;
     const detail::DeviceHandle& device(std::source_location where = std::source_location::current()) const;
 

@@ -135,7 +135,11 @@ public:
     // The state rdmaxx last set or observed, without a system call.
     QpState state() const noexcept { return state_; }
 
-    ibv_qp* get(std::source_location where = std::source_location::current()) const;
+    ibv_qp* get(std::source_location where = std::source_location::current()) const {
+
+        return detail::live(qp_, "QueuePair", where).get();
+
+    }
     const std::shared_ptr<ibv_pd>& pd(std::source_location where = std::source_location::current()) const;
 
 private:

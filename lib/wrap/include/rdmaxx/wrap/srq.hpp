@@ -29,7 +29,11 @@ public:
     std::uint32_t max_wr() const noexcept { return max_wr_; }
     std::uint32_t max_sge() const noexcept { return max_sge_; }
 
-    ibv_srq* get(std::source_location where = std::source_location::current()) const;
+    ibv_srq* get(std::source_location where = std::source_location::current()) const {
+
+        return detail::live(srq_, "SharedReceiveQueue", where).get();
+
+    }
     const std::shared_ptr<ibv_srq>& handle(std::source_location where = std::source_location::current()) const;
 
 private:
