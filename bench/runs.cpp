@@ -57,12 +57,10 @@ bool receives(Role role, Test test) {
 // WRITE ping-pong: the receiver spins on the last byte, which carries the iteration.
 std::byte tag(std::uint32_t i) { return static_cast<std::byte>(i % 255 + 1); }
 
-// One completion of `cq` (the data layer's bounded busy wait); a failed one is its Error.
-Result<WorkCompletion> next_completion(CompletionQueue& cq, std::chrono::milliseconds timeout) {
-    std::array<WorkCompletion, 1> wc;
-    if (auto ok = wait_n(cq, wc, 1, {.timeout = timeout}); !ok)
-        return std::unexpected(std::move(ok.error()));
-    return wc[0];
+// One completion of `cq` into `wc` (the data layer's bounded busy wait); a failed
+// one is its Error.
+Result<void> next_completion(CompletionQueue& cq, WorkCompletion& wc, std::chrono::milliseconds timeout) {
+    return wait_n(cq, std::span(&wc, 1), 1, {.timeout = timeout});
 }
 
 // QP q's buffers for a run of `size` bytes, sliced once before the timed loop (as
@@ -175,10 +173,10 @@ Result<void> latency_loop(Side& side, std::uint32_t size, std::uint32_t iters, s
                     return std::unexpected(patience.error("WRITE from the peer"));
             return {};
         }
-        auto wc = next_completion(side.recv_cq(0), o.timeout);
-        if (!wc)
-            return std::unexpected(std::move(wc.error()));
-        return take_message(side, 0, size, i, *wc);
+        WorkCompletion wc;
+        if (auto ok = next_completion(side.recv_cq(0), wc, o.timeout); !ok)
+            return ok;
+        return take_message(side, 0, size, i, wc);
     };
     for (std::uint32_t i = 0; i < iters; ++i) {
         if (answered && !client)
@@ -201,9 +199,9 @@ Result<void> latency_loop(Side& side, std::uint32_t size, std::uint32_t iters, s
             return ok;
         if (!selective) {
             // perftest's order: our own completion first, then the peer's answer
-            auto wc = next_completion(side.send_cq(0), o.timeout);
-            if (!wc)
-                return std::unexpected(std::move(wc.error()));
+            WorkCompletion wc;
+            if (auto ok = next_completion(side.send_cq(0), wc, o.timeout); !ok)
+                return ok;
             if (verb == Verb::atomic && load_u64(buffers.result) != i)
                 return std::unexpected(Error::protocol(
                     "peer", fmt::format("atomic {} returned {}, expected {}", i, load_u64(buffers.result), i)));

@@ -1,11 +1,6 @@
 #include <rdmaxx/data/completion.hpp>
 #include <rdmaxx/data/events.hpp>
 
-#include <algorithm>
-#include <optional>
-
-#include <poll.h>
-
 #include <fmt/format.h>
 
 namespace rdmaxx {
@@ -47,73 +42,25 @@ Error WorkCompletion::error(std::source_location where) const {
 
 namespace detail {
 
-Result<void> wait_until(CompletionQueue& cq, const WaitOptions& options, FunctionRef<std::size_t()> room,
-                        FunctionRef<bool(const WorkCompletion&)> take, std::source_location where) {
-    require(options.mode != WaitMode::event || cq.has_channel(), where,
-            "an event wait on a completion queue created without a channel");
-    using clock = std::chrono::steady_clock;
-    // A busy wait that ends within its first 256 polls never reads the clock (most
-    // waits on a hot path): the deadline starts at the first look, 256 polls in.
-    std::optional<clock::time_point> deadline;
-    if (options.mode == WaitMode::event)
-        deadline = clock::now() + options.timeout;
-    std::array<WorkCompletion, 16> batch;
-    // Drains what is there; true when `take` is satisfied, an Error on a failure.
-    const auto drain = [&]() -> Result<bool> {
-        for (;;) {
-            const std::size_t want = std::min(room(), batch.size());
-            auto n = poll(cq, std::span(batch).first(want));
-            if (!n)
-                return std::unexpected(std::move(n.error()));
-            for (std::size_t i = 0; i < *n; ++i) {
-                const bool done = take(batch[i]);
-                if (!batch[i].ok())
-                    return std::unexpected(batch[i].error());
-                if (done)
-                    return true;
-            }
-            if (*n < want)
-                return false;
-        }
-    };
-    const auto fatal_event = [&]() -> Result<void> {
-        if (!options.events)
-            return {};
-        return options.events->check(options.qp_num);
-    };
-    for (unsigned spins = 0;; ++spins) {
-        auto done = drain();
-        if (!done || *done)
-            return done ? Result<void>{} : std::unexpected(std::move(done.error()));
-        if (options.mode == WaitMode::event) {
-            // arm, then poll once more: a completion that landed before the arm
-            // raises no event
-            if (auto armed = cq.arm(); !armed)
-                return armed;
-            done = drain();
-            if (!done || *done)
-                return done ? Result<void>{} : std::unexpected(std::move(done.error()));
-        }
-        // the clock and the device's async events are looked at every 256 spins
-        // when busy polling (a system call each), at every wake-up otherwise
-        if (options.mode == WaitMode::event || spins % 256 == 255) {
-            if (auto ok = fatal_event(); !ok)
-                return ok;
-            const auto now = clock::now();
-            if (!deadline)
-                deadline = now + options.timeout;
-            if (now >= *deadline)
-                return std::unexpected(Error::timeout(
-                    "wait", fmt::format("no completion within {} ms", options.timeout.count())));
-            if (options.mode == WaitMode::event) {
-                const auto left = std::chrono::ceil<std::chrono::milliseconds>(*deadline - now);
-                const int async_fd = options.events ? options.events->fd() : -1;
-                auto woke = cq.wait_event(left, async_fd);
-                if (!woke && !woke.error().is_timeout())
-                    return woke;
-            }
-        }
+Error poll_error(int n) { return Error::from_errno("ibv_poll_cq", n == -1 ? EIO : -n); }
+
+Result<void> WaitPause::operator()(CompletionQueue& cq, const WaitOptions& options) {
+    if (options.events)
+        if (auto ok = options.events->check(options.qp_num); !ok)
+            return ok;
+    const auto now = std::chrono::steady_clock::now();
+    if (!deadline_)
+        deadline_ = now + options.timeout;
+    if (now >= *deadline_)
+        return std::unexpected(
+            Error::timeout("wait", fmt::format("no completion within {} ms", options.timeout.count())));
+    if (options.mode == WaitMode::event) {
+        const auto left = std::chrono::ceil<std::chrono::milliseconds>(*deadline_ - now);
+        auto woke = cq.wait_event(left, options.events ? options.events->fd() : -1);
+        if (!woke && !woke.error().is_timeout())
+            return woke;
     }
+    return {};
 }
 
 } // namespace detail

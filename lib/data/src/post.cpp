@@ -43,4 +43,20 @@ int post_extended(ibv_qp_ex* qpx, const ibv_send_wr* wr) {
     return ibv_wr_complete(qpx);
 }
 
+Error post_error(bool extended, int rc, const ibv_send_wr& first, const ibv_send_wr* bad, std::size_t count,
+                 std::size_t& accepted) {
+    accepted = 0;
+    if (extended)
+        return Error::from_errno("ibv_wr_complete", rc, fmt::format("{} WR(s), none posted", count));
+    for (const ibv_send_wr* wr = &first; wr && wr != bad; wr = wr->next)
+        ++accepted;
+    return Error::from_errno("ibv_post_send", rc,
+                             fmt::format("WR {} of {} (wr_id {}) failed; the WRs before it were posted", accepted,
+                                         count, bad ? bad->wr_id : 0));
+}
+
+Error post_recv_error(const char* call, int rc, std::uint64_t wr_id) {
+    return Error::from_errno(call, rc, fmt::format("wr_id {}", wr_id));
+}
+
 } // namespace rdmaxx::detail

@@ -2,6 +2,8 @@
 // bounded waits (busy polling or the completion channel).
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <optional>
@@ -24,6 +26,11 @@ enum class WcOpcode : std::uint8_t {
     send, rdma_write, rdma_read, compare_swap, fetch_add, recv, recv_rdma_with_imm,
 };
 std::string_view to_string(WcOpcode opcode) noexcept;
+
+namespace detail {
+// The Error of ibv_poll_cq's negative return `n` (providers return -1 or -errno).
+[[gnu::cold]] Error poll_error(int n);
+} // namespace detail
 
 // One completion, layout-identical to ibv_wc so that ibv_poll_cq writes straight into
 // a caller's array of them.
@@ -67,7 +74,7 @@ static_assert(std::is_standard_layout_v<WorkCompletion> && sizeof(WorkCompletion
 inline Result<std::size_t> poll(const CompletionQueue& cq, std::span<WorkCompletion> out) {
     const int n = ibv_poll_cq(cq.get(), static_cast<int>(out.size()), reinterpret_cast<ibv_wc*>(out.data()));
     if (n < 0) [[unlikely]]
-        return std::unexpected(Error::from_errno("ibv_poll_cq", n == -1 ? EIO : -n));
+        return std::unexpected(detail::poll_error(n));
     return static_cast<std::size_t>(n);
 }
 
@@ -87,27 +94,63 @@ struct WaitOptions {
 
 namespace detail {
 
-// A non-owning reference to a callable: a callback without an allocation.
-template <class Signature>
-class FunctionRef;
-template <class R, class... Args>
-class FunctionRef<R(Args...)> {
+// The slow part of a wait, out of line: the clock, the device's fatal events and, in
+// event mode, the sleep on the completion channel. A busy wait pauses every 256 empty
+// polls, an event wait at every turn; the deadline starts at the first pause, so a
+// busy wait that ends sooner never reads the clock.
+class WaitPause {
 public:
-    template <class F>
-    FunctionRef(F& f) noexcept // NOLINT: implicit by design, like std::function_ref
-        : object_(&f), call_([](void* o, Args... args) -> R { return (*static_cast<F*>(o))(args...); }) {}
-    R operator()(Args... args) const { return call_(object_, args...); }
+    Result<void> operator()(CompletionQueue& cq, const WaitOptions& options);
 
 private:
-    void* object_;
-    R (*call_)(void*, Args...);
+    std::optional<std::chrono::steady_clock::time_point> deadline_;
 };
 
 // Hands completions to `take` until it returns true; a failed completion ends the
 // wait with its Error after `take` saw it. `room()` bounds how many completions one
-// poll may take: none may be taken out of the CQ that `take` will not keep.
-Result<void> wait_until(CompletionQueue& cq, const WaitOptions& options, FunctionRef<std::size_t()> room,
-                        FunctionRef<bool(const WorkCompletion&)> take, std::source_location where);
+// poll may take: none may be taken out of the CQ that `take` will not keep. Inline,
+// with `room` and `take` inlined into it: a completion found within the first polls
+// costs ibv_poll_cq and a few branches, as a hand-written loop would.
+template <class Room, class Take>
+Result<void> wait_until(CompletionQueue& cq, const WaitOptions& options, Room&& room, Take&& take,
+                        std::source_location where) {
+    require(options.mode != WaitMode::event || cq.has_channel(), where,
+            "an event wait on a completion queue created without a channel");
+    ibv_cq* const raw = cq.get(where);
+    std::array<WorkCompletion, 16> batch;
+    WaitPause pause;
+    bool armed = false;
+    for (unsigned spins = 1;; ++spins) {
+        // drain what is there
+        for (;;) {
+            const int want = static_cast<int>(std::min<std::size_t>(room(), batch.size()));
+            const int n = ibv_poll_cq(raw, want, reinterpret_cast<ibv_wc*>(batch.data()));
+            if (n < 0) [[unlikely]]
+                return std::unexpected(poll_error(n));
+            for (int i = 0; i < n; ++i) {
+                const bool done = take(batch[static_cast<std::size_t>(i)]);
+                if (!batch[static_cast<std::size_t>(i)].ok()) [[unlikely]]
+                    return std::unexpected(batch[static_cast<std::size_t>(i)].error());
+                if (done)
+                    return {};
+            }
+            if (n < want)
+                break;
+        }
+        if (options.mode == WaitMode::event && !armed) {
+            // arm, then drain once more before sleeping: a completion that landed
+            // before the arm raises no event
+            if (auto ok = cq.arm(); !ok)
+                return ok;
+            armed = true;
+            continue;
+        }
+        armed = false;
+        if (options.mode == WaitMode::event || spins % 256 == 0)
+            if (auto ok = pause(cq, options); !ok)
+                return ok;
+    }
+}
 
 } // namespace detail
 

@@ -128,28 +128,25 @@ inline void build_atomic(SendWr& s, const QueuePair& qp, ibv_wr_opcode opcode, c
 // Replays a WR chain through the ibv_wr_* API; returns ibv_wr_complete's result.
 int post_extended(ibv_qp_ex* qpx, const ibv_send_wr* wr);
 
+// The Error of a failed post of `count` WRs from `first`; sets `accepted`. The
+// extended API posts all or nothing; ibv_post_send posts the WRs before `bad`. Out of
+// line: the post path carries no formatting code.
+[[gnu::cold]] Error post_error(bool extended, int rc, const ibv_send_wr& first, const ibv_send_wr* bad,
+                               std::size_t count, std::size_t& accepted);
+
 // Posts a WR chain of `count` WRs through the QP's post API; `accepted` receives how
 // many WRs the device took (all, or those before the failing one).
 inline Result<void> submit(QueuePair& qp, ibv_send_wr& first, std::size_t count, std::size_t& accepted,
                            std::source_location where) {
     accepted = count;
     if (ibv_qp_ex* qpx = qp.extended()) {
-        if (const int rc = post_extended(qpx, &first); rc != 0) [[unlikely]] {
-            accepted = 0; // ibv_wr_complete posts all or nothing
-            return std::unexpected(Error::from_errno("ibv_wr_complete", rc, fmt::format("{} WR(s), none posted", count)));
-        }
+        if (const int rc = post_extended(qpx, &first); rc != 0) [[unlikely]]
+            return std::unexpected(post_error(true, rc, first, nullptr, count, accepted));
         return {};
     }
     ibv_send_wr* bad = nullptr;
-    if (const int rc = ibv_post_send(qp.get(where), &first, &bad); rc != 0) [[unlikely]] {
-        accepted = 0;
-        for (const ibv_send_wr* wr = &first; wr && wr != bad; wr = wr->next)
-            ++accepted;
-        return std::unexpected(Error::from_errno(
-            "ibv_post_send", rc,
-            fmt::format("WR {} of {} (wr_id {}) failed; the WRs before it were posted", accepted, count,
-                        bad ? bad->wr_id : 0)));
-    }
+    if (const int rc = ibv_post_send(qp.get(where), &first, &bad); rc != 0) [[unlikely]]
+        return std::unexpected(post_error(false, rc, first, bad, count, accepted));
     return {};
 }
 
@@ -307,6 +304,9 @@ inline Result<void> post_fetch_add(QueuePair& qp, const LocalSlice& result, cons
 
 namespace detail {
 
+// The Error of a failed receive post (out of line, as post_error).
+[[gnu::cold]] Error post_recv_error(const char* call, int rc, std::uint64_t wr_id);
+
 inline void build_recv(ibv_recv_wr& wr, std::array<ibv_sge, max_sge>& sge, Gather local, std::uint64_t wr_id,
                                std::uint32_t max_recv_sge, std::source_location where) {
     const auto slices = local.slices();
@@ -332,7 +332,7 @@ inline Result<void> post_recv(QueuePair& qp, Gather local, std::uint64_t wr_id,
     detail::build_recv(wr, sge, local, wr_id, qp.caps().max_recv_sge, where);
     ibv_recv_wr* bad = nullptr;
     if (const int rc = ibv_post_recv(qp.get(where), &wr, &bad); rc != 0) [[unlikely]]
-        return std::unexpected(Error::from_errno("ibv_post_recv", rc, fmt::format("wr_id {}", wr_id)));
+        return std::unexpected(detail::post_recv_error("ibv_post_recv", rc, wr_id));
     return {};
 }
 
@@ -343,7 +343,7 @@ inline Result<void> post_recv(SharedReceiveQueue& srq, Gather local, std::uint64
     detail::build_recv(wr, sge, local, wr_id, srq.max_sge(), where);
     ibv_recv_wr* bad = nullptr;
     if (const int rc = ibv_post_srq_recv(srq.get(where), &wr, &bad); rc != 0) [[unlikely]]
-        return std::unexpected(Error::from_errno("ibv_post_srq_recv", rc, fmt::format("wr_id {}", wr_id)));
+        return std::unexpected(detail::post_recv_error("ibv_post_srq_recv", rc, wr_id));
     return {};
 }
 

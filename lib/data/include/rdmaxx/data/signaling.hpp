@@ -34,7 +34,7 @@ public:
                              std::chrono::milliseconds timeout = std::chrono::seconds(5),
                              std::source_location where = std::source_location::current()) {
         if (posted_ - retired_ == depth_) [[unlikely]] {
-            if (auto ok = reap(true, timeout, where); !ok)
+            if (auto ok = reap(timeout, where); !ok)
                 return std::unexpected(std::move(ok.error()));
         }
         options.signaled = force_signal || ++since_signal_ == interval_;
@@ -53,7 +53,7 @@ public:
     Result<void> drain(std::chrono::milliseconds timeout = std::chrono::seconds(5),
                        std::source_location where = std::source_location::current()) {
         while (signaled_count_ != 0)
-            if (auto ok = reap(true, timeout, where); !ok)
+            if (auto ok = reap(timeout, where); !ok)
                 return ok;
         return {};
     }
@@ -62,33 +62,20 @@ public:
     std::uint64_t outstanding() const noexcept { return posted_ - retired_; }
 
 private:
-    // Takes completions (waiting for at least one if `wait`); each retires its WR and
-    // every unsignaled WR before it.
-    Result<void> reap(bool wait, std::chrono::milliseconds timeout, std::source_location where) {
-        std::array<WorkCompletion, 16> batch;
-        const auto deadline = std::chrono::steady_clock::now() + timeout;
-        for (unsigned spins = 0;; ++spins) {
-            auto n = poll(*cq_, batch);
-            if (!n)
-                return std::unexpected(std::move(n.error()));
-            for (std::size_t i = 0; i < *n; ++i) {
-                const WorkCompletion& wc = batch[i];
-                require(wc.qp_num() == qp_->qpn(), where,
-                        "a completion of QP {:#x} in the send CQ of a SignaledSendQueue for QP {:#x}", wc.qp_num(),
-                        qp_->qpn());
-                require(signaled_count_ != 0, where, "a completion for a WR this SignaledSendQueue did not signal");
-                retired_ = signaled_[signaled_head_] + 1;
-                signaled_head_ = (signaled_head_ + 1) % depth_;
-                --signaled_count_;
-                if (!wc.ok())
-                    return std::unexpected(wc.error());
-            }
-            if (*n != 0 || !wait)
-                return {};
-            if (spins % 256 == 0 && std::chrono::steady_clock::now() >= deadline)
-                return std::unexpected(Error::timeout(
-                    "SignaledSendQueue", fmt::format("no send completion within {} ms", timeout.count())));
-        }
+    // Waits for the next signaled WR's completion, which retires it and every
+    // unsignaled WR before it. One at a time: each retires a whole interval.
+    Result<void> reap(std::chrono::milliseconds timeout, std::source_location where) {
+        const auto retire = [&](const WorkCompletion& wc) {
+            require(wc.qp_num() == qp_->qpn(), where,
+                    "a completion of QP {:#x} in the send CQ of a SignaledSendQueue for QP {:#x}", wc.qp_num(),
+                    qp_->qpn());
+            require(signaled_count_ != 0, where, "a completion for a WR this SignaledSendQueue did not signal");
+            retired_ = signaled_[signaled_head_] + 1;
+            signaled_head_ = (signaled_head_ + 1) % depth_;
+            --signaled_count_;
+            return true;
+        };
+        return detail::wait_until(*cq_, {.timeout = timeout}, [] { return std::size_t{1}; }, retire, where);
     }
 
     QueuePair* qp_;
