@@ -37,6 +37,10 @@ TEST_CASE("10,000 post + poll round trips allocate nothing, on both post APIs") 
     for (const PostApi api : {PostApi::classic, PostApi::extended}) {
         test::RcPair p(api);
         std::array<WorkCompletion, 16> wcs;
+        SendBatch<1> prebuilt(p.a);
+        prebuilt.write(p.mem_a.slice(0, 64), p.mem_b.remote().slice(8192, 64));
+        RecvBatch<1> receive(p.b);
+        receive.add(p.mem_b.slice(0, 64), 0);
         allocations = 0;
         counting = true;
         for (std::uint64_t i = 0; i < 10'000; ++i) {
@@ -47,6 +51,12 @@ TEST_CASE("10,000 post + poll round trips allocate nothing, on both post APIs") 
             (void)wait_for(p.cq_a, i);
             (void)wait_for(p.cq_b, i);
             (void)poll(p.cq_a, wcs);
+            // the same through batches built once
+            (void)receive.set_wr_id(0, i).post();
+            (void)post_send(p.a, p.mem_a.slice(64, 64), {.wr_id = i, .signaled = false});
+            (void)prebuilt.set_wr_id(0, i).post();
+            (void)wait_n(p.cq_a, std::span(wcs).first(1), 1);
+            (void)wait_for(p.cq_b, i);
         }
         counting = false;
         CHECK(allocations.load() == 0);

@@ -1,6 +1,7 @@
 // Batches, selective signaling, waits, error paths and asynchronous events.
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 
 #include <net/if.h>
 #include <unistd.h>
@@ -55,6 +56,65 @@ TEST_CASE("a 64-WR batch is posted with one doorbell, on both post APIs") {
         CHECK(after == 9);
         CHECK(must(wait_for(p.cq_b, 99)).opcode() == WcOpcode::recv);
     }
+}
+
+TEST_CASE("a batch built once is posted again and again, changing only what varies, on both post APIs") {
+    for (const PostApi api : {PostApi::classic, PostApi::extended}) {
+        CAPTURE(static_cast<int>(api));
+        test::RcPair p(api);
+        const RemoteMemory remote = p.mem_b.remote();
+        SendBatch<2> batch(p.a);
+        batch.write_with_imm(p.mem_a.slice(0, 8), remote.slice(64, 8), 0)
+            .fetch_add(p.mem_a.slice(128, 8), remote.slice(256, 8), 10, {.signaled = false});
+        RecvBatch<1> receive(p.b);
+        receive.add(p.mem_b.slice(512, 0), 0);
+        std::array<WorkCompletion, 2> wcs;
+        for (std::uint32_t round = 0; round < 5; ++round) {
+            std::memcpy(p.mem_a.data(), &round, 4);
+            must(receive.set_wr_id(0, 100 + round).post());
+            batch.set_wr_id(0, round).set_imm(0, 7000 + round).set_atomic(1, round + 1);
+            batch.set_signaled(1, round == 4); // the last round also signals the FAA
+            must(batch.post());
+            must(wait_n(p.cq_a, wcs, round == 4 ? 2 : 1));
+            CHECK(wcs[0].wr_id() == round);
+            const WorkCompletion got = must(wait_for(p.cq_b, 100 + round));
+            CHECK(got.imm() == 7000 + round);
+            std::uint32_t landed = 0;
+            std::memcpy(&landed, p.mem_b.data() + 64, 4);
+            CHECK(landed == round);
+        }
+        std::uint64_t total = 0;
+        std::memcpy(&total, p.mem_b.data() + 256, 8);
+        CHECK(total == 1 + 2 + 3 + 4 + 5); // each round's addend, set in place
+
+        // a copy posts on its own storage, after the original is gone
+        std::optional<SendBatch<2>> original(std::in_place, p.a);
+        original->write(p.mem_a.slice(1024, 16), remote.slice(2048, 16), {.wr_id = 55});
+        SendBatch<2> copy = *original;
+        original.reset();
+        test::fill(p.mem_a.bytes().subspan(1024, 16), 3);
+        must(copy.post());
+        CHECK(must(wait_for(p.cq_a, 55)).ok());
+        CHECK(std::memcmp(p.mem_b.data() + 2048, p.mem_a.data() + 1024, 16) == 0);
+
+        RDMAXX_CHECK_DEATH(batch.set_imm(1, 1), "carries no immediate");
+        RDMAXX_CHECK_DEATH(batch.set_atomic(0, 1), "is not an atomic");
+        RDMAXX_CHECK_DEATH(batch.set_wr_id(2, 1), "WR 2 of a batch of 2");
+        RDMAXX_CHECK_DEATH(receive.set_wr_id(1, 1), "WR 1 of a batch of 1");
+        RDMAXX_CHECK_DEATH(receive.add(p.mem_b.slice(0, 8), 1), "a RecvBatch<1> is full");
+        RDMAXX_CHECK_DEATH((void)RecvBatch<1>(p.b).post(), "post of an empty batch");
+    }
+}
+
+TEST_CASE("a batch may be built before its QP is connected, not posted") {
+    test::RcPair p;
+    QueuePair fresh = must(QueuePair::create(p.pd, {.send_cq = &p.cq_a, .recv_cq = &p.cq_a}));
+    SendBatch<1> batch(fresh);
+    batch.write(p.mem_a.slice(0, 8), p.mem_b.remote().slice(0, 8));
+    RDMAXX_CHECK_DEATH((void)batch.post(), "connect it first");
+    RecvBatch<1> receive(fresh);
+    receive.add(p.mem_a.slice(0, 8), 1);
+    RDMAXX_CHECK_DEATH((void)receive.post(), "in RESET");
 }
 
 TEST_CASE("a failed batch post says which WR failed and why") {

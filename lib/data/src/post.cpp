@@ -55,8 +55,14 @@ Error post_error(bool extended, int rc, const ibv_send_wr& first, const ibv_send
                                          count, bad ? bad->wr_id : 0));
 }
 
-Error post_recv_error(const char* call, int rc, std::uint64_t wr_id) {
-    return Error::from_errno(call, rc, fmt::format("wr_id {}", wr_id));
+Error post_recv_error(const char* call, int rc, const ibv_recv_wr& first, const ibv_recv_wr* bad,
+                      std::size_t count) {
+    std::size_t posted = 0;
+    for (const ibv_recv_wr* wr = &first; wr && wr != bad; wr = wr->next)
+        ++posted;
+    return Error::from_errno(call, rc,
+                             fmt::format("WR {} of {} (wr_id {}) failed; the WRs before it were posted", posted, count,
+                                         bad ? bad->wr_id : 0));
 }
 
 } // namespace rdmaxx::detail

@@ -71,7 +71,7 @@ static_assert(std::is_standard_layout_v<WorkCompletion> && sizeof(WorkCompletion
 
 // Takes up to `out.size()` completions without waiting; returns how many. Failed
 // completions are returned like the others: check each one.
-inline Result<std::size_t> poll(const CompletionQueue& cq, std::span<WorkCompletion> out) {
+[[gnu::always_inline]] inline Result<std::size_t> poll(const CompletionQueue& cq, std::span<WorkCompletion> out) {
     const int n = ibv_poll_cq(cq.get(), static_cast<int>(out.size()), reinterpret_cast<ibv_wc*>(out.data()));
     if (n < 0) [[unlikely]]
         return std::unexpected(detail::poll_error(n));
@@ -108,11 +108,11 @@ private:
 
 // Hands completions to `take` until it returns true; a failed completion ends the
 // wait with its Error after `take` saw it. `room()` bounds how many completions one
-// poll may take: none may be taken out of the CQ that `take` will not keep. Inline,
-// with `room` and `take` inlined into it: a completion found within the first polls
-// costs ibv_poll_cq and a few branches, as a hand-written loop would.
+// poll may take: none may be taken out of the CQ that `take` will not keep. Always
+// inline, with `room` and `take` inlined into it: a completion found within the
+// first polls costs ibv_poll_cq and a few branches, as a hand-written loop would.
 template <class Room, class Take>
-Result<void> wait_until(CompletionQueue& cq, const WaitOptions& options, Room&& room, Take&& take,
+[[gnu::always_inline]] inline Result<void> wait_until(CompletionQueue& cq, const WaitOptions& options, Room&& room, Take&& take,
                         std::source_location where) {
     require(options.mode != WaitMode::event || cq.has_channel(), where,
             "an event wait on a completion queue created without a channel");
@@ -158,7 +158,7 @@ Result<void> wait_until(CompletionQueue& cq, const WaitOptions& options, Room&& 
 // wait early with its Error (it and those before it are in `out`). A timeout is an
 // Error of kind timeout. Programming error: n > out.size(), event mode on a CQ
 // without a channel.
-inline Result<void> wait_n(CompletionQueue& cq, std::span<WorkCompletion> out, std::size_t n,
+[[gnu::always_inline]] inline Result<void> wait_n(CompletionQueue& cq, std::span<WorkCompletion> out, std::size_t n,
                            const WaitOptions& options = {},
                            std::source_location where = std::source_location::current()) {
     require(n <= out.size(), where, "wait_n for {} completions into room for {}", n, out.size());

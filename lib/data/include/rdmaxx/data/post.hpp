@@ -1,8 +1,12 @@
 // Posting work requests: one-sided (READ, WRITE, WRITE_WITH_IMM, CAS, FAA), two-sided
 // (SEND, SEND_WITH_IMM, RECV), UD sends, and batches rung with one doorbell.
 //
-// Everything here is inline and allocation-free: a post costs the checks below (a
-// few branches) plus what ibv_post_send or the ibv_wr_* API costs. The checks are
+// Everything here is inline (the posts always: no call of rdmaxx's own between the
+// caller and ibv_post_send) and allocation-free: a post costs the checks below (a
+// few branches) plus what ibv_post_send or the ibv_wr_* API costs. A hot loop builds
+// its WRs once in a SendBatch or RecvBatch and posts that batch again and again,
+// changing only what varies (wr_id, signaling, immediate, atomic operands), as
+// perftest does with its prebuilt WRs. The checks are
 // programming errors (abort naming the caller): posting on a QP that is not in RTS,
 // a remote slice smaller than the local data, inline data above the QP's
 // max_inline_data, more SGEs than the QP was created with, an operation the QP type
@@ -71,9 +75,6 @@ struct SendWr {
 // The common part of every send WR; returns the payload length.
 inline std::uint64_t build(SendWr& s, const QueuePair& qp, ibv_wr_opcode opcode, Gather local,
                            const PostOptions& options, std::source_location where) {
-    // RTS and later: a QP in ERR takes WRs and flushes them, a runtime condition
-    require(qp.state() >= QpState::rts, where, "post on a {} QP in state {}: connect it first",
-            qp.type(), qp.state());
     const auto slices = local.slices();
     require(slices.size() <= qp.caps().max_send_sge && slices.size() <= max_sge, where,
             "{} SGEs on a QP created with max_send_sge {}", slices.size(), qp.caps().max_send_sge);
@@ -136,8 +137,11 @@ int post_extended(ibv_qp_ex* qpx, const ibv_send_wr* wr);
 
 // Posts a WR chain of `count` WRs through the QP's post API; `accepted` receives how
 // many WRs the device took (all, or those before the failing one).
-inline Result<void> submit(QueuePair& qp, ibv_send_wr& first, std::size_t count, std::size_t& accepted,
+[[gnu::always_inline]] inline Result<void> submit(QueuePair& qp, ibv_send_wr& first, std::size_t count, std::size_t& accepted,
                            std::source_location where) {
+    // RTS and later: a QP in ERR takes WRs and flushes them, a runtime condition
+    require(qp.state() >= QpState::rts, where, "post on a {} QP in state {}: connect it first", qp.type(),
+            qp.state());
     accepted = count;
     if (ibv_qp_ex* qpx = qp.extended()) {
         if (const int rc = post_extended(qpx, &first); rc != 0) [[unlikely]]
@@ -155,6 +159,10 @@ inline Result<void> submit(QueuePair& qp, ibv_send_wr& first, std::size_t count,
 // Up to N send WRs chained and posted with one doorbell; no heap. Add operations,
 // then post(); clear() makes room for the next batch. Each add checks what the
 // matching post_* function documents (programming errors), plus: the batch is full.
+// A batch stays built after post(): post it again, after changing what varies with
+// the set_* calls, and a post costs ibv_post_send and a few branches. A batch may be
+// copied and moved (each post points its WRs at their own storage); its QP must
+// outlive it.
 template <std::size_t N>
 class SendBatch {
 public:
@@ -223,18 +231,53 @@ public:
         return *this;
     }
 
+    // What varies between posts of WR k (in the order added). Programming error: k
+    // past the batch, an immediate on a WR without one, atomic operands on a WR that
+    // is not an atomic.
+    SendBatch& set_wr_id(std::size_t k, std::uint64_t wr_id,
+                         std::source_location where = std::source_location::current()) {
+        at(k, where).wr.wr_id = wr_id;
+        return *this;
+    }
+    SendBatch& set_signaled(std::size_t k, bool signaled,
+                            std::source_location where = std::source_location::current()) {
+        ibv_send_wr& wr = at(k, where).wr;
+        wr.send_flags = signaled ? wr.send_flags | IBV_SEND_SIGNALED : wr.send_flags & ~unsigned{IBV_SEND_SIGNALED};
+        return *this;
+    }
+    // `imm` in host order, as in write_with_imm().
+    SendBatch& set_imm(std::size_t k, std::uint32_t imm, std::source_location where = std::source_location::current()) {
+        ibv_send_wr& wr = at(k, where).wr;
+        require(wr.opcode == IBV_WR_RDMA_WRITE_WITH_IMM || wr.opcode == IBV_WR_SEND_WITH_IMM, where,
+                "set_imm on WR {} of a batch, which carries no immediate", k);
+        wr.imm_data = htonl(imm);
+        return *this;
+    }
+    // compare_add: the CAS's compare value or the FAA's addend; swap: the CAS's swap.
+    SendBatch& set_atomic(std::size_t k, std::uint64_t compare_add, std::uint64_t swap = 0,
+                          std::source_location where = std::source_location::current()) {
+        ibv_send_wr& wr = at(k, where).wr;
+        require(wr.opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wr.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD, where,
+                "set_atomic on WR {} of a batch, which is not an atomic", k);
+        wr.wr.atomic.compare_add = compare_add;
+        wr.wr.atomic.swap = swap;
+        return *this;
+    }
+
     // Posts every WR with one doorbell. On failure the Error says which WR failed and
     // why, and accepted() how many WRs before it the device took (the classic API
     // posts those; the extended API posts all or nothing). Atomics on a device
-    // without atomic support are an Error before anything is posted.
-    Result<void> post(std::source_location where = std::source_location::current()) {
+    // without atomic support are an Error before anything is posted. Programming
+    // error: an empty batch, a QP not in RTS (or later).
+    [[gnu::always_inline]] Result<void> post(std::source_location where = std::source_location::current()) {
         require(count_ > 0, where, "post of an empty batch");
         accepted_ = 0;
         if (atomics_ && !qp_->supports_atomics()) [[unlikely]]
             return std::unexpected(Error::unsupported("post", "atomics on a device without atomic support"));
-        for (std::size_t i = 0; i + 1 < count_; ++i)
-            wrs_[i].wr.next = &wrs_[i + 1].wr;
-        wrs_[count_ - 1].wr.next = nullptr;
+        for (std::size_t i = 0; i < count_; ++i) {
+            wrs_[i].wr.sg_list = wrs_[i].sge.data();
+            wrs_[i].wr.next = i + 1 < count_ ? &wrs_[i + 1].wr : nullptr;
+        }
         return detail::submit(*qp_, wrs_[0].wr, count_, accepted_, where);
     }
     // How many WRs the last post() handed to the device.
@@ -244,6 +287,10 @@ private:
     detail::SendWr& next(std::source_location where) {
         require(count_ < N, where, "a SendBatch<{}> is full", N);
         return wrs_[count_++];
+    }
+    detail::SendWr& at(std::size_t k, std::source_location where) {
+        require(k < count_, where, "WR {} of a batch of {}", k, count_);
+        return wrs_[k];
     }
 
     QueuePair* qp_;
@@ -304,8 +351,10 @@ inline Result<void> post_fetch_add(QueuePair& qp, const LocalSlice& result, cons
 
 namespace detail {
 
-// The Error of a failed receive post (out of line, as post_error).
-[[gnu::cold]] Error post_recv_error(const char* call, int rc, std::uint64_t wr_id);
+// The Error of a failed post of `count` receive WRs from `first` (out of line, as
+// post_error); `bad` is the failing one.
+[[gnu::cold]] Error post_recv_error(const char* call, int rc, const ibv_recv_wr& first, const ibv_recv_wr* bad,
+                                    std::size_t count);
 
 inline void build_recv(ibv_recv_wr& wr, std::array<ibv_sge, max_sge>& sge, Gather local, std::uint64_t wr_id,
                                std::uint32_t max_recv_sge, std::source_location where) {
@@ -319,21 +368,60 @@ inline void build_recv(ibv_recv_wr& wr, std::array<ibv_sge, max_sge>& sge, Gathe
 
 } // namespace detail
 
-// A receive buffer for the next incoming SEND (or WRITE_WITH_IMM's immediate). On
-// UD, the buffer's first 40 bytes (ud_grh_bytes) receive the GRH. Programming
-// error: a QP in RESET, a QP whose receives come from an SRQ, more SGEs than the
-// QP's max_recv_sge.
+// Up to N receive WRs of a QP, posted with one call; no heap. Like SendBatch, a
+// batch stays built after post(): a loop that reposts the same buffers builds them
+// once. On UD, each buffer's first 40 bytes (ud_grh_bytes) receive the GRH.
+// Programming error: a QP whose receives come from an SRQ, more SGEs than the QP's
+// max_recv_sge, a full batch; at post, an empty batch or a QP in RESET.
+template <std::size_t N>
+class RecvBatch {
+public:
+    explicit RecvBatch(QueuePair& qp, std::source_location where = std::source_location::current()) : qp_(&qp) {
+        require(!qp.has_srq(), where, "a receive on a QP whose receives come from an SRQ");
+    }
+
+    std::size_t size() const noexcept { return count_; }
+    void clear() noexcept { count_ = 0; }
+
+    RecvBatch& add(Gather local, std::uint64_t wr_id, std::source_location where = std::source_location::current()) {
+        require(count_ < N, where, "a RecvBatch<{}> is full", N);
+        detail::build_recv(wrs_[count_], sges_[count_], local, wr_id, qp_->caps().max_recv_sge, where);
+        ++count_;
+        return *this;
+    }
+    RecvBatch& set_wr_id(std::size_t k, std::uint64_t wr_id,
+                         std::source_location where = std::source_location::current()) {
+        require(k < count_, where, "WR {} of a batch of {}", k, count_);
+        wrs_[k].wr_id = wr_id;
+        return *this;
+    }
+
+    // On failure the Error names the failing WR; the WRs before it were posted.
+    [[gnu::always_inline]] Result<void> post(std::source_location where = std::source_location::current()) {
+        require(count_ > 0, where, "post of an empty batch");
+        require(qp_->state() != QpState::reset, where, "a receive on a QP in RESET: bring it to INIT first");
+        for (std::size_t i = 0; i < count_; ++i) {
+            wrs_[i].sg_list = sges_[i].data();
+            wrs_[i].next = i + 1 < count_ ? &wrs_[i + 1] : nullptr;
+        }
+        ibv_recv_wr* bad = nullptr;
+        if (const int rc = ibv_post_recv(qp_->get(where), &wrs_[0], &bad); rc != 0) [[unlikely]]
+            return std::unexpected(detail::post_recv_error("ibv_post_recv", rc, wrs_[0], bad, count_));
+        return {};
+    }
+
+private:
+    QueuePair* qp_;
+    std::size_t count_ = 0;
+    std::array<ibv_recv_wr, N> wrs_;
+    std::array<std::array<ibv_sge, detail::max_sge>, N> sges_;
+};
+
+// A receive buffer for the next incoming SEND (or WRITE_WITH_IMM's immediate): a
+// RecvBatch of one, with its checks.
 inline Result<void> post_recv(QueuePair& qp, Gather local, std::uint64_t wr_id,
                               std::source_location where = std::source_location::current()) {
-    require(qp.state() != QpState::reset, where, "post_recv on a QP in RESET: bring it to INIT first");
-    require(!qp.has_srq(), where, "post_recv on a QP whose receives come from an SRQ");
-    ibv_recv_wr wr;
-    std::array<ibv_sge, detail::max_sge> sge;
-    detail::build_recv(wr, sge, local, wr_id, qp.caps().max_recv_sge, where);
-    ibv_recv_wr* bad = nullptr;
-    if (const int rc = ibv_post_recv(qp.get(where), &wr, &bad); rc != 0) [[unlikely]]
-        return std::unexpected(detail::post_recv_error("ibv_post_recv", rc, wr_id));
-    return {};
+    return RecvBatch<1>(qp, where).add(local, wr_id, where).post(where);
 }
 
 inline Result<void> post_recv(SharedReceiveQueue& srq, Gather local, std::uint64_t wr_id,
@@ -343,7 +431,7 @@ inline Result<void> post_recv(SharedReceiveQueue& srq, Gather local, std::uint64
     detail::build_recv(wr, sge, local, wr_id, srq.max_sge(), where);
     ibv_recv_wr* bad = nullptr;
     if (const int rc = ibv_post_srq_recv(srq.get(where), &wr, &bad); rc != 0) [[unlikely]]
-        return std::unexpected(detail::post_recv_error("ibv_post_srq_recv", rc, wr_id));
+        return std::unexpected(detail::post_recv_error("ibv_post_srq_recv", rc, wr, bad, 1));
     return {};
 }
 
