@@ -57,9 +57,10 @@ bool receives(Role role, Test test) {
 // WRITE ping-pong: the receiver spins on the last byte, which carries the iteration.
 std::byte tag(std::uint32_t i) { return static_cast<std::byte>(i % 255 + 1); }
 
-// One completion of `cq` into `wc` (the data layer's bounded busy wait); a failed
-// one is its Error.
-Result<void> next_completion(CompletionQueue& cq, WorkCompletion& wc, std::chrono::milliseconds timeout) {
+// One completion of `cq` into `wc` (the data layer's bounded busy wait, inlined into
+// the loop as a hand-written one would be); a failed one is its Error.
+[[gnu::always_inline]] inline Result<void> next_completion(CompletionQueue& cq, WorkCompletion& wc,
+                                                           std::chrono::milliseconds timeout) {
     return wait_n(cq, std::span(&wc, 1), 1, {.timeout = timeout});
 }
 
@@ -74,21 +75,32 @@ struct Buffers {
           peer_out(side.peer_out(q, size)), peer_in(side.peer_in(q, size)), target(side.peer_in(q, atomic_size)) {}
 };
 
-// Adds a run's WR number n to `batch`.
+// Adds the run's WR to `batch`, numbered 0: renumber() makes it another.
 template <std::size_t N>
-void add(SendBatch<N>& batch, const Options& o, const Buffers& b, std::uint32_t n, const PostOptions& options) {
+void add(SendBatch<N>& batch, const Options& o, const Buffers& b, const PostOptions& options) {
     switch (o.test.verb) {
     case Verb::write: batch.write(b.out, b.peer_in, options); break;
     case Verb::read: batch.read(b.in, b.peer_out, options); break;
     case Verb::send: batch.send(b.out, options); break;
-    case Verb::write_imm: batch.write_with_imm(b.out, b.peer_in, n, options); break;
+    case Verb::write_imm: batch.write_with_imm(b.out, b.peer_in, 0, options); break;
     case Verb::atomic:
         if (o.atomic == AtomicOp::fetch_add)
             batch.fetch_add(b.result, b.target, 1, options);
         else
-            batch.compare_swap(b.result, b.target, n, n + 1, options);
+            batch.compare_swap(b.result, b.target, 0, 1, options);
         break;
     }
+}
+
+// Makes WR k of a prebuilt `batch` the run's WR number n (its wr_id; its immediate or
+// CAS operands where the peer checks them) and sets its signaling.
+template <std::size_t N>
+void renumber(SendBatch<N>& batch, std::size_t k, const Options& o, std::uint32_t n, bool signaled) {
+    batch.set_wr_id(k, n).set_signaled(k, signaled);
+    if (o.test.verb == Verb::write_imm)
+        batch.set_imm(k, n);
+    else if (o.test.verb == Verb::atomic && o.atomic == AtomicOp::compare_swap)
+        batch.set_atomic(k, n, n + 1);
 }
 
 std::uint64_t load_u64(const LocalSlice& slice) {
@@ -135,7 +147,8 @@ std::optional<std::string> check_inboxes(const Side& side, std::uint32_t size, s
 
 // The message of a two-sided ping-pong or stream: its completion, checked, and the
 // receive it used posted again.
-Result<void> take_message(Side& side, std::size_t q, std::uint32_t size, std::uint32_t n, const WorkCompletion& wc) {
+[[gnu::always_inline]] inline Result<void> take_message(Side& side, std::size_t q, std::uint32_t size, std::uint32_t n,
+                                                        const WorkCompletion& wc) {
     const Verb verb = side.options().test.verb;
     if (verb == Verb::send && wc.byte_len() != size)
         return std::unexpected(Error::protocol(
@@ -165,7 +178,7 @@ Result<void> latency_loop(Side& side, std::uint32_t size, std::uint32_t iters, s
     std::optional<SignaledSendQueue> selective;
     if (verb == Verb::send || verb == Verb::write_imm)
         selective.emplace(side.qp(0), side.send_cq(0), std::min(o.cq_mod, side.qp(0).caps().max_send_wr));
-    const auto answer = [&](std::uint32_t i) -> Result<void> {
+    const auto answer = [&](std::uint32_t i) __attribute__((always_inline)) -> Result<void> {
         if (verb == Verb::write) {
             for (Patience patience(o.timeout);
                  std::atomic_ref(*const_cast<std::byte*>(last_in)).load(std::memory_order_acquire) != tag(i);)
@@ -178,6 +191,9 @@ Result<void> latency_loop(Side& side, std::uint32_t size, std::uint32_t iters, s
             return ok;
         return take_message(side, 0, size, i, wc);
     };
+    // the WR is built once, as perftest builds its WRs: each iteration sets what varies
+    SendBatch<1> batch(side.qp(0));
+    add(batch, o, buffers, {.inline_data = inline_data});
     for (std::uint32_t i = 0; i < iters; ++i) {
         if (answered && !client)
             if (auto ok = answer(i); !ok)
@@ -186,15 +202,14 @@ Result<void> latency_loop(Side& side, std::uint32_t size, std::uint32_t iters, s
             *last_out = tag(i);
         if (client)
             stamps[i] = Clock::now();
-        PostOptions post{.wr_id = i, .signaled = true, .inline_data = inline_data};
+        bool signaled = true;
         if (selective) {
-            auto next = selective->next(post, i + 1 == iters, o.timeout);
+            auto next = selective->next({}, i + 1 == iters, o.timeout);
             if (!next)
                 return std::unexpected(std::move(next.error()));
-            post = *next;
+            signaled = next->signaled;
         }
-        SendBatch<1> batch(side.qp(0));
-        add(batch, o, buffers, i, post);
+        renumber(batch, 0, o, i, signaled);
         if (auto ok = batch.post(); !ok)
             return ok;
         if (!selective) {
@@ -225,10 +240,18 @@ Result<Bandwidth> stream(Side& side, std::uint32_t size, std::uint32_t iters) {
     const std::uint32_t interval = signal_interval(o, size);
     const bool inline_data = size <= side.inline_size();
     std::vector<SignaledSendQueue> queues;
-    std::vector<Buffers> buffers;
+    std::vector<SendBatch<max_post_list>> batches; // each QP's post list, built once
+    const auto build = [&](std::size_t q, std::uint32_t count) {
+        SendBatch<max_post_list>& batch = batches[q];
+        batch.clear();
+        const Buffers buffers(side, q, size);
+        for (std::uint32_t k = 0; k < count; ++k)
+            add(batch, o, buffers, {.inline_data = inline_data});
+    };
     for (std::size_t q = 0; q < side.qp_count(); ++q) {
         queues.emplace_back(side.qp(q), side.send_cq(q), interval);
-        buffers.emplace_back(side, q, size);
+        batches.emplace_back(side.qp(q));
+        build(q, o.post_list);
     }
     std::vector<std::uint32_t> posted(side.qp_count(), 0);
     const auto start = Clock::now();
@@ -237,13 +260,16 @@ Result<Bandwidth> stream(Side& side, std::uint32_t size, std::uint32_t iters) {
         for (std::size_t q = 0; q < side.qp_count(); ++q) {
             if (posted[q] == iters)
                 continue;
-            SendBatch<max_post_list> batch(side.qp(q));
             const std::uint32_t count = std::min(o.post_list, iters - posted[q]);
-            for (std::uint32_t n = posted[q]; n < posted[q] + count; ++n) {
-                auto options = queues[q].next({.wr_id = n, .inline_data = inline_data}, n + 1 == iters, o.timeout);
+            if (count < batches[q].size()) // the last post list of a run that does not divide evenly
+                build(q, count);
+            SendBatch<max_post_list>& batch = batches[q];
+            for (std::uint32_t k = 0; k < count; ++k) {
+                const std::uint32_t n = posted[q] + k;
+                auto options = queues[q].next({}, n + 1 == iters, o.timeout);
                 if (!options)
                     return std::unexpected(std::move(options.error()));
-                add(batch, o, buffers[q], n, *options);
+                renumber(batch, k, o, n, options->signaled);
             }
             if (auto ok = batch.post(); !ok)
                 return std::unexpected(std::move(ok.error()));

@@ -98,7 +98,7 @@ Result<void> Side::build() {
         return std::unexpected(std::move(mr.error()));
     mr_.emplace(std::move(*mr));
     for (std::uint32_t i = 0; i < o.qps; ++i)
-        inboxes_.push_back(in(i, static_cast<std::uint32_t>(slot_)));
+        receives_.emplace_back(qps_[i]).add(in(i, static_cast<std::uint32_t>(slot_)), i);
     setup_ = {.test = o.test,
               .atomic = o.atomic,
               .device = context_->name(),

@@ -48,7 +48,7 @@ public:
     // The inline limit this side posts with.
     std::uint32_t inline_size() const noexcept { return setup_.inline_size; }
     // Posts a receive into QP i's inbox (SEND and WRITE_WITH_IMM tests).
-    Result<void> post_receive(std::size_t i) { return post_recv(qps_[i], inboxes_[i], i); }
+    Result<void> post_receive(std::size_t i) { return receives_[i].post(); }
 
     // The control stream.
     Result<void> send(std::span<const std::byte> message);
@@ -79,7 +79,7 @@ private:
     std::vector<CmConnection> cm_;   // RDMA CM: one per QP
     Mtu peer_mtu_ = Mtu::unknown;
     std::optional<MemoryRegion> mr_;
-    std::vector<LocalSlice> inboxes_; // each QP's whole inbox, sliced once: what receives fill
+    std::vector<RecvBatch<1>> receives_; // each QP's receive of its whole inbox, built once
     RemoteMemory peer_;
     std::size_t slot_ = 0;
     Setup setup_;
