@@ -5,10 +5,15 @@ Prints one table (per test and size: perftest's figure, rdmaxx's, and the ratio)
 writes it with the raw figures and a plot into OUT.
 
   compare.py --perf BUILD/bench/rdmaxx-perf [--out DIR] [--sizes 2,64,... | all]
-             [--rounds N] [--tests write_lat,...]
+             [--rounds N (5)] [--tests write_lat,...]
 
 Latency compares t_typical (the median; ratio rdmaxx/perftest, lower is better),
-bandwidth the average MiB/s (ratio rdmaxx/perftest, higher is better). Server and
+bandwidth the average MiB/s, computed from the message rate (perftest prints MiB/s
+with two decimals: 0.09 at 2 bytes; its Mpps has six). Ratio rdmaxx/perftest, higher
+is better. Each tool's figure is its best run of the N rounds, with the median ratio
+beside it: under software emulation a whole run lands in one of a few modes (e.g.
+13 us or 17 us for the same test), and the best run compares the tools, not the modes.
+Server and client are pinned to CPUs 0 and 1 when there are two. Server and
 client run on this machine's device ($RDMAXX_DEVICE, else the first); on RoCE both
 use the GID index $RDMAXX_GID_INDEX (the VM sets it). WRITE_WITH_IMM has no perftest
 counterpart (perftest 4.5): rdmaxx's figures alone, perftest's WRITE run beside them
@@ -17,6 +22,7 @@ import argparse
 import glob
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -39,6 +45,7 @@ TESTS = {
 }
 ATTEMPTS = 3  # a run that fails (perftest's clock calibration under emulation) is retried
 DEFAULT_SIZES = [2, 64, 1024, 16384, 262144, 1048576]
+PIN_CPUS = (os.cpu_count() or 1) >= 2
 
 port = 19000
 
@@ -58,9 +65,19 @@ def run_pair(server_cmd, client_cmd):
     return None
 
 
+def pinned(cmd, cpu):
+    """Server and client each on a CPU of their own, the same for both tools: without it
+    the scheduler's placement (both on one CPU, or apart) decides the figure as much as
+    the tool does."""
+    if PIN_CPUS and shutil.which("taskset"):
+        return ["taskset", "-c", str(cpu)] + cmd
+    return cmd
+
+
 def run_pair_once(server_cmd, client_cmd):
     global port
     port += 1
+    server_cmd, client_cmd = pinned(server_cmd, 0), pinned(client_cmd, 1)
     server = subprocess.Popen(server_cmd + ["-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                               text=True)
     for _ in range(1000):
@@ -85,18 +102,22 @@ def perftest_inline(output):
     return None
 
 
-def perftest_figure(output, latency):
-    """t_typical (latency) or BW average [MiB/s] from perftest's table."""
+def mib_per_s(mpps, size):
+    return mpps * 1e6 * size / (1 << 20)
+
+
+def perftest_figure(output, latency, size):
+    """t_typical [us] (latency) or the average MiB/s from the message rate (bandwidth)."""
     for line in output.splitlines():
         fields = line.split()
         if len(fields) >= 5 and fields[0].isdigit() and fields[1].isdigit():
-            return float(fields[4] if latency else fields[3])
+            return float(fields[4]) if latency else mib_per_s(float(fields[4]), size)
     raise RuntimeError(f"no result line in perftest's output:\n{output}")
 
 
-def rdmaxx_figure(output, latency):
+def rdmaxx_figure(output, latency, size):
     row = json.loads(output.strip().splitlines()[-1])
-    return row["t_typical"] if latency else row["mib_per_s"]
+    return row["t_typical"] if latency else mib_per_s(row["mpps"], size)
 
 
 def iterations(test, size):
@@ -111,7 +132,7 @@ def main():
     ap.add_argument("--perf", required=True)
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)))
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--tests", default=",".join(TESTS))
     args = ap.parse_args()
     sizes = [2 << i for i in range(20)] if args.sizes == "all" else [int(s) for s in args.sizes.split(",")]
@@ -140,18 +161,20 @@ def main():
                     if inline is not None and "-I" in knobs:
                         my_knobs = ["-I", inline]
                     if not test.startswith("write_imm"):
-                        perftest.append(perftest_figure(out, latency))
+                        perftest.append(perftest_figure(out, latency, size))
                 mine = [args.perf, test, *common, *my_knobs, *size_knobs, "-n", n]
                 out = run_pair(mine, mine[:2] + [host] + mine[2:] + ["--json"])
                 if out is not None:
-                    rdmaxx.append(rdmaxx_figure(out, latency))
+                    rdmaxx.append(rdmaxx_figure(out, latency, size))
             if not rdmaxx:
                 print(f"compare: {test} {size} B: rdmaxx-perf failed every time", file=sys.stderr)
                 continue
+            best = min if latency else max
             row = {"test": test, "size": size, "iters": int(n), "unit": "us" if latency else "MiB/s",
-                   "perftest": statistics.median(perftest) if perftest else None,
-                   "rdmaxx": statistics.median(rdmaxx), "perftest_runs": perftest, "rdmaxx_runs": rdmaxx}
+                   "perftest": best(perftest) if perftest else None, "rdmaxx": best(rdmaxx),
+                   "perftest_runs": perftest, "rdmaxx_runs": rdmaxx}
             row["ratio"] = row["rdmaxx"] / row["perftest"] if perftest else None
+            row["median_ratio"] = statistics.median(rdmaxx) / statistics.median(perftest) if perftest else None
             results.append(row)
             print(format_row(row), flush=True)
             save(args.out, device, args.rounds, results)  # as we go: a long run keeps what it measured
@@ -170,16 +193,28 @@ def save(out, device, rounds, results):
         json.dump({"device": device, "rounds": rounds, "results": results}, f, indent=1)
 
 
+def figure(value):
+    return f"{value:.3g}" if value < 1 else f"{value:.2f}"
+
+
+def spread(runs):
+    return f"{figure(min(runs))}-{figure(max(runs))}" if runs else "-"
+
+
 def format_row(r):
-    perftest = f"{r['perftest']:.2f}" if r["perftest"] is not None else "-"
+    perftest = figure(r["perftest"]) if r["perftest"] is not None else "-"
     ratio = f"{r['ratio']:.2f}" if r["ratio"] is not None else "-"
-    return f"| {r['test']} | {r['size']} | {perftest} | {r['rdmaxx']:.2f} | {ratio} |"
+    median_ratio = f"{r['median_ratio']:.2f}" if r.get("median_ratio") is not None else "-"
+    return (f"| {r['test']} | {r['size']} | {perftest} | {figure(r['rdmaxx'])} | {ratio} | {median_ratio} | "
+            f"{spread(r['perftest_runs'])} | {spread(r['rdmaxx_runs'])} |")
 
 
 def format_table(results, device, rounds):
-    head = (f"Device {device}; median of {rounds} alternating runs per tool; latency t_typical in us "
-            "(ratio rdmaxx/perftest, lower is better), bandwidth average MiB/s (ratio rdmaxx/perftest, "
-            "higher is better)\n\n| test | bytes | perftest | rdmaxx | ratio |\n| --- | ---: | ---: | ---: | ---: |\n")
+    head = (f"Device {device}; {rounds} alternating runs per tool; each tool's best run (latency: lowest "
+            "t_typical in us, ratio rdmaxx/perftest, lower is better; bandwidth: highest average MiB/s, ratio "
+            "rdmaxx/perftest, higher is better), the ratio of the medians, and every run's range\n\n"
+            "| test | bytes | perftest | rdmaxx | ratio | median ratio | perftest runs | rdmaxx runs |\n"
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
     return head + "\n".join(format_row(r) for r in results) + "\n"
 
 
