@@ -5,12 +5,12 @@ Prints one table (per test and size: perftest's figure, rdmaxx's, and the ratio)
 writes it with the raw figures and a plot into OUT.
 
   compare.py --perf BUILD/bench/rdmaxx-perf [--out DIR] [--sizes 2,64,... | all]
-             [--rounds N (5)] [--max-rounds M (10)] [--tests write_lat,...]
+             [--rounds N (5)] [--max-rounds M (10)] [--tests write_lat,...] [--keep]
 
 Latency compares t_typical (the median; ratio rdmaxx/perftest, lower is better),
-bandwidth the average MiB/s, computed from the message rate (perftest prints MiB/s
-with two decimals: 0.09 at 2 bytes; its Mpps has six). Ratio rdmaxx/perftest, higher
-is better. Each tool's figure is its best run of the N rounds, with the median ratio
+bandwidth the average MiB/s, read from whichever printed figure is more precise
+(perftest prints MiB/s with two decimals, 0.09 at 2 bytes, and Mpps with six,
+0.000047 at 1 MiB). Ratio rdmaxx/perftest, higher is better. Each tool's figure is its best run of the N rounds, with the median ratio
 beside it: under software emulation a whole run lands in one of a few modes (e.g.
 13 us or 17 us for the same test), and the best run compares the tools, not the modes.
 Where either tool's runs spread over more than 10 %, both go on alternating, up to M
@@ -110,22 +110,33 @@ def scattered(runs):
     return len(runs) >= 2 and max(runs) > 1.1 * min(runs)
 
 
-def mib_per_s(mpps, size):
-    return mpps * 1e6 * size / (1 << 20)
+def mib_per_s(printed_mib, mib_decimals, printed_mpps, size):
+    """The average MiB/s from whichever printed figure carries more significant digits:
+    the MiB/s itself, or the message rate (six decimals) times the size. perftest
+    prints MiB/s with two decimals (0.09 at 2 bytes) and Mpps with six (0.000047 at
+    1 MiB): small messages need the rate, large ones the MiB/s."""
+    from_rate = printed_mpps * 1e6 * size / (1 << 20)
+    if printed_mpps <= 0:
+        return printed_mib
+    if printed_mib <= 0:
+        return from_rate
+    mib_error = 0.5 * 10 ** -mib_decimals / printed_mib
+    rate_error = 0.5e-6 / printed_mpps
+    return printed_mib if mib_error <= rate_error else from_rate
 
 
 def perftest_figure(output, latency, size):
-    """t_typical [us] (latency) or the average MiB/s from the message rate (bandwidth)."""
+    """t_typical [us] (latency) or the average MiB/s (bandwidth) from perftest's table."""
     for line in output.splitlines():
         fields = line.split()
         if len(fields) >= 5 and fields[0].isdigit() and fields[1].isdigit():
-            return float(fields[4]) if latency else mib_per_s(float(fields[4]), size)
+            return float(fields[4]) if latency else mib_per_s(float(fields[3]), 2, float(fields[4]), size)
     raise RuntimeError(f"no result line in perftest's output:\n{output}")
 
 
 def rdmaxx_figure(output, latency, size):
     row = json.loads(output.strip().splitlines()[-1])
-    return row["t_typical"] if latency else mib_per_s(row["mpps"], size)
+    return row["t_typical"] if latency else mib_per_s(row["mib_per_s"], 4, row["mpps"], size)
 
 
 def iterations(test, size):
@@ -143,6 +154,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--max-rounds", type=int, default=10)
     ap.add_argument("--tests", default=",".join(TESTS))
+    ap.add_argument("--keep", action="store_true", help="keep the other tests' rows of OUT/compare.json")
     args = ap.parse_args()
     sizes = [2 << i for i in range(20)] if args.sizes == "all" else [int(s) for s in args.sizes.split(",")]
     devices = sorted(os.path.basename(d) for d in glob.glob("/sys/class/infiniband/*"))
@@ -153,8 +165,15 @@ def main():
     common = ["-d", device] + (["-x", gid] if gid else [])
     host = "127.0.0.1"
 
+    tests = args.tests.split(",")
     results = []
-    for test in args.tests.split(","):
+    if args.keep:  # the other tests' rows of the last run in OUT
+        try:
+            with open(os.path.join(args.out, "compare.json")) as f:
+                results = [r for r in json.load(f)["results"] if r["test"] not in tests]
+        except FileNotFoundError:
+            pass
+    for test in tests:
         program, knobs = TESTS[test]
         latency = test.endswith("_lat")
         for size in ([8] if test.startswith("atomic") else sizes):
@@ -180,13 +199,7 @@ def main():
             if not rdmaxx:
                 print(f"compare: {test} {size} B: rdmaxx-perf failed every time", file=sys.stderr)
                 continue
-            best = min if latency else max
-            row = {"test": test, "size": size, "iters": int(n), "unit": "us" if latency else "MiB/s",
-                   "rounds": max(len(perftest), len(rdmaxx)),
-                   "perftest": best(perftest) if perftest else None, "rdmaxx": best(rdmaxx),
-                   "perftest_runs": perftest, "rdmaxx_runs": rdmaxx}
-            row["ratio"] = row["rdmaxx"] / row["perftest"] if perftest else None
-            row["median_ratio"] = statistics.median(rdmaxx) / statistics.median(perftest) if perftest else None
+            row = summarize(test, size, int(n), perftest, rdmaxx)
             results.append(row)
             print(format_row(row), flush=True)
             save(args.out, device, args.rounds, results)  # as we go: a long run keeps what it measured
@@ -199,10 +212,14 @@ def main():
     plot(results, device, os.path.join(args.out, "compare.png"))
 
 
+def in_order(results):
+    return sorted(results, key=lambda r: (list(TESTS).index(r["test"]), r["size"]))
+
+
 def save(out, device, rounds, results):
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "compare.json"), "w") as f:
-        json.dump({"device": device, "rounds": rounds, "results": results}, f, indent=1)
+        json.dump({"device": device, "rounds": rounds, "results": in_order(results)}, f, indent=1)
 
 
 def figure(value):
@@ -211,6 +228,20 @@ def figure(value):
 
 def spread(runs):
     return f"{figure(min(runs))}-{figure(max(runs))} ({len(runs)})" if runs else "-"
+
+
+def summarize(test, size, iters, perftest, rdmaxx):
+    """One table row from each tool's runs: the best of each (lowest latency, highest
+    bandwidth), their ratio and the ratio of the medians; perftest's may be empty."""
+    latency = test.endswith("_lat")
+    best = min if latency else max
+    row = {"test": test, "size": size, "iters": iters, "unit": "us" if latency else "MiB/s",
+           "rounds": max(len(perftest), len(rdmaxx)),
+           "perftest": best(perftest) if perftest else None, "rdmaxx": best(rdmaxx),
+           "perftest_runs": perftest, "rdmaxx_runs": rdmaxx}
+    row["ratio"] = row["rdmaxx"] / row["perftest"] if perftest else None
+    row["median_ratio"] = statistics.median(rdmaxx) / statistics.median(perftest) if perftest else None
+    return row
 
 
 def format_row(r):
@@ -228,7 +259,7 @@ def format_table(results, device, rounds):
             "rdmaxx/perftest, higher is better), the ratio of the medians, and every run's range (and count)\n\n"
             "| test | bytes | perftest | rdmaxx | ratio | median ratio | perftest runs | rdmaxx runs |\n"
             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
-    return head + "\n".join(format_row(r) for r in results) + "\n"
+    return head + "\n".join(format_row(r) for r in in_order(results)) + "\n"
 
 
 def plot(results, device, path):
