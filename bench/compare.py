@@ -154,7 +154,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--max-rounds", type=int, default=10)
     ap.add_argument("--tests", default=",".join(TESTS))
-    ap.add_argument("--keep", action="store_true", help="keep the other tests' rows of OUT/compare.json")
+    ap.add_argument("--keep", action="store_true", help="keep the rows of OUT/compare.json not measured again")
     args = ap.parse_args()
     sizes = [2 << i for i in range(20)] if args.sizes == "all" else [int(s) for s in args.sizes.split(",")]
     devices = sorted(os.path.basename(d) for d in glob.glob("/sys/class/infiniband/*"))
@@ -167,10 +167,10 @@ def main():
 
     tests = args.tests.split(",")
     results = []
-    if args.keep:  # the other tests' rows of the last run in OUT
+    if args.keep:  # the rows of the last run in OUT that this one does not measure again
         try:
             with open(os.path.join(args.out, "compare.json")) as f:
-                results = [r for r in json.load(f)["results"] if r["test"] not in tests]
+                results = kept(json.load(f)["results"], tests, sizes)
         except FileNotFoundError:
             pass
     for test in tests:
@@ -210,6 +210,13 @@ def main():
         f.write(table)
     print(table)
     plot(results, device, os.path.join(args.out, "compare.png"))
+
+
+def kept(results, tests, sizes):
+    """The rows a run of `tests` at `sizes` leaves alone (atomics have one size, 8)."""
+    def measured(r):
+        return r["test"] in tests and (r["test"].startswith("atomic") or r["size"] in sizes)
+    return [r for r in results if not measured(r)]
 
 
 def in_order(results):
@@ -253,7 +260,8 @@ def format_row(r):
 
 
 def format_table(results, device, rounds):
-    head = (f"Device {device}; {rounds} alternating runs per tool (more where a tool's runs spread over 10 %); "
+    head = (f"Device {device}; at least {rounds} alternating runs per tool (more where a tool's runs spread over "
+            "10 %: the count is in the range columns); "
             "each tool's best run (latency: lowest "
             "t_typical in us, ratio rdmaxx/perftest, lower is better; bandwidth: highest average MiB/s, ratio "
             "rdmaxx/perftest, higher is better), the ratio of the medians, and every run's range (and count)\n\n"

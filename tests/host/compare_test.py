@@ -74,7 +74,11 @@ check(line.startswith("| write_imm_lat | 64 | - | 14.50 | - | - | - | 14.50-14.6
 check("0.0871" in compare.format_row(compare.summarize("write_bw", 2, 5000, [0.0871], [0.0869])),
       "small bandwidths keep three significant digits")
 
-# --keep: the other tests' rows survive, the table is in the tests' order
+# --keep: the rows not measured again survive, the table is in the tests' order
+old = [compare.summarize(t, n, 10, [1.0], [1.0]) for t, n in
+       (("write_lat", 2), ("write_lat", 64), ("read_lat", 2), ("atomic_lat", 8))]
+left = [(r["test"], r["size"]) for r in compare.kept(old, ["write_lat", "atomic_lat"], [64])]
+check(left == [("write_lat", 2), ("read_lat", 2)], f"--keep keeps other sizes and tests: {left}")
 rows = [compare.summarize(t, 2, 10, [1.0], [1.0]) for t in ("write_bw", "write_lat")]
 check([r["test"] for r in compare.in_order(rows)] == ["write_lat", "write_bw"], "rows in the tests' order")
 
