@@ -24,6 +24,10 @@ for _ in $(seq 500); do   # until it listens (never a fixed sleep)
     kill -0 "$server" 2>/dev/null || break
     sleep 0.02
 done
+if [ "$transport" = tcp ]; then
+    # a port scanner's knock first: the server logs it and keeps listening
+    { exec 3<>"/dev/tcp/$address/$port" && printf 'GET / HTTP/1.0\r\n\r\n' >&3 && exec 3>&-; } 2>/dev/null
+fi
 "$build/examples/client" --host "$address" --port "$port" --transport "$transport"
 client_rc=$?
 wait "$server"

@@ -6,7 +6,6 @@
 #include <optional>
 #include <thread>
 
-#include <arpa/inet.h>
 #include <rdma/rdma_cma.h>
 
 #include <doctest/doctest.h>
@@ -16,6 +15,7 @@
 #include <rdmaxx/data/post.hpp>
 
 #include "../support/device.hpp"
+#include "../support/raw_cm.hpp"
 
 using namespace rdmaxx;
 using namespace std::chrono_literals;
@@ -110,35 +110,10 @@ TEST_CASE("CM: private data that is not an offer is an Error, and the client is 
     const std::uint16_t port = listener.port();
     bool rejected = false;
     std::thread raw_client([&] {
-        // librdmacm by hand: what a foreign or broken peer sends (CHECK only: not on the main thread)
-        rdma_event_channel* channel = rdma_create_event_channel();
-        rdma_cm_id* id = nullptr;
-        CHECK(rdma_create_id(channel, &id, nullptr, RDMA_PS_TCP) == 0);
-        sockaddr_in to{};
-        to.sin_family = AF_INET;
-        to.sin_port = htons(port);
-        CHECK(inet_pton(AF_INET, address.c_str(), &to.sin_addr) == 1);
-        const auto next_event = [&] {
-            rdma_cm_event* event = nullptr;
-            CHECK(rdma_get_cm_event(channel, &event) == 0);
-            const rdma_cm_event_type type = event ? event->event : RDMA_CM_EVENT_UNREACHABLE;
-            if (event)
-                rdma_ack_cm_event(event);
-            return type;
-        };
-        CHECK(rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&to), 2000) == 0);
-        CHECK(next_event() == RDMA_CM_EVENT_ADDR_RESOLVED);
-        CHECK(rdma_resolve_route(id, 2000) == 0);
-        CHECK(next_event() == RDMA_CM_EVENT_ROUTE_RESOLVED);
+        test::RawCmClient client(address, port);
         const char junk[] = "not an rdmaxx offer at all";
-        rdma_conn_param param{};
-        param.private_data = junk;
-        param.private_data_len = sizeof junk;
-        param.qp_num = 0x1234;
-        CHECK(rdma_connect(id, &param) == 0);
-        rejected = next_event() == RDMA_CM_EVENT_REJECTED;
-        rdma_destroy_id(id);
-        rdma_destroy_event_channel(channel);
+        client.connect(std::as_bytes(std::span(junk)));
+        rejected = client.next_event() == RDMA_CM_EVENT_REJECTED;
     });
     const Error e = must_fail(listener.next(5s));
     raw_client.join();

@@ -15,19 +15,16 @@
 #include <rdmaxx/data/post.hpp>
 
 #include "../support/device.hpp"
+#include "../support/pair.hpp"
 
 using namespace rdmaxx;
 using namespace std::chrono_literals;
 using rdmaxx::test::must;
+using rdmaxx::test::env;
+using rdmaxx::test::have_pair;
+using rdmaxx::test::Netem;
 
 namespace {
-
-const char* env(const char* name) {
-    const char* value = std::getenv(name);
-    return value ? value : "";
-}
-
-bool have_pair() { return *env("RDMAXX_PAIR_A_DEV") && *env("RDMAXX_PAIR_B_DEV"); }
 
 // One side: its own device, PD, CQ, QP and 1 MiB buffer.
 struct Side {
@@ -39,11 +36,6 @@ struct Side {
     explicit Side(const char* device) : context(must(Context::open(device))) {}
 };
 
-void netem(const char* interface, const char* verb, const char* rule) {
-    const std::string command = fmt::format("tc qdisc {} dev {} root netem {}", verb, interface, rule);
-    REQUIRE_MESSAGE(std::system(command.c_str()) == 0, command);
-}
-
 } // namespace
 
 TEST_CASE("1 MiB WRITE, READ and SEND between two devices under 5 % loss each way" *
@@ -52,8 +44,8 @@ TEST_CASE("1 MiB WRITE, READ and SEND between two devices under 5 % loss each wa
     Side b(env("RDMAXX_PAIR_B_DEV"));
     must(a.qp.connect(b.qp.endpoint()));
     must(b.qp.connect(a.qp.endpoint()));
-    netem(env("RDMAXX_PAIR_A_IF"), "add", "loss 5%");
-    netem(env("RDMAXX_PAIR_B_IF"), "add", "loss 5%");
+    const Netem lossy_a(env("RDMAXX_PAIR_A_IF"), "loss 5%");
+    const Netem lossy_b(env("RDMAXX_PAIR_B_IF"), "loss 5%");
     const WaitOptions patient{.timeout = 60s};
 
     test::fill(a.mem.bytes(), 1);
@@ -73,8 +65,6 @@ TEST_CASE("1 MiB WRITE, READ and SEND between two devices under 5 % loss each wa
     must(wait_for(a.cq, 4, patient));
     CHECK(std::memcmp(a.mem.data(), b.mem.data(), a.mem.size()) == 0);
 
-    netem(env("RDMAXX_PAIR_A_IF"), "del", "");
-    netem(env("RDMAXX_PAIR_B_IF"), "del", "");
 }
 
 TEST_CASE("an RDMA CM connection across the wire moves 1 MiB each way under 5 % loss" * doctest::skip(!have_pair())) {
@@ -83,8 +73,8 @@ TEST_CASE("an RDMA CM connection across the wire moves 1 MiB each way under 5 % 
     options.timeout = 60s;
     const std::string server_address = env("RDMAXX_PAIR_A_ADDR");
     Listener listener = must(Listener::listen(server_address, 0, options));
-    netem(env("RDMAXX_PAIR_A_IF"), "add", "loss 5%");
-    netem(env("RDMAXX_PAIR_B_IF"), "add", "loss 5%");
+    const Netem lossy_a(env("RDMAXX_PAIR_A_IF"), "loss 5%");
+    const Netem lossy_b(env("RDMAXX_PAIR_B_IF"), "loss 5%");
     std::thread client([&, port = listener.port()] {
         Connection conn = must(Connection::connect(server_address, port, options));
         CHECK(std::string_view(ibv_get_device_name(conn.queue_pair().get()->context->device)) ==
@@ -105,6 +95,4 @@ TEST_CASE("an RDMA CM connection across the wire moves 1 MiB each way under 5 % 
     test::fill(expected, 21);
     CHECK(std::memcmp(back.data(), expected.data(), expected.size()) == 0);
     client.join();
-    netem(env("RDMAXX_PAIR_A_IF"), "del", "");
-    netem(env("RDMAXX_PAIR_B_IF"), "del", "");
 }

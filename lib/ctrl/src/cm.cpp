@@ -77,6 +77,16 @@ const std::string& CmConnection::peer() const { return session_->peer(); }
 int CmConnection::fd() const { return session_->fd(); }
 Result<void> CmConnection::check_alive() { return session_->check_alive(); }
 
+Result<bool> CmConnection::established() {
+    // a deadline already passed: the event if it is there, else a timeout
+    if (auto event = session_->expect(RDMA_CM_EVENT_ESTABLISHED, Clock::now()); event)
+        return true;
+    else if (event.error().is_timeout())
+        return false;
+    else
+        return std::unexpected(std::move(event.error()));
+}
+
 Result<CmConnection> CmConnection::resolve(std::string_view host, std::uint16_t port,
                                            std::chrono::milliseconds timeout) {
     const auto deadline = Clock::now() + timeout;
@@ -157,17 +167,25 @@ Result<void> CmRequest::connect(QueuePair& qp, const ConnectOptions& options, st
 
 Result<CmConnection> CmRequest::accept(const QueuePair& qp, std::span<const std::byte> metadata,
                                        std::chrono::milliseconds timeout, std::source_location where) && {
+    auto answered = std::move(*this).answer(qp, metadata, where);
+    if (!answered)
+        return answered;
+    if (auto e = answered->session_->expect(RDMA_CM_EVENT_ESTABLISHED, Clock::now() + timeout); !e)
+        return std::unexpected(std::move(e.error()));
+    return answered;
+}
+
+Result<CmConnection> CmRequest::answer(const QueuePair& qp, std::span<const std::byte> metadata,
+                                       std::source_location where) && {
     require(metadata.size() <= max_accept_metadata, where, "{} bytes of metadata in a CM answer (at most {})",
             metadata.size(), max_accept_metadata);
     require(connected_qpn_ == qp.qpn(), where, "CmRequest::accept with QP {:#x}, which its connect() did not connect",
             qp.qpn());
-    CmSession& cm = *connection_.session_;
+    CmSession& cm = *detail::live(connection_.session_, "CmRequest", where);
     Param param = conn_param(cm.id(), qp, metadata, retry_cnt_, rnr_retry_);
     answered_ = true;
     if (rdma_accept(cm.id(), &param.raw) != 0)
         return std::unexpected(Error::from_last_errno("rdma_accept", cm.peer()));
-    if (auto e = cm.expect(RDMA_CM_EVENT_ESTABLISHED, Clock::now() + timeout); !e)
-        return std::unexpected(std::move(e.error()));
     return std::move(connection_);
 }
 
@@ -182,7 +200,7 @@ CmListener::~CmListener() = default;
 std::uint16_t CmListener::port() const { return ntohs(rdma_get_src_port(session_->id())); }
 int CmListener::fd() const { return session_->fd(); }
 
-Result<CmListener> CmListener::listen(std::string_view host, std::uint16_t port) {
+Result<CmListener> CmListener::listen(std::string_view host, std::uint16_t port, int backlog) {
     auto session = CmSession::create();
     if (!session)
         return std::unexpected(std::move(session.error()));
@@ -191,7 +209,7 @@ Result<CmListener> CmListener::listen(std::string_view host, std::uint16_t port)
         return std::unexpected(std::move(address.error()));
     if (rdma_bind_addr((*session)->id(), reinterpret_cast<sockaddr*>(address->data())) != 0)
         return std::unexpected(Error::from_last_errno("rdma_bind_addr", fmt::format("{}:{}", host, port)));
-    if (rdma_listen((*session)->id(), 64) != 0)
+    if (rdma_listen((*session)->id(), backlog) != 0)
         return std::unexpected(Error::from_last_errno("rdma_listen", fmt::format("{}:{}", host, port)));
     return CmListener(std::move(*session));
 }

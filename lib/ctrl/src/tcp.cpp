@@ -173,13 +173,12 @@ Result<EndpointMessage> TcpStream::exchange(const EndpointMessage& mine, std::ch
 
 Result<void> TcpStream::confirm_ready(std::chrono::milliseconds timeout) {
     const auto deadline = Clock::now() + timeout;
-    constexpr std::byte ready{'R'};
-    if (auto sent = write_all(std::span(&ready, 1), deadline); !sent)
+    if (auto sent = write_all(std::span(&ready_byte, 1), deadline); !sent)
         return sent;
     std::byte answer{};
     if (auto got = read_exact(std::span(&answer, 1), deadline); !got)
         return got;
-    if (answer != ready)
+    if (answer != ready_byte)
         return std::unexpected(Error::protocol("confirm_ready", fmt::format("peer {} sent {:#x}, not the ready byte",
                                                                             peer_, static_cast<unsigned>(answer))));
     return {};

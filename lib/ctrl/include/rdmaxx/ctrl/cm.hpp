@@ -7,7 +7,8 @@
 //
 //   active:  resolve -> create the QP -> connect (QP connected) -> post receives -> establish
 //   passive: listen -> next request -> create the QP -> connect (QP connected)
-//            -> post receives -> accept
+//            -> post receives -> accept (or answer, then established() until true:
+//            a server that serves many clients at once never waits on one)
 //
 // Private data is 56 bytes on a connect request (RDMA_PS_TCP): one QP and at most
 // `max_connect_metadata` bytes of metadata; the answer may carry up to
@@ -62,6 +63,10 @@ public:
     // Active side: tells the server we are ready (our receives are posted).
     Result<void> establish();
 
+    // Passive side, after CmRequest::answer, without waiting: true once the client's
+    // establish arrived, false while it has not; a reject, an error or any other event
+    // is an Error.
+    Result<bool> established();
     // Without waiting: an Error once the peer disconnected (or the device went away).
     Result<void> check_alive();
     // Readable when a CM event arrived (for poll()).
@@ -99,6 +104,10 @@ public:
     Result<CmConnection> accept(const QueuePair& qp, std::span<const std::byte> metadata,
                                 std::chrono::milliseconds timeout,
                                 std::source_location where = std::source_location::current()) &&;
+    // accept() without the wait: the answer is sent; the connection is ready once its
+    // established() returns true. Same programming errors.
+    Result<CmConnection> answer(const QueuePair& qp, std::span<const std::byte> metadata,
+                                std::source_location where = std::source_location::current()) &&;
     // Refuses the peer (what the destructor does to an unanswered request).
     void reject() &&;
 
@@ -116,8 +125,10 @@ private:
 class CmListener {
 public:
     // Listens on host:port; an empty host listens on every address (then device() is
-    // empty: each request names its own).
-    static Result<CmListener> listen(std::string_view host, std::uint16_t port);
+    // empty: each request names its own). `backlog`: connect requests the kernel keeps
+    // until next() takes them (capped by the rdma_ucm module's max_backlog, 1024 by
+    // default); beyond it a request is dropped and the client must ask again.
+    static Result<CmListener> listen(std::string_view host, std::uint16_t port, int backlog = 1024);
 
     CmListener(CmListener&&) noexcept;
     CmListener& operator=(CmListener&&) noexcept;

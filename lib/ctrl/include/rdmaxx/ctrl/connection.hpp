@@ -1,16 +1,31 @@
 // A high-level connection in the spirit of async-rdma, without its flaws: one RC
-// queue pair set up over TCP, two-sided messages with credits (a sender never drives
-// the peer into RNR retries), one-sided operations, and memory regions lent, requested
-// and returned under the owner's control (access ceiling, size quota, leases).
+// queue pair set up over TCP or RDMA CM, two-sided messages with credits (a sender
+// never drives the peer into RNR retries), one-sided operations, and memory regions
+// lent, requested and returned under the owner's control (access ceiling, quota,
+// leases).
 //
 // Progress without threads: every call that waits also serves the peer (answers its
 // memory requests, returns credits, expires leases). An application that would stay
 // away from the connection for long calls progress() now and then.
 //
-// A Connection is used from one thread at a time, like the Listener and the
-// connections it accepted (they share one context, PD and CQ). Every wait is bounded
-// by ConnectionOptions::timeout; a dead peer (its TCP control socket closes) makes
-// pending and later calls fail with an Error at once.
+// Bounds: every wait ends by its deadline: the call's own `timeout` when given, else
+// ConnectionOptions::timeout plus timeout_per_mib for each MiB the call moves. A peer
+// that dies (its control channel closes) fails pending and later calls at once, but
+// only after what it sent before was delivered.
+//
+// A one-sided call or a send that runs out of time ENDS the connection: its queue
+// pair is moved to the error state and the flushed work request is taken off the CQ
+// before the call returns, so the NIC no longer reads or writes the caller's memory
+// (a retransmission cannot land late). Every later call fails.
+//
+// Thread safety: none. A Connection is used from one thread at a time, and so are all
+// connections that share a context, PD and CQ (a Listener and those it accepted;
+// connections made by connect_another and their origin), as one.
+//
+// The handshake (both transports) exchanges an endpoint message (endpoint_codec.hpp:
+// one RC QP, QP type encoded there) whose 8 metadata bytes are this connection's
+// limits, big-endian: max_message u32 (1..2^30), receive_depth u32 (4..32768). A
+// peer announcing anything else is refused (a protocol Error) before a QP is made.
 #pragma once
 
 #include <chrono>
@@ -22,7 +37,6 @@
 #include <string>
 #include <string_view>
 
-#include <rdmaxx/ctrl/cm.hpp>
 #include <rdmaxx/ctrl/tcp.hpp>
 #include <rdmaxx/data/completion.hpp>
 #include <rdmaxx/wrap/mr.hpp>
@@ -35,17 +49,31 @@ namespace rdmaxx {
 // message as private data; needs an IP address on the RDMA device's netdev).
 enum class Transport : std::uint8_t { tcp, rdma_cm };
 
+// Programming errors (checked by connect and listen, naming the caller's line):
+// max_message outside 1..2^30, receive_depth outside 4..32768 (4: one user message and
+// a credit-only message must both fit beside the reserve for control messages),
+// max_send_wr below 2, a timeout that is not positive, backlog or
+// max_pending_handshakes below 1. Values above the device's limits are an Error.
 struct ConnectionOptions {
     Transport transport = Transport::tcp;
     std::string device;                       // empty: Context::open's default (RDMA CM: the
                                               // device the address resolves to)
     std::uint8_t port = 1;
     std::optional<std::uint32_t> gid_index{}; // default: Context::choose_gid
-    ConnectOptions connect{};                 // MTU, retries, ...
-    std::uint32_t max_message = 4096;         // largest message send() takes
+    ConnectOptions connect{};                 // the QP's MTU, ACK timeout, retries, ...
+    std::uint32_t max_message = 4096;         // largest message we receive
     std::uint32_t receive_depth = 32;         // receive buffers posted: the peer's credits
     std::uint32_t max_send_wr = 64;
-    std::chrono::milliseconds timeout{5000};  // bound of every wait
+    // The bound of a wait: timeout, plus timeout_per_mib for each MiB the call moves.
+    // At RoCE MTU 1024 and 5 % loss each lost packet costs an ACK timeout (67 ms at
+    // ConnectOptions::timeout 14): a 1 MiB operation took over 5 s there, and it
+    // completes within these defaults.
+    std::chrono::milliseconds timeout{5000};
+    std::chrono::milliseconds timeout_per_mib{30'000};
+    // Listener: clients the kernel queues before accept() takes them (TCP listen
+    // backlog, RDMA CM's), and handshakes run at once (more are refused at the door).
+    int backlog = 1024;
+    std::uint32_t max_pending_handshakes = 1024;
     // What the peer may get from request_remote_mr: rights no wider than this, at
     // most this many bytes alive at once, for at most this long.
     Access access_ceiling = Access::local_write | Access::remote_read | Access::remote_write | Access::remote_atomic;
@@ -75,96 +103,135 @@ struct Received {
 
 namespace detail {
 struct Group;
-struct Link;
+class Link;
+class ServerHandshake;
 } // namespace detail
+
+// A per-call bound instead of the connection's rule (ConnectionOptions::timeout).
+using Timeout = std::optional<std::chrono::milliseconds>;
 
 class Connection : detail::MoveOnly {
 public:
-    // Connects to a Listener at host:port (over options.transport).
-    static Result<Connection> connect(std::string_view host, std::uint16_t port, const ConnectionOptions& options = {});
+    // Connects to a Listener at host:port (over options.transport). Programming error:
+    // options out of range (ConnectionOptions).
+    static Result<Connection> connect(std::string_view host, std::uint16_t port, const ConnectionOptions& options = {},
+                                      std::source_location where = std::source_location::current());
+    // Another client connection on this one's context, PD and CQ (regions of either
+    // serve both), with this one's options. RDMA CM: host must be reached through the
+    // same device, else an Error.
+    Result<Connection> connect_another(std::string_view host, std::uint16_t port,
+                                       std::source_location where = std::source_location::current());
 
     Connection(Connection&&) noexcept;
     Connection& operator=(Connection&&) noexcept;
+    // Closes as close() does, within the connection's timeout; a failure is logged.
     ~Connection();
+
+    // Graceful end: sends what is queued and a goodbye, and waits until the peer's NIC
+    // took all of it. The peer gets every message sent before, then "closed". Later
+    // calls fail (ENOTCONN). Closing twice is fine.
+    Result<void> close(Timeout timeout = {});
 
     // --- memory ---
     // A region of our own, registered in the connection's PD.
-    Result<MemoryRegion> alloc_local_mr(std::size_t size, Access access = access_all);
+    Result<MemoryRegion> alloc_local_mr(std::size_t size, Access access = access_all, AllocateOptions allocate = {});
+    // Registers memory the caller owns (it must outlive the region).
+    Result<MemoryRegion> register_local_mr(std::span<std::byte> memory, Access access = access_all);
     // Lends `mr` to the peer for `lease` (at most max_lease): the connection keeps it
     // until the peer returns it (receive_local_mr hands it back) or the lease ends,
     // when it is deregistered before its memory can be reused.
     // Programming error: a region not registered in this connection's PD.
     Result<void> send_local_mr(MemoryRegion mr, std::chrono::milliseconds lease = std::chrono::seconds(30),
                                std::source_location where = std::source_location::current());
-    // A region the peer lent with send_local_mr (or granted on request).
-    Result<RemoteMr> receive_remote_mr();
+    // A region the peer lent with send_local_mr.
+    Result<RemoteMr> receive_remote_mr(Timeout timeout = {});
     // Asks the peer to allocate `size` bytes for us with `access`. The owner refuses
-    // (an Error) beyond its access ceiling or its quota.
+    // (an Error) beyond its access ceiling or its quota, which counts every region it
+    // granted until the owner took it back with receive_local_mr.
     Result<RemoteMr> request_remote_mr(std::size_t size, Access access = access_all,
-                                       std::chrono::milliseconds lease = std::chrono::seconds(30));
+                                       std::chrono::milliseconds lease = std::chrono::seconds(30), Timeout timeout = {});
     // Gives a region back to its owner and waits for the owner's answer: an expired
     // or unknown region is refused (an Error).
-    Result<void> send_remote_mr(const RemoteMr& mr);
+    Result<void> send_remote_mr(const RemoteMr& mr, Timeout timeout = {});
     // A region we lent or granted, given back by the peer: ours again.
-    Result<MemoryRegion> receive_local_mr();
+    Result<MemoryRegion> receive_local_mr(Timeout timeout = {});
 
-    // --- one-sided: local slices from alloc_local_mr; each call waits for its completion ---
-    Result<void> read(const LocalSlice& local, const RemoteMemory& remote);
-    Result<void> write(const LocalSlice& local, const RemoteMemory& remote);
+    // --- one-sided: local slices from this connection's PD; each call waits for its
+    // completion (see "Bounds" above: a timeout ends the connection) ---
+    Result<void> read(const LocalSlice& local, const RemoteMemory& remote, Timeout timeout = {});
+    Result<void> write(const LocalSlice& local, const RemoteMemory& remote, Timeout timeout = {});
     // The peer sees the immediate through receive_write_imm(); uses one credit.
-    Result<void> write_with_imm(const LocalSlice& local, const RemoteMemory& remote, std::uint32_t imm);
+    Result<void> write_with_imm(const LocalSlice& local, const RemoteMemory& remote, std::uint32_t imm,
+                                Timeout timeout = {});
     // The old value of the remote 8 bytes lands in `result`.
     Result<void> compare_swap(const LocalSlice& result, const RemoteMemory& target, std::uint64_t compare,
-                              std::uint64_t swap);
-    Result<void> fetch_add(const LocalSlice& result, const RemoteMemory& target, std::uint64_t add);
+                              std::uint64_t swap, Timeout timeout = {});
+    Result<void> fetch_add(const LocalSlice& result, const RemoteMemory& target, std::uint64_t add,
+                           Timeout timeout = {});
 
     // --- two-sided: one message per receive ---
     // A message of at most the peer's max_message bytes (larger is an Error: nothing
-    // is split), sent without a copy from a region of this connection's PD
-    // (alloc_local_mr). Returns when it was delivered.
-    Result<void> send(const LocalSlice& message);
-    Result<void> send_with_imm(const LocalSlice& message, std::uint32_t imm);
+    // is split), sent without a copy from a region of this connection's PD. Returns
+    // when it was delivered.
+    Result<void> send(const LocalSlice& message, Timeout timeout = {});
+    Result<void> send_with_imm(const LocalSlice& message, std::uint32_t imm, Timeout timeout = {});
     // The next message, copied into `into`; a message larger than `into` is an Error
-    // and stays queued.
-    Result<Received> receive(std::span<std::byte> into);
+    // and stays queued. Messages not yet received hold the peer's credits.
+    Result<Received> receive(std::span<std::byte> into, Timeout timeout = {});
     // The immediate of the peer's next write_with_imm.
-    Result<std::uint32_t> receive_write_imm();
+    Result<std::uint32_t> receive_write_imm(Timeout timeout = {});
 
     // Serves the peer without waiting: answers requests, returns credits, expires leases.
     Result<void> progress();
 
-    const QueuePair& queue_pair() const;
-    const ConnectionOptions& options() const;
+    // Bytes this side granted on the peer's requests and has not taken back.
+    std::uint64_t pinned_for_peer(std::source_location where = std::source_location::current()) const;
+    const QueuePair& queue_pair(std::source_location where = std::source_location::current()) const;
+    const ConnectionOptions& options(std::source_location where = std::source_location::current()) const;
 
 private:
     friend class Listener;
     explicit Connection(std::unique_ptr<detail::Link> link);
+    detail::Link& link(std::source_location where) const;
     std::unique_ptr<detail::Link> link_;
 };
 
+// What a Listener did with the clients that knocked.
+struct ListenerStats {
+    std::uint64_t accepted = 0;  // handed out by accept()
+    std::uint64_t failed = 0;    // refused: garbage, a protocol error, a client gone
+    std::uint64_t timed_out = 0; // silent or slow past the timeout
+    std::uint64_t turned_away = 0; // more than max_pending_handshakes at once
+    std::size_t pending = 0;     // handshakes running now
+    std::size_t ready = 0;       // finished, waiting for accept()
+};
+
 // Accepts connections on host:port; all of them share one context, PD and CQ.
+// Handshakes run concurrently, each bounded by ConnectionOptions::timeout: a client
+// that says nothing, sends garbage or dies holds up no one, and is only counted
+// (stats()) and logged as a warning.
 class Listener : detail::MoveOnly {
 public:
-    static Result<Listener> listen(std::string_view host, std::uint16_t port, const ConnectionOptions& options = {});
+    // Programming error: options out of range (ConnectionOptions).
+    static Result<Listener> listen(std::string_view host, std::uint16_t port, const ConnectionOptions& options = {},
+                                   std::source_location where = std::source_location::current());
 
     Listener(Listener&&) noexcept;
     Listener& operator=(Listener&&) noexcept;
     ~Listener();
 
-    std::uint16_t port() const;
-    // The next client, connected and ready, within `timeout`; meanwhile the
-    // connections already accepted are served. A client that fails the handshake is
-    // an Error (and a warning in the log); the listener serves the next one.
-    Result<Connection> accept(std::chrono::milliseconds timeout);
+    std::uint16_t port(std::source_location where = std::source_location::current()) const;
+    // The next client whose handshake completed, within `timeout`; meanwhile the
+    // connections already accepted are served. An Error only for a timeout or a
+    // failure of the listener itself, never for a bad client.
+    Result<Connection> accept(std::chrono::milliseconds timeout,
+                              std::source_location where = std::source_location::current());
+    ListenerStats stats(std::source_location where = std::source_location::current()) const;
 
 private:
-    Listener() = default;
-    Result<Connection> accept_tcp();
-    Result<Connection> accept_cm(std::chrono::milliseconds timeout);
-    std::optional<TcpListener> tcp_;
-    std::optional<CmListener> cm_;
-    std::shared_ptr<detail::Group> group_;
-    ConnectionOptions options_;
+    struct State;
+    explicit Listener(std::unique_ptr<State> state);
+    std::unique_ptr<State> state_;
 };
 
 } // namespace rdmaxx

@@ -35,9 +35,10 @@ public:
 
     // One endpoint message each way: ours out, the peer's in, checked (codec).
     Result<EndpointMessage> exchange(const EndpointMessage& mine, std::chrono::milliseconds timeout);
-    // One byte each way once both sides are ready (receives posted): after it, a
-    // SEND from either side finds a receive. No sleeps anywhere.
+    // One byte each way (ready_byte) once both sides are ready (receives posted):
+    // after it, a SEND from either side finds a receive. No sleeps anywhere.
     Result<void> confirm_ready(std::chrono::milliseconds timeout);
+    static constexpr std::byte ready_byte{'R'};
 
     int fd() const noexcept { return fd_; }
     // "host:port" of the peer, for messages.

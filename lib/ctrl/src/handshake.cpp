@@ -1,0 +1,246 @@
+#include "handshake.hpp"
+
+#include <algorithm>
+#include <cerrno>
+
+#include <sys/socket.h>
+
+#include <fmt/format.h>
+
+#include <rdmaxx/wrap/log.hpp>
+
+namespace rdmaxx::detail {
+namespace {
+
+std::chrono::milliseconds remaining(Clock::time_point deadline) {
+    return std::max(std::chrono::milliseconds(0), std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()));
+}
+
+// A Connection's offer, whole: one QP and the limits, nothing else.
+constexpr std::size_t offer_bytes = endpoint_codec::header_size + 4 + endpoint_codec::qp_size + 4 + limits_bytes;
+
+Result<std::shared_ptr<Group>> group_on(std::shared_ptr<Group> group, const ConnectionOptions& options) {
+    if (!group)
+        return Group::create(options);
+    if (!options.device.empty() && options.device != group->context.name())
+        return std::unexpected(Error::from_errno(
+            "Connection::connect", EXDEV,
+            fmt::format("the address is reached through {}, the shared connection is on {}", options.device,
+                        group->context.name())));
+    return group;
+}
+
+// What a non-blocking socket call's failure means: nothing to do yet (EAGAIN), or an Error.
+Result<void> would_block_or(const char* call, const std::string& peer) {
+    const int error = errno;
+    if (error == EAGAIN || error == EWOULDBLOCK || error == EINTR)
+        return {};
+    return std::unexpected(Error::from_errno(call, error, peer));
+}
+
+} // namespace
+
+// --- client side ---------------------------------------------------------------------------
+
+Result<std::unique_ptr<Link>> connect_tcp(std::shared_ptr<Group> group, std::string_view host, std::uint16_t port,
+                                          const ConnectionOptions& options, Clock::time_point deadline) {
+    auto on = group_on(std::move(group), options);
+    if (!on)
+        return std::unexpected(std::move(on.error()));
+    auto link = Link::create(std::move(*on), options);
+    if (!link)
+        return link;
+    Link& l = **link;
+    auto stream = TcpStream::connect(host, port, remaining(deadline));
+    if (!stream)
+        return std::unexpected(std::move(stream.error()));
+    QueuePair* qps[] = {&l.qp()};
+    auto peer = connect_over_tcp(*stream, qps, l.describe().metadata, options.connect, remaining(deadline));
+    if (!peer)
+        return std::unexpected(std::move(peer.error()));
+    if (auto ok = l.start(*peer); !ok)
+        return std::unexpected(std::move(ok.error()));
+    if (auto ok = stream->confirm_ready(remaining(deadline)); !ok)
+        return std::unexpected(std::move(ok.error()));
+    l.watch(std::move(*stream));
+    return link;
+}
+
+Result<std::unique_ptr<Link>> connect_cm(std::shared_ptr<Group> group, std::string_view host, std::uint16_t port,
+                                         const ConnectionOptions& options, Clock::time_point deadline) {
+    // each unanswered attempt waits twice as long as the one before, and offers a new
+    // QP: the server's CM may still hold the old one's request (ib_cm refuses a QP
+    // number it is already connecting)
+    auto attempt = std::max<std::chrono::milliseconds>(std::chrono::seconds(1), options.timeout / 3);
+    for (;;) {
+        auto cm = CmConnection::resolve(host, port, remaining(deadline));
+        if (!cm)
+            return std::unexpected(std::move(cm.error()));
+        const ConnectionOptions on_device = on_device_of(*cm, options);
+        auto on = group_on(group, on_device);
+        if (!on)
+            return std::unexpected(std::move(on.error()));
+        group = *on;
+        auto link = Link::create(std::move(*on), on_device);
+        if (!link)
+            return link;
+        const auto attempt_end = std::min(deadline, Clock::now() + attempt);
+        auto peer = cm->connect((*link)->qp(), (*link)->describe().metadata, options.connect, remaining(attempt_end));
+        if (!peer) {
+            // no answer: the request may have been dropped (a full backlog)
+            if (peer.error().is_timeout() && Clock::now() < deadline) {
+                logger()->debug("Connection: no answer from {} within {} ms, asking again", cm->peer(), attempt.count());
+                attempt *= 2;
+                continue;
+            }
+            return std::unexpected(std::move(peer.error()));
+        }
+        if (auto ok = (*link)->start(*peer); !ok)
+            return std::unexpected(std::move(ok.error()));
+        if (auto ok = cm->establish(); !ok)
+            return std::unexpected(std::move(ok.error()));
+        (*link)->watch(std::move(*cm));
+        return link;
+    }
+}
+
+// --- server side ---------------------------------------------------------------------------
+
+ServerHandshake::ServerHandshake(TcpStream stream, Clock::time_point deadline)
+    : deadline_(deadline), stream_(std::move(stream)) {
+    in_.reserve(offer_bytes);
+}
+
+Result<ServerHandshake> ServerHandshake::answer(std::shared_ptr<Group> group, CmRequest request,
+                                                const ConnectionOptions& options, Clock::time_point deadline) {
+    if (request.device() != group->context.name())
+        return std::unexpected(Error::from_errno("rdma_cm", EXDEV,
+                                                 fmt::format("{} reached device {}, the listener serves {}",
+                                                             request.peer(), request.device(), group->context.name())));
+    auto link = Link::create(std::move(group), options);
+    if (!link)
+        return std::unexpected(std::move(link.error()));
+    if (auto ok = request.connect((*link)->qp(), options.connect); !ok)
+        return std::unexpected(std::move(ok.error()));
+    if (auto ok = (*link)->start(request.offer()); !ok)
+        return std::unexpected(std::move(ok.error()));
+    auto cm = std::move(request).answer((*link)->qp(), (*link)->describe().metadata);
+    if (!cm)
+        return std::unexpected(std::move(cm.error()));
+    ServerHandshake handshake(deadline);
+    handshake.state_ = State::cm_establish;
+    handshake.cm_.emplace(std::move(*cm));
+    handshake.link_ = std::move(*link);
+    return handshake;
+}
+
+const std::string& ServerHandshake::peer() const { return stream_ ? stream_->peer() : cm_->peer(); }
+
+pollfd ServerHandshake::wanted() const {
+    if (cm_)
+        return {.fd = cm_->fd(), .events = POLLIN, .revents = 0};
+    return {.fd = stream_->fd(), .events = static_cast<short>(state_ == State::write_answer ? POLLOUT : POLLIN),
+            .revents = 0};
+}
+
+// The client's offer is complete: a QP for it, connected, with receives posted, and
+// our answer ready to go.
+Result<void> ServerHandshake::take_offer(const std::shared_ptr<Group>& group, const ConnectionOptions& options) {
+    auto offer = endpoint_codec::decode(in_);
+    if (!offer)
+        return std::unexpected(std::move(offer.error()));
+    if (offer->qps.size() != 1 || offer->qps[0].type != QpType::rc)
+        return std::unexpected(Error::protocol("Connection", fmt::format("{} offers no single RC QP", peer())));
+    // the limits first: a lying client costs no QP
+    if (auto limits = decode_limits(offer->metadata); !limits)
+        return std::unexpected(std::move(limits.error()));
+    auto link = Link::create(group, options);
+    if (!link)
+        return std::unexpected(std::move(link.error()));
+    if (auto ok = (*link)->qp().connect(offer->qps[0].endpoint, options.connect); !ok)
+        return std::unexpected(std::move(ok.error()));
+    if (auto ok = (*link)->start(*offer); !ok)
+        return std::unexpected(std::move(ok.error()));
+    out_ = endpoint_codec::encode((*link)->describe());
+    out_.push_back(TcpStream::ready_byte);
+    link_ = std::move(*link);
+    return {};
+}
+
+Result<std::unique_ptr<Link>> ServerHandshake::advance(const std::shared_ptr<Group>& group,
+                                                       const ConnectionOptions& options) {
+    for (;;) {
+        switch (state_) {
+        case State::read_offer: {
+            const std::size_t had = in_.size();
+            in_.resize(offer_bytes);
+            const ssize_t n = ::recv(stream_->fd(), in_.data() + had, offer_bytes - had, 0);
+            in_.resize(had + static_cast<std::size_t>(std::max<ssize_t>(n, 0)));
+            if (n == 0)
+                return std::unexpected(Error::from_errno(
+                    "Listener::accept", ECONNRESET,
+                    fmt::format("{} closed the connection after {} bytes of its offer", peer(), had)));
+            if (n < 0) {
+                if (auto ok = would_block_or("recv", peer()); !ok)
+                    return std::unexpected(std::move(ok.error()));
+                return nullptr;
+            }
+            if (had < endpoint_codec::header_size && in_.size() >= endpoint_codec::header_size) {
+                auto body = endpoint_codec::body_length(std::span(in_).first<endpoint_codec::header_size>());
+                if (!body)
+                    return std::unexpected(std::move(body.error()));
+                if (*body != offer_bytes - endpoint_codec::header_size)
+                    return std::unexpected(Error::protocol(
+                        "Connection", fmt::format("{} announces a {}-byte offer, a Connection's is {}", peer(),
+                                                  *body + endpoint_codec::header_size, offer_bytes)));
+            }
+            if (in_.size() < offer_bytes)
+                continue; // maybe more is there already
+            if (auto ok = take_offer(group, options); !ok)
+                return std::unexpected(std::move(ok.error()));
+            state_ = State::write_answer;
+            continue;
+        }
+        case State::write_answer: {
+            const ssize_t n = ::send(stream_->fd(), out_.data() + sent_, out_.size() - sent_, MSG_NOSIGNAL);
+            if (n < 0) {
+                if (auto ok = would_block_or("send", peer()); !ok)
+                    return std::unexpected(std::move(ok.error()));
+                return nullptr;
+            }
+            sent_ += static_cast<std::size_t>(n);
+            if (sent_ == out_.size())
+                state_ = State::read_ready;
+            continue;
+        }
+        case State::read_ready: {
+            std::byte ready{};
+            const ssize_t n = ::recv(stream_->fd(), &ready, 1, 0);
+            if (n == 0)
+                return std::unexpected(Error::from_errno(
+                    "Listener::accept", ECONNRESET, fmt::format("{} closed the connection before it was ready", peer())));
+            if (n < 0) {
+                if (auto ok = would_block_or("recv", peer()); !ok)
+                    return std::unexpected(std::move(ok.error()));
+                return nullptr;
+            }
+            if (ready != TcpStream::ready_byte)
+                return std::unexpected(Error::protocol(
+                    "Connection", fmt::format("{} sent {:#x}, not the ready byte", peer(), static_cast<unsigned>(ready))));
+            link_->watch(std::move(*stream_));
+            return std::move(link_);
+        }
+        case State::cm_establish: {
+            auto established = cm_->established();
+            if (!established)
+                return std::unexpected(std::move(established.error()));
+            if (!*established)
+                return nullptr;
+            link_->watch(std::move(*cm_));
+            return std::move(link_);
+        }
+        }
+    }
+}
+
+} // namespace rdmaxx::detail

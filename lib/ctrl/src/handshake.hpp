@@ -1,0 +1,86 @@
+// How a Link gets connected. The client side runs one handshake and may wait; the
+// server side runs many at once: each ServerHandshake is a non-blocking state machine
+// with a deadline of its own, advanced by the Listener when its fd is ready, so no
+// silent or slow client holds up another.
+//
+//   TCP client: endpoint message out, the server's in, QP connected, receives posted,
+//               ready byte out, ready byte in.
+//   TCP server: the client's endpoint message in (exactly one RC QP and the 8 bytes of
+//               limits: anything else is refused before a QP exists), QP created and
+//               connected, receives posted, our message and ready byte out, the
+//               client's ready byte in.
+//   RDMA CM:    connect request with the client's endpoint as private data, the
+//               server's in the answer, then establish (connection.hpp).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+#include <poll.h>
+
+#include <rdmaxx/ctrl/cm.hpp>
+#include <rdmaxx/ctrl/connection.hpp>
+#include <rdmaxx/ctrl/tcp.hpp>
+
+#include "link.hpp"
+
+namespace rdmaxx::detail {
+
+// Client side. `group` may be shared with other connections (TCP: any; RDMA CM: it
+// must be on the device the address resolves to); null makes a new one.
+Result<std::unique_ptr<Link>> connect_tcp(std::shared_ptr<Group> group, std::string_view host, std::uint16_t port,
+                                          const ConnectionOptions& options, Clock::time_point deadline);
+// A connect request that gets no answer (the server's backlog dropped it) is sent
+// again, with a new CM id, until the deadline.
+Result<std::unique_ptr<Link>> connect_cm(std::shared_ptr<Group> group, std::string_view host, std::uint16_t port,
+                                         const ConnectionOptions& options, Clock::time_point deadline);
+
+// The options with the device and port RDMA CM resolved to, when it names one.
+template <class Cm>
+ConnectionOptions on_device_of(const Cm& cm, ConnectionOptions options) {
+    if (!cm.device().empty()) {
+        options.device = cm.device();
+        options.port = cm.ib_port();
+    }
+    return options;
+}
+
+// Server side: one client's handshake in progress.
+class ServerHandshake {
+public:
+    // A TCP client just accepted.
+    ServerHandshake(TcpStream stream, Clock::time_point deadline);
+    // An RDMA CM connect request: answered at once (QP created, connected, receives
+    // posted, accepted); what is left is waiting for the client's establish.
+    static Result<ServerHandshake> answer(std::shared_ptr<Group> group, CmRequest request,
+                                          const ConnectionOptions& options, Clock::time_point deadline);
+
+    // Goes as far as it can without waiting: the connected link when the handshake is
+    // complete, nullptr while it needs more from the client, an Error when the client
+    // failed it (then drop this).
+    Result<std::unique_ptr<Link>> advance(const std::shared_ptr<Group>& group, const ConnectionOptions& options);
+    // What to poll for.
+    pollfd wanted() const;
+    Clock::time_point deadline() const noexcept { return deadline_; }
+    const std::string& peer() const;
+
+private:
+    enum class State : std::uint8_t { read_offer, write_answer, read_ready, cm_establish };
+    explicit ServerHandshake(Clock::time_point deadline) : deadline_(deadline) {}
+    Result<void> take_offer(const std::shared_ptr<Group>& group, const ConnectionOptions& options);
+
+    State state_ = State::read_offer;
+    Clock::time_point deadline_;
+    std::optional<TcpStream> stream_;
+    std::optional<CmConnection> cm_;
+    std::unique_ptr<Link> link_;
+    std::vector<std::byte> in_;  // the offer, read so far
+    std::vector<std::byte> out_; // our answer and ready byte
+    std::size_t sent_ = 0;
+};
+
+} // namespace rdmaxx::detail

@@ -1,0 +1,103 @@
+// The owner's side of lending: which of its regions the peer may access, until when,
+// and how much of its memory the peer's requests pin.
+//
+// A region is lent (send_local_mr) or granted (allocated on the peer's request, counted
+// against the quota). It stays registered, so reachable by the peer, until one of:
+//   - its lease ends: expire() destroys it (deregistration: a late access fails at the
+//     NIC) before its memory can be reused;
+//   - the peer gives it back: it waits in the returned queue, still registered and
+//     still counted, until the owner takes it (take_returned()).
+// So the quota counts what is really pinned for the peer: a peer looping request/return
+// fills it unless the owner takes the regions back.
+//
+// Time comes in as an argument (no clock inside): lease expiry is tested on the host
+// with made-up time points. `Region` is MemoryRegion in the library (anything with
+// size() and move construction in tests). Not thread-safe (one Link's).
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <vector>
+
+namespace rdmaxx::detail {
+
+template <class Region, class TimePoint = std::chrono::steady_clock::time_point>
+class LeaseTable {
+public:
+    explicit LeaseTable(std::uint64_t quota_bytes) noexcept : quota_(quota_bytes) {}
+
+    // Whether a grant of `bytes` fits the quota now.
+    bool fits(std::uint64_t bytes) const noexcept { return bytes <= quota_ - std::min(quota_, pinned_); }
+
+    // Lends (granted: false) or grants `region` under `token` until `expires`.
+    void add(std::uint64_t token, Region region, TimePoint expires, bool granted) {
+        if (granted)
+            pinned_ += region.size();
+        leases_.push_back({token, std::move(region), expires, granted});
+    }
+
+    // The peer gives `token` back: false when no live lease has it (expired, returned
+    // already, never lent).
+    bool give_back(std::uint64_t token) {
+        const auto it = std::find_if(leases_.begin(), leases_.end(), [&](const Lease& l) { return l.token == token; });
+        if (it == leases_.end())
+            return false;
+        returned_.push_back(std::move(*it));
+        leases_.erase(it);
+        return true;
+    }
+
+    // The oldest region given back, now the owner's alone (no longer counted).
+    std::optional<Region> take_returned() {
+        if (returned_.empty())
+            return std::nullopt;
+        Lease lease = std::move(returned_.front());
+        returned_.pop_front();
+        if (lease.granted)
+            pinned_ -= lease.region.size();
+        return std::move(lease.region);
+    }
+    bool has_returned() const noexcept { return !returned_.empty(); }
+
+    // Destroys the regions whose lease ended by `now`; returns how many.
+    std::size_t expire(TimePoint now) {
+        return std::erase_if(leases_, [&](Lease& l) {
+            if (now < l.expires)
+                return false;
+            if (l.granted)
+                pinned_ -= l.region.size();
+            return true;
+        });
+    }
+
+    // The earliest lease end, for a caller that sleeps until something happens.
+    std::optional<TimePoint> next_expiry() const {
+        std::optional<TimePoint> first;
+        for (const Lease& l : leases_)
+            if (!first || l.expires < *first)
+                first = l.expires;
+        return first;
+    }
+
+    // Bytes granted on request and not yet taken back by the owner (lent regions are
+    // the owner's own choice and are not counted).
+    std::uint64_t pinned_for_peer() const noexcept { return pinned_; }
+    std::size_t live() const noexcept { return leases_.size(); }
+
+private:
+    struct Lease {
+        std::uint64_t token;
+        Region region;
+        TimePoint expires;
+        bool granted;
+    };
+    std::uint64_t quota_;
+    std::uint64_t pinned_ = 0;
+    std::vector<Lease> leases_;
+    std::deque<Lease> returned_;
+};
+
+} // namespace rdmaxx::detail

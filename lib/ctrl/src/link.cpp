@@ -1,0 +1,524 @@
+#include "link.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <fmt/format.h>
+
+#include <rdmaxx/data/post.hpp>
+#include <rdmaxx/wrap/log.hpp>
+#include <rdmaxx/wrap/wire.hpp>
+
+namespace rdmaxx::detail {
+namespace {
+
+std::uint64_t random_token() {
+    static thread_local std::mt19937_64 engine{std::random_device{}()};
+    return engine() | 1; // never 0
+}
+
+constexpr std::uint32_t max_slots = 32;
+
+} // namespace
+
+// --- limits -------------------------------------------------------------------------
+
+std::array<std::byte, limits_bytes> encode_limits(const Limits& limits) noexcept {
+    std::array<std::byte, limits_bytes> bytes{};
+    wire::put(bytes.data(), limits.max_message, 4);
+    wire::put(bytes.data() + 4, limits.receive_depth, 4);
+    return bytes;
+}
+
+Result<Limits> decode_limits(std::span<const std::byte> metadata) {
+    if (metadata.size() != limits_bytes)
+        return std::unexpected(
+            Error::protocol("Connection", fmt::format("{} bytes of connection limits, not {}", metadata.size(), limits_bytes)));
+    const Limits limits{.max_message = static_cast<std::uint32_t>(wire::get(metadata.data(), 4)),
+                        .receive_depth = static_cast<std::uint32_t>(wire::get(metadata.data() + 4, 4))};
+    if (limits.max_message == 0 || limits.max_message > max_message_limit)
+        return std::unexpected(Error::protocol(
+            "Connection", fmt::format("the peer's max_message {} is outside 1..{}", limits.max_message, max_message_limit)));
+    if (limits.receive_depth < CreditWindow::min_depth || limits.receive_depth > CreditWindow::max_depth)
+        return std::unexpected(Error::protocol(
+            "Connection", fmt::format("the peer's receive depth {} is outside {}..{}", limits.receive_depth,
+                                      CreditWindow::min_depth, CreditWindow::max_depth)));
+    return limits;
+}
+
+// --- Group ----------------------------------------------------------------------------
+
+Result<std::shared_ptr<Group>> Group::create(const ConnectionOptions& options) {
+    auto context = Context::open(options.device);
+    if (!context)
+        return std::unexpected(std::move(context.error()));
+    auto pd = ProtectionDomain::create(*context);
+    if (!pd)
+        return std::unexpected(std::move(pd.error()));
+    const auto depth = std::min<std::uint32_t>(8192, static_cast<std::uint32_t>(context->attributes().raw.max_cqe));
+    auto cq = CompletionQueue::create(*context, {.depth = depth, .channel = true});
+    if (!cq)
+        return std::unexpected(std::move(cq.error()));
+    return std::make_shared<Group>(Group{std::move(*context), std::move(*pd), std::move(*cq), {}});
+}
+
+Result<void> Group::pump() {
+    std::array<WorkCompletion, 16> batch;
+    for (;;) {
+        auto n = poll(cq, batch);
+        if (!n)
+            return std::unexpected(std::move(n.error()));
+        for (std::size_t i = 0; i < *n; ++i)
+            if (auto it = links.find(batch[i].qp_num()); it != links.end()) // else: a closed link's flush
+                it->second->on_completion(batch[i]);
+        if (*n < batch.size())
+            break;
+    }
+    const auto now = Clock::now();
+    for (auto& [qpn, link] : links) {
+        link->expire_leases(now);
+        if (auto ok = link->flush(); !ok)
+            link->fail(std::move(ok.error()));
+    }
+    return {};
+}
+
+// --- Link: setup ------------------------------------------------------------------------
+
+std::optional<std::uint32_t> Link::SendSlots::free() const {
+    for (std::uint32_t i = 0; i < busy.size(); ++i)
+        if (!busy[i])
+            return i;
+    return std::nullopt;
+}
+
+bool Link::SendSlots::idle() const { return std::none_of(busy.begin(), busy.end(), [](bool b) { return b; }); }
+
+Link::Link(std::shared_ptr<Group> group, const ConnectionOptions& options, MemoryRegion receive, SendSlots slots,
+           QueuePair qp)
+    : group_(std::move(group)), options_(options), receive_mr_(std::move(receive)), slots_(std::move(slots)),
+      qp_(std::move(qp)), buffer_bytes_(static_cast<std::uint32_t>(control::header_bytes) + options.max_message),
+      leases_(options.quota_bytes) {}
+
+Result<std::unique_ptr<Link>> Link::create(std::shared_ptr<Group> group, const ConnectionOptions& options) {
+    auto qp = QueuePair::create(group->pd, {.send_cq = &group->cq,
+                                            .recv_cq = &group->cq,
+                                            .caps = {.max_send_wr = options.max_send_wr,
+                                                     .max_recv_wr = options.receive_depth,
+                                                     .max_send_sge = 2,
+                                                     .max_recv_sge = 1},
+                                            .port = options.port,
+                                            .gid_index = options.gid_index});
+    if (!qp)
+        return std::unexpected(std::move(qp.error()));
+    const std::size_t buffer_bytes = control::header_bytes + options.max_message;
+    auto receive = MemoryRegion::allocate(group->pd, buffer_bytes * options.receive_depth, Access::local_write);
+    if (!receive)
+        return std::unexpected(std::move(receive.error()));
+    const std::uint32_t slots = std::min(options.max_send_wr, max_slots);
+    auto send = MemoryRegion::allocate(group->pd, control::max_message_bytes * slots, Access::local_write);
+    if (!send)
+        return std::unexpected(std::move(send.error()));
+    SendSlots send_slots{std::move(*send), std::vector<bool>(slots, false), std::vector<std::optional<Error>>(slots)};
+    return std::unique_ptr<Link>(
+        new Link(std::move(group), options, std::move(*receive), std::move(send_slots), std::move(*qp)));
+}
+
+Link::~Link() {
+    if (!closed_)
+        if (auto ok = close(deadline(std::nullopt)); !ok && !broken_)
+            logger()->warn("Connection: closing the connection to {}: {}", peer(), ok.error());
+    if (registered_)
+        group_->links.erase(qp_.qpn());
+}
+
+EndpointMessage Link::describe() const {
+    const auto limits = encode_limits({.max_message = options_.max_message, .receive_depth = options_.receive_depth});
+    return {.qps = {{.endpoint = qp_.endpoint(), .type = qp_.type()}},
+            .metadata = std::vector<std::byte>(limits.begin(), limits.end())};
+}
+
+Result<void> Link::start(const EndpointMessage& peer) {
+    if (peer.qps.size() != 1)
+        return std::unexpected(Error::protocol("Connection", fmt::format("the peer offers {} QPs, not 1", peer.qps.size())));
+    auto limits = decode_limits(peer.metadata);
+    if (!limits)
+        return std::unexpected(std::move(limits.error()));
+    peer_max_message_ = limits->max_message;
+    credits_.emplace(limits->receive_depth, options_.receive_depth);
+    for (std::uint32_t i = 0; i < options_.receive_depth; ++i)
+        if (auto ok = post_receive(i); !ok)
+            return ok;
+    group_->links.emplace(qp_.qpn(), this);
+    registered_ = true;
+    return {};
+}
+
+void Link::watch(TcpStream stream) { tcp_.emplace(std::move(stream)); }
+void Link::watch(CmConnection cm) { cm_.emplace(std::move(cm)); }
+
+Clock::time_point Link::deadline(std::optional<std::chrono::milliseconds> timeout, std::uint64_t bytes) const {
+    if (timeout)
+        return Clock::now() + *timeout;
+    const auto per_byte = std::chrono::duration<double, std::milli>(options_.timeout_per_mib) / double(1 << 20);
+    return Clock::now() + options_.timeout +
+           std::chrono::ceil<std::chrono::milliseconds>(per_byte * static_cast<double>(bytes));
+}
+
+// --- Link: completions and what the peer sends --------------------------------------------
+
+Error Link::fail(Error e) {
+    if (!broken_)
+        broken_ = e;
+    return e;
+}
+
+void Link::on_completion(const WorkCompletion& wc) {
+    const std::uint64_t tag = wc.wr_id() & tag_mask;
+    const std::uint64_t id = wc.wr_id() & ~tag_mask;
+    if (tag == tag_send) {
+        slots_.busy[id] = false;
+        if (!wc.ok())
+            slots_.error[id] = fail(wc.error());
+    } else if (tag == tag_op) {
+        if (id == op_awaited_)
+            op_done_ = wc;
+        if (!wc.ok())
+            fail(wc.error());
+    } else if (tag == tag_recv) {
+        if (!wc.ok()) {
+            fail(wc.error());
+            return;
+        }
+        if (auto handled = on_receive(static_cast<std::uint32_t>(id), wc); !handled)
+            fail(std::move(handled.error()));
+    }
+}
+
+Result<void> Link::on_receive(std::uint32_t buffer, const WorkCompletion& wc) {
+    if (wc.opcode() == WcOpcode::recv_rdma_with_imm) {
+        write_imms_.push_back(*wc.imm());
+        return recycle(buffer);
+    }
+    const std::byte* bytes = receive_mr_.data() + std::size_t{buffer} * buffer_bytes_;
+    auto header = control::decode_header(std::span(bytes, std::min<std::size_t>(wc.byte_len(), control::header_bytes)),
+                                         wc.byte_len());
+    if (!header)
+        return std::unexpected(std::move(header.error()));
+    if (auto ok = credits_->returned(header->credits); !ok)
+        return ok;
+    if (header->kind == control::Kind::user) {
+        inbox_.push_back({buffer, header->length, wc.imm()});
+        return {};
+    }
+    auto message = control::decode(*header, std::span(bytes + control::header_bytes, header->length));
+    if (!message)
+        return std::unexpected(std::move(message.error()));
+    if (auto recycled = recycle(buffer); !recycled)
+        return recycled;
+    return on_control(*message);
+}
+
+Result<void> Link::on_control(const control::Message& message) {
+    const auto remote_mr = [](const control::Region& r) {
+        return RemoteMr{.memory = r.memory, .token = r.token, .access = r.access, .expires = Clock::now() + r.lease};
+    };
+    if (std::holds_alternative<control::Lend>(message)) {
+        lent_to_us_.push_back(remote_mr(std::get<control::Lend>(message).region));
+    } else if (const auto* granted = std::get_if<control::Grant>(&message)) {
+        grants_.insert_or_assign(granted->region.request, remote_mr(granted->region));
+    } else if (const auto* deny = std::get_if<control::Deny>(&message)) {
+        grants_.insert_or_assign(deny->request, std::unexpected(Error::from_errno("request_remote_mr", deny->code,
+                                                                                 "the owner refused the request")));
+    } else if (const auto* request = std::get_if<control::Request>(&message)) {
+        return grant(*request);
+    } else if (const auto* given = std::get_if<control::Return>(&message)) {
+        queue(control::ReturnAck{.token = given->token, .code = leases_.give_back(given->token) ? 0 : ESTALE});
+    } else if (const auto* ack = std::get_if<control::ReturnAck>(&message)) {
+        return_acks_.insert_or_assign(ack->token, ack->code);
+    } else if (std::holds_alternative<control::Goodbye>(message)) {
+        fail(Error::from_errno("Connection", ECONNRESET, fmt::format("peer {} closed the connection", peer())));
+    }
+    return {}; // Credit: its header said it all
+}
+
+// The owner's side of request_remote_mr: ceiling, quota, then a fresh region.
+Result<void> Link::grant(const control::Request& request) {
+    int refusal = 0;
+    if (!has(options_.access_ceiling, request.access))
+        refusal = EACCES;
+    else if (request.size == 0)
+        refusal = EINVAL;
+    else if (!leases_.fits(request.size))
+        refusal = EDQUOT;
+    if (refusal == 0) {
+        if (auto mr = MemoryRegion::allocate(group_->pd, request.size, request.access); mr) {
+            const auto lease = std::min(request.lease, options_.max_lease);
+            const control::Region region{.request = request.request,
+                                         .memory = mr->remote(),
+                                         .token = random_token(),
+                                         .access = request.access,
+                                         .lease = lease};
+            leases_.add(region.token, std::move(*mr), Clock::now() + lease, true);
+            queue(control::Grant{region});
+            return {};
+        } else {
+            logger()->warn("Connection: a requested region of {} bytes: {}", request.size, mr.error());
+        }
+        refusal = ENOMEM;
+    }
+    queue(control::Deny{.request = request.request, .code = refusal});
+    return {};
+}
+
+Result<void> Link::post_receive(std::uint32_t buffer) {
+    return post_recv(qp_, receive_mr_.slice(std::size_t{buffer} * buffer_bytes_, buffer_bytes_), tag_recv | buffer);
+}
+
+// Reposts a receive buffer: one more credit to return to the peer.
+Result<void> Link::recycle(std::uint32_t buffer) {
+    if (auto ok = post_receive(buffer); !ok)
+        return ok;
+    credits_->reposted();
+    return {};
+}
+
+// A lease that ran out is deregistered now: a late access fails at the NIC, and the
+// memory is freed only after the deregistration.
+void Link::expire_leases(Clock::time_point now) { leases_.expire(now); }
+
+// --- Link: sending ----------------------------------------------------------------------
+
+// Posts one message from `slot`: header (+ control payload) and, for a user message,
+// the caller's bytes as a second SGE.
+Result<void> Link::post_message(std::uint32_t slot, std::span<const std::byte> header_and_control,
+                                const LocalSlice* user, std::optional<std::uint32_t> imm) {
+    const std::size_t at = std::size_t{slot} * control::max_message_bytes;
+    std::memcpy(slots_.mr.data() + at, header_and_control.data(), header_and_control.size());
+    const LocalSlice parts[2] = {slots_.mr.slice(at, header_and_control.size()),
+                                 user ? *user : LocalSlice(nullptr, 0, 0)};
+    const std::span<const LocalSlice> sgl(parts, user ? 2 : 1);
+    const PostOptions post{.wr_id = tag_send | slot};
+    auto posted = imm ? post_send_with_imm(qp_, sgl, *imm, post) : post_send(qp_, sgl, post);
+    if (!posted)
+        return std::unexpected(fail(std::move(posted.error())));
+    slots_.busy[slot] = true;
+    slots_.error[slot].reset();
+    return {};
+}
+
+// Sends queued control messages while credits and slots allow, and credits on their
+// own when enough wait; never waits.
+Result<void> Link::flush() {
+    if (!credits_ || broken_)
+        return {};
+    while (!outbox_.empty() && credits_->can_send(CreditWindow::Use::control)) {
+        const auto slot = slots_.free();
+        if (!slot)
+            return {};
+        const std::uint16_t report = credits_->spend();
+        const control::Encoded message = control::encode(outbox_.front(), report);
+        if (auto ok = post_message(*slot, message.span(), nullptr, std::nullopt); !ok) {
+            credits_->unspend(report);
+            return ok;
+        }
+        outbox_.pop_front();
+    }
+    if (outbox_.empty() && credits_->wants_credit_message())
+        if (const auto slot = slots_.free()) {
+            const std::uint16_t report = credits_->spend();
+            const control::Encoded message = control::encode(control::Credit{}, report);
+            if (auto ok = post_message(*slot, message.span(), nullptr, std::nullopt); !ok) {
+                credits_->unspend(report);
+                return ok;
+            }
+        }
+    return {};
+}
+
+Result<void> Link::send(const LocalSlice& message, std::optional<std::uint32_t> imm, Clock::time_point deadline) {
+    if (broken_)
+        return std::unexpected(*broken_);
+    if (message.size() > peer_max_message_)
+        return std::unexpected(Error::from_errno(
+            "Connection::send", EMSGSIZE,
+            fmt::format("{} bytes: the peer receives at most {} per message", message.size(), peer_max_message_)));
+    std::optional<std::uint32_t> slot;
+    if (auto ok = wait([&] { return credits_->can_send(CreditWindow::Use::user) && (slot = slots_.free()); },
+                       "send: waiting for a credit", deadline);
+        !ok)
+        return ok;
+    const std::uint16_t report = credits_->spend();
+    const auto header = control::encode_user_header(static_cast<std::uint32_t>(message.size()), report);
+    if (auto ok = post_message(*slot, header, &message, imm); !ok) {
+        credits_->unspend(report);
+        return ok;
+    }
+    const std::uint32_t s = *slot;
+    auto delivered = [&] { return !slots_.busy[s]; };
+    if (auto ok = wait(delivered, "send: waiting for its completion", deadline); !ok) {
+        if (!delivered())
+            abandon(ok.error(), delivered); // the NIC may still read the caller's bytes
+        return ok;
+    }
+    if (slots_.error[s])
+        return std::unexpected(*slots_.error[s]);
+    return {};
+}
+
+Result<Received> Link::receive(std::span<std::byte> into, Clock::time_point deadline) {
+    if (auto ok = wait([&] { return !inbox_.empty(); }, "receive", deadline); !ok)
+        return std::unexpected(std::move(ok.error()));
+    const Incoming next = inbox_.front();
+    if (next.length > into.size())
+        return std::unexpected(Error::from_errno(
+            "Connection::receive", EMSGSIZE,
+            fmt::format("a {}-byte message does not fit {} bytes; it stays queued", next.length, into.size())));
+    if (next.length != 0) // `into` may be empty, and memcpy from or to null is UB
+        std::memcpy(into.data(), receive_mr_.data() + std::size_t{next.buffer} * buffer_bytes_ + control::header_bytes,
+                    next.length);
+    inbox_.pop_front();
+    if (!broken_) {
+        if (auto ok = recycle(next.buffer); !ok)
+            return std::unexpected(fail(std::move(ok.error())));
+        if (auto ok = flush(); !ok)
+            return std::unexpected(fail(std::move(ok.error())));
+    }
+    return Received{.size = next.length, .imm = next.imm};
+}
+
+Result<std::uint32_t> Link::receive_write_imm(Clock::time_point deadline) {
+    if (auto ok = wait([&] { return !write_imms_.empty(); }, "receive_write_imm", deadline); !ok)
+        return std::unexpected(std::move(ok.error()));
+    const std::uint32_t imm = write_imms_.front();
+    write_imms_.pop_front();
+    return imm;
+}
+
+Result<void> Link::take_user_credit(Clock::time_point deadline) {
+    if (broken_)
+        return std::unexpected(*broken_);
+    if (auto ok = wait([&] { return credits_->can_send(CreditWindow::Use::user); }, "write_with_imm: waiting for a credit",
+                       deadline);
+        !ok)
+        return ok;
+    (void)credits_->spend(); // a WRITE_WITH_IMM carries no header: it reports nothing
+    return {};
+}
+
+void Link::give_back_user_credit() { credits_->unspend(0); }
+
+// --- Link: memory lent, requested, returned --------------------------------------------
+
+Result<void> Link::lend(MemoryRegion mr, std::chrono::milliseconds lease) {
+    if (broken_)
+        return std::unexpected(*broken_);
+    lease = std::min(lease, options_.max_lease);
+    const control::Region region{
+        .request = 0, .memory = mr.remote(), .token = random_token(), .access = mr.access() & control::known_access,
+        .lease = lease};
+    leases_.add(region.token, std::move(mr), Clock::now() + lease, false);
+    queue(control::Lend{region});
+    return progress();
+}
+
+Result<RemoteMr> Link::receive_remote_mr(Clock::time_point deadline) {
+    if (auto ok = wait([&] { return !lent_to_us_.empty(); }, "receive_remote_mr", deadline); !ok)
+        return std::unexpected(std::move(ok.error()));
+    RemoteMr mr = lent_to_us_.front();
+    lent_to_us_.pop_front();
+    return mr;
+}
+
+Result<RemoteMr> Link::request_remote_mr(std::size_t size, Access access, std::chrono::milliseconds lease,
+                                         Clock::time_point deadline) {
+    if (broken_)
+        return std::unexpected(*broken_);
+    const std::uint64_t request = next_request_++;
+    queue(control::Request{.request = request, .size = size, .access = access, .lease = lease});
+    if (auto ok = wait([&] { return grants_.contains(request); }, "request_remote_mr", deadline); !ok)
+        return std::unexpected(std::move(ok.error()));
+    return std::move(grants_.extract(request).mapped());
+}
+
+Result<void> Link::send_remote_mr(const RemoteMr& mr, Clock::time_point deadline) {
+    if (broken_)
+        return std::unexpected(*broken_);
+    return_acks_.erase(mr.token);
+    queue(control::Return{.token = mr.token});
+    if (auto ok = wait([&] { return return_acks_.contains(mr.token); }, "send_remote_mr", deadline); !ok)
+        return ok;
+    const int status = return_acks_.extract(mr.token).mapped();
+    if (status != 0)
+        return std::unexpected(Error::from_errno("send_remote_mr", status,
+                                                 "the owner refused the region: its lease ended or it was never lent"));
+    return {};
+}
+
+Result<MemoryRegion> Link::receive_local_mr(Clock::time_point deadline) {
+    if (auto ok = wait([&] { return leases_.has_returned(); }, "receive_local_mr", deadline); !ok)
+        return std::unexpected(std::move(ok.error()));
+    return std::move(*leases_.take_returned());
+}
+
+Result<void> Link::progress() {
+    if (auto ok = group_->pump(); !ok)
+        return ok;
+    check_peer();
+    if (broken_)
+        return std::unexpected(*broken_);
+    return {};
+}
+
+Result<void> Link::close(Clock::time_point deadline) {
+    if (closed_)
+        return {};
+    closed_ = true;
+    Result<void> done{};
+    if (!broken_ && (tcp_ || cm_)) { // connected and handed out: the peer listens
+        queue(control::Goodbye{});
+        done = wait([&] { return outbox_.empty() && slots_.idle(); }, "close: sending what is queued", deadline);
+    }
+    if (tcp_)
+        ::shutdown(tcp_->fd(), SHUT_WR); // the peer's side channel reads its end
+    cm_.reset();                         // disconnects
+    fail(Error::from_errno("Connection", ENOTCONN, "the connection was closed"));
+    return done;
+}
+
+// --- Link: the peer's liveness ----------------------------------------------------------
+
+const std::string& Link::peer() const {
+    static const std::string unknown = "(not connected)";
+    return tcp_ ? tcp_->peer() : cm_ ? cm_->peer() : unknown;
+}
+
+int Link::watch_fd() const { return tcp_ ? tcp_->fd() : cm_ ? cm_->fd() : -1; }
+
+// The side channel: readable means the peer closed it (died), disconnected or broke
+// protocol.
+void Link::check_peer() {
+    if (cm_) {
+        if (auto alive = cm_->check_alive(); !alive)
+            fail(std::move(alive.error()));
+        return;
+    }
+    if (!tcp_)
+        return;
+    pollfd pfd{.fd = tcp_->fd(), .events = POLLIN, .revents = 0};
+    if (::poll(&pfd, 1, 0) <= 0)
+        return;
+    std::byte b;
+    const ssize_t n = ::recv(tcp_->fd(), &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    const int error = errno;
+    if (n == 0 || (n < 0 && error != EAGAIN && error != EINTR))
+        fail(Error::from_errno("Connection", ECONNRESET, fmt::format("peer {} closed its control connection", peer())));
+    else if (n > 0)
+        fail(Error::protocol("Connection", fmt::format("peer {} wrote to the control connection", peer())));
+}
+
+} // namespace rdmaxx::detail

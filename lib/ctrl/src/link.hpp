@@ -1,0 +1,260 @@
+// The engine behind Connection: one RC queue pair and what runs over it. Each part has
+// one job and a file of its own: control_codec (the bytes), credit_window (credits),
+// lease_table (leases and quota), handshake (how a Link gets connected). Link itself
+// keeps the conversation: send slots, the inbox, completion routing, liveness and the
+// bounded waits. Connection (connection.cpp) is a facade over it.
+//
+// Not thread-safe: a Group and every Link in it are used from one thread at a time.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include <rdmaxx/ctrl/cm.hpp>
+#include <rdmaxx/ctrl/connection.hpp>
+#include <rdmaxx/ctrl/tcp.hpp>
+#include <rdmaxx/data/completion.hpp>
+#include <rdmaxx/data/post.hpp>
+#include <rdmaxx/wrap/log.hpp>
+#include <rdmaxx/wrap/mr.hpp>
+#include <rdmaxx/wrap/qp.hpp>
+
+#include "control_codec.hpp"
+#include "credit_window.hpp"
+#include "lease_table.hpp"
+
+namespace rdmaxx::detail {
+
+class Link;
+
+// A work request's wr_id: the top byte says what it is, the rest which one.
+inline constexpr std::uint64_t tag_send = 1ull << 56, tag_recv = 2ull << 56, tag_op = 3ull << 56;
+inline constexpr std::uint64_t tag_mask = 0xffull << 56;
+
+// The verbs objects several connections share: a Listener's accepted ones, or client
+// connections made with Connection::connect_another.
+struct Group {
+    Context context;
+    ProtectionDomain pd;
+    CompletionQueue cq;
+    std::unordered_map<std::uint32_t, Link*> links; // by QPN, while they may complete work
+
+    static Result<std::shared_ptr<Group>> create(const ConnectionOptions& options);
+    // Takes every completion there is and hands it to its link; then each link
+    // expires leases and sends what it queued. Never waits.
+    Result<void> pump();
+};
+
+// The limits each side announces in the endpoint message's 8 metadata bytes.
+struct Limits {
+    std::uint32_t max_message = 0;   // largest user message it receives
+    std::uint32_t receive_depth = 0; // receives it posts: the other side's credits
+};
+inline constexpr std::size_t limits_bytes = 8;
+inline constexpr std::uint32_t max_message_limit = 1u << 30;
+std::array<std::byte, limits_bytes> encode_limits(const Limits& limits) noexcept;
+// Untrusted: a size other than 8, a max_message outside 1..max_message_limit or a
+// receive depth outside CreditWindow's bounds is a protocol Error.
+Result<Limits> decode_limits(std::span<const std::byte> metadata);
+
+class Link {
+public:
+    // A QP and its buffers in `group`, not yet connected.
+    static Result<std::unique_ptr<Link>> create(std::shared_ptr<Group> group, const ConnectionOptions& options);
+    Link(const Link&) = delete;
+    Link& operator=(const Link&) = delete;
+    // A link not closed yet closes now, within its timeout (close() below).
+    ~Link();
+
+    // --- setup (handshake.cpp) ---
+    QueuePair& qp() noexcept { return qp_; }
+    const ConnectionOptions& options() const noexcept { return options_; }
+    Group& group() noexcept { return *group_; }
+    const std::shared_ptr<Group>& shared_group() const noexcept { return group_; }
+    // Our QP and limits, for the peer.
+    EndpointMessage describe() const;
+    // Takes the peer's limits (from its endpoint message), posts our receives and
+    // starts taking completions: the peer may send from now on. The QP is connected.
+    Result<void> start(const EndpointMessage& peer);
+    // The side channel that reports the peer's death: quiet after the handshake.
+    void watch(TcpStream stream);
+    void watch(CmConnection cm);
+
+    // --- what Connection offers ---
+    Result<void> send(const LocalSlice& message, std::optional<std::uint32_t> imm, Clock::time_point deadline);
+    Result<Received> receive(std::span<std::byte> into, Clock::time_point deadline);
+    Result<std::uint32_t> receive_write_imm(Clock::time_point deadline);
+    // Posts a one-sided operation with `post` (given the PostOptions to use) and waits
+    // for its completion. At the deadline the connection ends: the QP goes to the error
+    // state and the operation's flushed completion is taken before this returns, so
+    // the NIC no longer touches the caller's memory.
+    template <class Post>
+    Result<void> one_sided(Post&& post, Clock::time_point deadline);
+    // write_with_imm: one of the peer's receives, so one credit.
+    Result<void> take_user_credit(Clock::time_point deadline);
+    void give_back_user_credit();
+
+    Result<void> lend(MemoryRegion mr, std::chrono::milliseconds lease);
+    Result<RemoteMr> receive_remote_mr(Clock::time_point deadline);
+    Result<RemoteMr> request_remote_mr(std::size_t size, Access access, std::chrono::milliseconds lease,
+                                       Clock::time_point deadline);
+    Result<void> send_remote_mr(const RemoteMr& mr, Clock::time_point deadline);
+    Result<MemoryRegion> receive_local_mr(Clock::time_point deadline);
+    Result<void> progress();
+    // Graceful: sends what is queued and a goodbye, waits (until `deadline`) for all of
+    // our sends to complete, then closes the side channel. Later calls fail.
+    Result<void> close(Clock::time_point deadline);
+
+    // The bound of a wait that moves `bytes`: the per-call timeout when given, else
+    // timeout + bytes * timeout_per_mib.
+    Clock::time_point deadline(std::optional<std::chrono::milliseconds> timeout, std::uint64_t bytes = 0) const;
+    std::uint64_t pinned_for_peer() const noexcept { return leases_.pinned_for_peer(); }
+
+private:
+    friend struct Group;
+    struct Incoming {
+        std::uint32_t buffer;
+        std::uint32_t length;
+        std::optional<std::uint32_t> imm;
+    };
+    // Registered buffers for outgoing headers and control messages, each busy from its
+    // post until its completion.
+    struct SendSlots {
+        MemoryRegion mr;
+        std::vector<bool> busy;
+        std::vector<std::optional<Error>> error;
+        std::optional<std::uint32_t> free() const;
+        bool idle() const;
+    };
+
+    Link(std::shared_ptr<Group> group, const ConnectionOptions& options, MemoryRegion receive, SendSlots slots,
+         QueuePair qp);
+
+    Error fail(Error e);
+    void on_completion(const WorkCompletion& wc);
+    Result<void> on_receive(std::uint32_t buffer, const WorkCompletion& wc);
+    Result<void> on_control(const control::Message& message);
+    Result<void> grant(const control::Request& request);
+    Result<void> post_receive(std::uint32_t buffer);
+    Result<void> recycle(std::uint32_t buffer);
+    void expire_leases(Clock::time_point now);
+
+    void queue(const control::Message& message) { outbox_.push_back(message); }
+    Result<void> post_message(std::uint32_t slot, std::span<const std::byte> header_and_control,
+                              const LocalSlice* user, std::optional<std::uint32_t> imm);
+    Result<void> flush();
+
+    const std::string& peer() const;
+    int watch_fd() const;
+    void check_peer();
+    // Waits until done() or the deadline. A peer seen gone is reported only after the
+    // completions already in the CQ were taken: what it sent before it went counts.
+    template <class Done>
+    Result<void> wait(Done&& done, const char* what, Clock::time_point deadline);
+    // The end of a connection whose operation ran out of time: QP to error, and its
+    // flushed completions taken (done()) within the drain bound.
+    template <class Done>
+    void abandon(const Error& why, Done&& done);
+
+    std::shared_ptr<Group> group_;
+    ConnectionOptions options_;
+    // member order: the QP is destroyed first, then the buffers it used
+    MemoryRegion receive_mr_;
+    SendSlots slots_;
+    QueuePair qp_;
+    std::optional<TcpStream> tcp_;
+    std::optional<CmConnection> cm_;
+    std::uint32_t buffer_bytes_;      // header + max_message
+    std::uint32_t peer_max_message_ = 0;
+    std::optional<CreditWindow> credits_;
+    std::deque<Incoming> inbox_;      // at most receive_depth: bounded by the peer's credits
+    std::deque<std::uint32_t> write_imms_;
+    std::deque<control::Message> outbox_; // control messages waiting for a credit or slot
+    std::deque<RemoteMr> lent_to_us_;
+    LeaseTable<MemoryRegion> leases_;
+    std::uint64_t next_request_ = 1;
+    std::map<std::uint64_t, Result<RemoteMr>> grants_;   // request id -> answer
+    std::map<std::uint64_t, int> return_acks_;           // token -> errno (0: taken back)
+    std::uint64_t next_op_ = 1;
+    std::uint64_t op_awaited_ = 0;
+    std::optional<WorkCompletion> op_done_;
+    std::optional<Error> broken_;
+    bool registered_ = false;         // in group_->links
+    bool closed_ = false;
+};
+
+// --- templates ------------------------------------------------------------------
+
+template <class Done>
+Result<void> Link::wait(Done&& done, const char* what, Clock::time_point deadline) {
+    for (;;) {
+        if (auto ok = group_->pump(); !ok)
+            return ok;
+        if (done())
+            return {};
+        if (broken_)
+            return std::unexpected(*broken_);
+        check_peer();
+        if (broken_) {
+            // the peer's last messages may be in the CQ already: they count
+            if (auto ok = group_->pump(); !ok)
+                return ok;
+            if (done())
+                return {};
+            return std::unexpected(*broken_);
+        }
+        if (auto armed = group_->cq.arm(); !armed)
+            return armed;
+        if (auto ok = group_->pump(); !ok)
+            return ok;
+        if (done())
+            return {};
+        const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
+        if (left.count() <= 0)
+            return std::unexpected(Error::timeout(
+                "Connection", fmt::format("{}: nothing from peer {} in time", what, peer())));
+        if (auto woke = group_->cq.wait_event(left, watch_fd()); !woke && !woke.error().is_timeout())
+            return woke;
+    }
+}
+
+template <class Done>
+void Link::abandon(const Error& why, Done&& done) {
+    fail(why);
+    if (auto ok = qp_.to_error(); !ok) {
+        logger()->error("Connection: {} (the QP could not be moved to the error state)", ok.error());
+        return;
+    }
+    const auto until = Clock::now() + options_.timeout;
+    while (!done() && Clock::now() < until)
+        if (auto ok = group_->pump(); !ok)
+            break;
+    if (!done())
+        logger()->error("Connection: peer {}: a flushed work request did not complete within {} ms", peer(),
+                        options_.timeout.count());
+}
+
+template <class Post>
+Result<void> Link::one_sided(Post&& post, Clock::time_point deadline) {
+    if (broken_)
+        return std::unexpected(*broken_);
+    op_awaited_ = next_op_++;
+    op_done_.reset();
+    if (auto ok = post(PostOptions{.wr_id = tag_op | op_awaited_}); !ok)
+        return ok;
+    auto done = [&] { return op_done_.has_value(); };
+    if (auto ok = wait(done, "a one-sided operation", deadline); !ok) {
+        if (!done())
+            abandon(ok.error(), done);
+        return ok;
+    }
+    return op_done_->check();
+}
+
+} // namespace rdmaxx::detail

@@ -1,0 +1,263 @@
+// The connection's pure parts on the host: the credit window (floors, lies, no
+// ping-pong, no jam), the lease table (quota until really released, expiry on a
+// made-up clock), and the options a Connection refuses.
+#include <chrono>
+#include <deque>
+#include <random>
+
+#include <doctest/doctest.h>
+
+#include <rdmaxx/ctrl/connection.hpp>
+
+#include "../support/check.hpp"
+#include "credit_window.hpp"
+#include "lease_table.hpp"
+#include "link.hpp"
+
+using namespace rdmaxx;
+using detail::CreditWindow;
+using Use = CreditWindow::Use;
+using rdmaxx::test::must;
+using rdmaxx::test::must_fail;
+
+TEST_CASE("credit window: user messages keep a reserve, control messages one, credit-only none") {
+    CreditWindow w(4, 4);
+    CHECK(w.can_send(Use::user));
+    CHECK(w.spend() == 0);
+    CHECK(w.spend() == 0);
+    CHECK_FALSE(w.can_send(Use::user)); // 2 left: the reserve
+    CHECK(w.can_send(Use::control));
+    (void)w.spend();
+    CHECK_FALSE(w.can_send(Use::control));
+    CHECK(w.can_send(Use::credit_only));
+    (void)w.spend();
+    CHECK_FALSE(w.can_send(Use::credit_only));
+    must(w.returned(4));
+    CHECK(w.available() == 4);
+}
+
+TEST_CASE("credit window: a peer returning more than was out is a protocol error") {
+    CreditWindow w(8, 8);
+    rdmaxx::test::check_protocol_error(w.returned(1), "returned 1 credits, 0 were out");
+    (void)w.spend();
+    (void)w.spend();
+    must(w.returned(2));
+    rdmaxx::test::check_protocol_error(w.returned(0xffff), "returned 65535");
+}
+
+TEST_CASE("credit window: reports carry every reposted buffer; a failed post loses nothing") {
+    CreditWindow w(8, 8);
+    w.reposted();
+    w.reposted();
+    w.reposted();
+    const auto report = w.spend();
+    CHECK(report == 3);
+    CHECK(w.unreported() == 0);
+    w.unspend(report);
+    CHECK(w.unreported() == 3);
+    CHECK(w.available() == 8);
+}
+
+// Two ends exchanging messages through their windows, as Link does: every message
+// carries the sender's unreported credits; a receiver reposts the buffer of a
+// control or credit-only message at once and a user message's when the application
+// takes it.
+struct Wire {
+    struct End {
+        CreditWindow window;
+        std::deque<bool> inbox_user; // user messages not yet taken by the application
+    };
+    struct Message {
+        bool user;
+        std::uint16_t credits;
+    };
+    End a, b;
+    std::deque<Message> to_a, to_b;
+    int credit_only_sent = 0;
+
+    Wire(std::uint32_t depth_a, std::uint32_t depth_b)
+        : a{CreditWindow(depth_b, depth_a), {}}, b{CreditWindow(depth_a, depth_b), {}} {}
+
+    static void deliver(End& to, std::deque<Message>& queue) {
+        while (!queue.empty()) {
+            const Message m = queue.front();
+            queue.pop_front();
+            must(to.window.returned(m.credits));
+            if (m.user)
+                to.inbox_user.push_back(true);
+            else
+                to.window.reposted();
+        }
+    }
+    void send(End& from, std::deque<Message>& queue, bool user) { queue.push_back({user, from.window.spend()}); }
+    // Link::flush's rule: a credit-only message when enough buffers wait to be reported.
+    bool flush(End& from, std::deque<Message>& queue) {
+        if (!from.window.wants_credit_message())
+            return false;
+        send(from, queue, false);
+        ++credit_only_sent;
+        return true;
+    }
+    void take_all(End& end) {
+        while (!end.inbox_user.empty()) {
+            end.inbox_user.pop_front();
+            end.window.reposted();
+        }
+    }
+};
+
+TEST_CASE("credit window: credit-only messages never answer each other (receive depth 4 to 64)") {
+    for (std::uint32_t depth : {4u, 5u, 8u, 32u, 64u}) {
+        CAPTURE(depth);
+        Wire wire(depth, depth);
+        // a exhausts its user credits, b takes everything; then only credits flow
+        while (wire.a.window.can_send(Use::user))
+            wire.send(wire.a, wire.to_b, true);
+        Wire::deliver(wire.b, wire.to_b);
+        wire.take_all(wire.b);
+        int rounds = 0;
+        for (; rounds < 100; ++rounds) {
+            const bool moved = wire.flush(wire.b, wire.to_a) | wire.flush(wire.a, wire.to_b);
+            Wire::deliver(wire.a, wire.to_a);
+            Wire::deliver(wire.b, wire.to_b);
+            if (!moved)
+                break;
+        }
+        CHECK(rounds < 3); // quiet at once: no ping-pong
+        CHECK(wire.credit_only_sent <= 2);
+        CHECK(wire.a.window.can_send(Use::user)); // and a got its credits back
+    }
+}
+
+TEST_CASE("credit window: random traffic both ways never jams while the applications take their messages") {
+    std::mt19937 random(42);
+    for (std::uint32_t depth_a : {4u, 6u, 16u})
+        for (std::uint32_t depth_b : {4u, 7u, 32u}) {
+            CAPTURE(depth_a);
+            CAPTURE(depth_b);
+            Wire wire(depth_a, depth_b);
+            int sent_a = 0, sent_b = 0;
+            for (int step = 0; step < 5000; ++step) {
+                switch (random() % 6) {
+                case 0: if (wire.a.window.can_send(Use::user)) wire.send(wire.a, wire.to_b, true), ++sent_a; break;
+                case 1: if (wire.b.window.can_send(Use::user)) wire.send(wire.b, wire.to_a, true), ++sent_b; break;
+                case 2: if (wire.a.window.can_send(Use::control)) wire.send(wire.a, wire.to_b, false); break;
+                case 3: if (wire.b.window.can_send(Use::control)) wire.send(wire.b, wire.to_a, false); break;
+                case 4: Wire::deliver(wire.a, wire.to_a), wire.take_all(wire.a), wire.flush(wire.a, wire.to_b); break;
+                case 5: Wire::deliver(wire.b, wire.to_b), wire.take_all(wire.b), wire.flush(wire.b, wire.to_a); break;
+                }
+            }
+            // settle: deliver and flush until quiet; then both may send user messages again
+            for (int i = 0; i < 10; ++i) {
+                Wire::deliver(wire.a, wire.to_a);
+                wire.take_all(wire.a);
+                Wire::deliver(wire.b, wire.to_b);
+                wire.take_all(wire.b);
+                wire.flush(wire.a, wire.to_b);
+                wire.flush(wire.b, wire.to_a);
+            }
+            CHECK(wire.a.window.can_send(Use::user));
+            CHECK(wire.b.window.can_send(Use::user));
+            CHECK(sent_a > 100);
+            CHECK(sent_b > 100);
+        }
+}
+
+namespace {
+
+// A stand-in for MemoryRegion: the table needs size() and moves.
+struct Block {
+    std::size_t bytes;
+    std::size_t size() const { return bytes; }
+};
+using FakeClock = std::chrono::steady_clock;
+using Table = detail::LeaseTable<Block>;
+const FakeClock::time_point t0{};
+
+} // namespace
+
+TEST_CASE("lease table: a region given back counts against the quota until the owner takes it") {
+    Table table(8192);
+    CHECK(table.fits(8192));
+    table.add(11, Block{8192}, t0 + std::chrono::seconds(30), true);
+    CHECK_FALSE(table.fits(1));
+    CHECK(table.give_back(11));
+    CHECK_FALSE(table.give_back(11)); // once
+    CHECK_FALSE(table.fits(1));       // still registered, still pinned: the quota says so
+    CHECK(table.pinned_for_peer() == 8192);
+    const auto back = table.take_returned();
+    REQUIRE(back);
+    CHECK(back->size() == 8192);
+    CHECK(table.fits(8192));
+    CHECK(table.pinned_for_peer() == 0);
+    CHECK_FALSE(table.take_returned());
+}
+
+TEST_CASE("lease table: a peer looping request and return fills the quota while the owner does not take back") {
+    Table table(64 << 10);
+    int granted = 0;
+    for (std::uint64_t token = 1; token < 1000; ++token) {
+        if (!table.fits(4096))
+            break;
+        table.add(token, Block{4096}, t0 + std::chrono::seconds(30), true);
+        CHECK(table.give_back(token));
+        ++granted;
+    }
+    CHECK(granted == 16);
+    CHECK(table.pinned_for_peer() == 64 << 10);
+}
+
+TEST_CASE("lease table: leases end exactly at their expiry, on a made-up clock, in microseconds") {
+    using namespace std::chrono_literals;
+    Table table(1 << 20);
+    table.add(1, Block{100}, t0 + 10us, true);
+    table.add(2, Block{200}, t0 + 20us, false); // lent: not counted
+    table.add(3, Block{300}, t0 + 30us, true);
+    CHECK(table.pinned_for_peer() == 400);
+    CHECK(table.next_expiry() == t0 + 10us);
+    CHECK(table.expire(t0 + 9us) == 0);
+    CHECK(table.expire(t0 + 10us) == 1);
+    CHECK(table.pinned_for_peer() == 300);
+    CHECK(table.next_expiry() == t0 + 20us);
+    CHECK_FALSE(table.give_back(1)); // expired: the owner refuses it (ESTALE)
+    CHECK(table.expire(t0 + 29us) == 1);
+    CHECK(table.give_back(3));
+    CHECK(table.expire(t0 + 1s) == 0); // given back: no longer a lease
+    CHECK(table.live() == 0);
+    CHECK(table.pinned_for_peer() == 300);
+    CHECK_FALSE(table.next_expiry());
+}
+
+TEST_CASE("connection limits: the handshake's 8 bytes are bounded") {
+    const auto good = detail::encode_limits({.max_message = 4096, .receive_depth = 32});
+    const auto limits = must(detail::decode_limits(good));
+    CHECK(limits.max_message == 4096);
+    CHECK(limits.receive_depth == 32);
+    const auto lie = [](std::uint32_t max_message, std::uint32_t depth) {
+        return detail::decode_limits(detail::encode_limits({.max_message = max_message, .receive_depth = depth}));
+    };
+    rdmaxx::test::check_protocol_error(lie(0xffffffff, 32), "max_message 4294967295 is outside");
+    rdmaxx::test::check_protocol_error(lie(0, 32), "max_message 0");
+    rdmaxx::test::check_protocol_error(lie(4096, 0xffffffff), "receive depth 4294967295 is outside");
+    rdmaxx::test::check_protocol_error(lie(4096, 3), "receive depth 3");
+    rdmaxx::test::check_protocol_error(detail::decode_limits(std::span(good).first(7)), "7 bytes");
+}
+
+TEST_CASE("connection options out of range abort naming the caller, before any device is touched") {
+    const auto with = [](auto change) {
+        ConnectionOptions o;
+        change(o);
+        return o;
+    };
+    RDMAXX_CHECK_DEATH((void)Connection::connect("127.0.0.1", 1, with([](auto& o) { o.receive_depth = 3; })),
+                       "receive_depth 3 outside 4..32768");
+    RDMAXX_CHECK_DEATH((void)Connection::connect("127.0.0.1", 1, with([](auto& o) { o.receive_depth = 0; })),
+                       "receive_depth 0");
+    RDMAXX_CHECK_DEATH((void)Listener::listen("127.0.0.1", 0, with([](auto& o) { o.max_message = 0; })),
+                       "max_message 0 outside");
+    RDMAXX_CHECK_DEATH((void)Listener::listen("127.0.0.1", 0, with([](auto& o) { o.max_send_wr = 0; })),
+                       "max_send_wr 0 below 2");
+    RDMAXX_CHECK_DEATH((void)Listener::listen("127.0.0.1", 0,
+                                              with([](auto& o) { o.timeout = std::chrono::milliseconds(0); })),
+                       "the timeout must be positive");
+}
