@@ -468,7 +468,7 @@ Result<MemoryRegion> Link::receive_local_mr(Clock::time_point deadline) {
 Result<void> Link::progress() {
     if (auto ok = group_->pump(); !ok)
         return ok;
-    check_peer();
+    check_peer_alive();
     if (broken_)
         return std::unexpected(*broken_);
     return {};
@@ -501,7 +501,7 @@ int Link::watch_fd() const { return tcp_ ? tcp_->fd() : cm_ ? cm_->fd() : -1; }
 
 // The side channel: readable means the peer closed it (died), disconnected or broke
 // protocol.
-void Link::check_peer() {
+void Link::check_peer_alive() {
     if (cm_) {
         if (auto alive = cm_->check_alive(); !alive)
             fail(std::move(alive.error()));

@@ -152,7 +152,7 @@ private:
 
     const std::string& peer() const;
     int watch_fd() const;
-    void check_peer();
+    void check_peer_alive();
     // Waits until done() or the deadline. A peer seen gone is reported only after the
     // completions already in the CQ were taken: what it sent before it went counts.
     template <class Done>
@@ -200,7 +200,7 @@ Result<void> Link::wait(Done&& done, const char* what, Clock::time_point deadlin
             return {};
         if (broken_)
             return std::unexpected(*broken_);
-        check_peer();
+        check_peer_alive();
         if (broken_) {
             // the peer's last messages may be in the CQ already: they count
             if (auto ok = group_->pump(); !ok)
