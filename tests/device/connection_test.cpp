@@ -652,3 +652,28 @@ TEST_CASE("a moved-from Connection or Listener aborts naming the caller") {
     Connection other = std::move(conn);
     RDMAXX_CHECK_DEATH((void)conn.queue_pair(), "moved-from Connection");
 }
+
+TEST_CASE("connect_another shares the context, PD and CQ: a region of one connection serves the other") {
+    Listener listener = must(Listener::listen("127.0.0.1", 0, quick()));
+    std::thread clients([port = listener.port()] {
+        auto first = Connection::connect("127.0.0.1", port, quick());
+        REQUIRE(first);
+        auto second = first->connect_another("127.0.0.1", port);
+        REQUIRE(second);
+        CHECK(first->queue_pair().pd() == second->queue_pair().pd());
+        auto mr = first->alloc_local_mr(64);
+        std::memcpy(mr->data(), "shared!!", 8);
+        CHECK(second->send(mr->slice(0, 8))); // a region of the first's PD, sent by the second
+        CHECK(first->send(mr->slice(0, 8)));
+    });
+    // handshakes run inside accept(): take both before waiting on either
+    std::vector<Connection> accepted;
+    accepted.push_back(must(listener.accept(5s)));
+    accepted.push_back(must(listener.accept(5s)));
+    for (Connection& conn : accepted) {
+        std::array<std::byte, 8> got{};
+        CHECK(must(conn.receive(got)).size == 8);
+        CHECK(std::memcmp(got.data(), "shared!!", 8) == 0);
+    }
+    clients.join();
+}

@@ -223,7 +223,9 @@ public:
     std::uint16_t port(std::source_location where = std::source_location::current()) const;
     // The next client whose handshake completed, within `timeout`; meanwhile the
     // connections already accepted are served. An Error only for a timeout or a
-    // failure of the listener itself, never for a bad client.
+    // failure of the listener itself, never for a bad client. Handshakes advance only
+    // inside accept(): a server busy in one connection's receive() leaves new clients
+    // waiting (their connect runs out of time), so keep calling accept() meanwhile.
     Result<Connection> accept(std::chrono::milliseconds timeout,
                               std::source_location where = std::source_location::current());
     ListenerStats stats(std::source_location where = std::source_location::current()) const;
