@@ -504,7 +504,9 @@ void storm(Transport transport) {
     CHECK(stats.failed >= 400);
     CHECK(open_fds() == fds);
     INFO("RSS before ", rss, " KiB, after ", resident_kib(), " KiB");
-    CHECK(resident_kib() < rss + 4096);
+#if !defined(__SANITIZE_ADDRESS__)
+    CHECK(resident_kib() < rss + 4096); // under ASan freed memory sits in its quarantine: LeakSanitizer checks there
+#endif
 }
 
 } // namespace
