@@ -29,6 +29,10 @@ cleanup() {
     rdma link delete rxeB 2>/dev/null
     ip link delete vA 2>/dev/null
     ip rule add pref 0 lookup local 2>/dev/null
+    ip rule del pref 10 2>/dev/null
+    ip rule del pref 11 2>/dev/null
+    ip rule del pref 100 2>/dev/null
+    true
 }
 trap cleanup EXIT
 for dev in rxeA rxeB; do   # ready: ACTIVE with the IPv4 RoCE v2 GID at index 1

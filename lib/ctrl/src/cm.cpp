@@ -1,6 +1,8 @@
 #include <rdmaxx/ctrl/cm.hpp>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdint>
 
 #include <netdb.h>
 
@@ -90,26 +92,49 @@ Result<bool> CmConnection::established() {
 Result<CmConnection> CmConnection::resolve(std::string_view host, std::uint16_t port,
                                            std::chrono::milliseconds timeout) {
     const auto deadline = Clock::now() + timeout;
-    const int timeout_ms = static_cast<int>(timeout.count());
-    auto session = CmSession::create();
-    if (!session)
-        return std::unexpected(std::move(session.error()));
-    CmSession& cm = **session;
-    cm.set_peer(fmt::format("{}:{}", host, port));
     auto address = detail::cm_address(std::string(host), port, false);
     if (!address)
         return std::unexpected(std::move(address.error()));
-    if (rdma_resolve_addr(cm.id(), nullptr, reinterpret_cast<sockaddr*>(address->data()), timeout_ms) != 0)
-        return std::unexpected(Error::from_last_errno("rdma_resolve_addr", cm.peer()));
-    if (auto e = cm.expect(RDMA_CM_EVENT_ADDR_RESOLVED, deadline); !e)
-        return std::unexpected(std::move(e.error()));
-    if (rdma_resolve_route(cm.id(), timeout_ms) != 0)
-        return std::unexpected(Error::from_last_errno("rdma_resolve_route", cm.peer()));
-    if (auto e = cm.expect(RDMA_CM_EVENT_ROUTE_RESOLVED, deadline); !e)
-        return std::unexpected(std::move(e.error()));
-    std::string device = device_of(cm.id());
-    const std::uint8_t ib_port = cm.id()->port_num;
-    return CmConnection(std::move(*session), std::move(device), ib_port);
+    const std::string peer = fmt::format("{}:{}", host, port);
+    // The kernel waits for the neighbour (ARP) until a netevent wakes it, or else until
+    // the whole timeout it was given has passed; an answer that arrives before the
+    // request is queued (a fast wire: veth, loopback-like paths) is missed, and the
+    // resolution sleeps out that timeout. So it gets short attempts, each a new id.
+    constexpr std::chrono::milliseconds attempt{250};
+    for (;;) {
+        auto session = CmSession::create();
+        if (!session)
+            return std::unexpected(std::move(session.error()));
+        CmSession& cm = **session;
+        cm.set_peer(peer);
+        const auto step = std::clamp(std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()),
+                                     std::chrono::milliseconds(1), attempt);
+        if (rdma_resolve_addr(cm.id(), nullptr, reinterpret_cast<sockaddr*>(address->data()),
+                              static_cast<int>(step.count())) != 0)
+            return std::unexpected(Error::from_last_errno("rdma_resolve_addr", cm.peer()));
+        auto resolved = cm.next(deadline);
+        if (!resolved)
+            return std::unexpected(std::move(resolved.error()));
+        if (resolved->type == RDMA_CM_EVENT_ADDR_ERROR && resolved->status == -ETIMEDOUT && Clock::now() < deadline)
+            continue; // the neighbour has not answered (or the kernel missed it): ask again
+        if (resolved->type != RDMA_CM_EVENT_ADDR_RESOLVED) {
+            if (resolved->type == RDMA_CM_EVENT_ADDR_ERROR && resolved->status == -ETIMEDOUT)
+                return std::unexpected(
+                    Error::timeout("rdma_resolve_addr", fmt::format("{}: no neighbour answered in time", peer)));
+            return std::unexpected(Error::from_errno(
+                "rdma_resolve_addr", resolved->status < 0 ? -resolved->status : EHOSTUNREACH,
+                fmt::format("{}: {} (status {})", peer, rdma_event_str(resolved->type), resolved->status)));
+        }
+        const int timeout_ms = static_cast<int>(
+            std::max<std::int64_t>(1, std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count()));
+        if (rdma_resolve_route(cm.id(), timeout_ms) != 0)
+            return std::unexpected(Error::from_last_errno("rdma_resolve_route", cm.peer()));
+        if (auto e = cm.expect(RDMA_CM_EVENT_ROUTE_RESOLVED, deadline); !e)
+            return std::unexpected(std::move(e.error()));
+        std::string device = device_of(cm.id());
+        const std::uint8_t ib_port = cm.id()->port_num;
+        return CmConnection(std::move(*session), std::move(device), ib_port);
+    }
 }
 
 Result<EndpointMessage> CmConnection::connect(QueuePair& qp, std::span<const std::byte> metadata,
