@@ -16,6 +16,7 @@
 
 #include "../support/device.hpp"
 #include "../support/raw_cm.hpp"
+#include "../support/thread.hpp"
 
 using namespace rdmaxx;
 using namespace std::chrono_literals;
@@ -50,7 +51,7 @@ TEST_CASE("CM: a QP of our own connected with metadata both ways; a WRITE across
     CHECK_FALSE(listener.device().empty()); // bound to one address: its device is known
     std::optional<Ends> server;
     std::optional<CmConnection> server_cm;
-    std::thread passive([&] {
+    test::Thread passive([&] {
         CmRequest request = must(listener.next(5s));
         CHECK(request.device() == listener.device());
         CHECK(request.offer().metadata == bytes_of("8 bytes!"));
@@ -89,7 +90,7 @@ TEST_CASE("CM: a QP of our own connected with metadata both ways; a WRITE across
 TEST_CASE("CM: an offer of another QP type is refused on both sides") {
     const std::string address = test::cm_address();
     CmListener listener = must(CmListener::listen(address, 0));
-    std::thread passive([&] {
+    test::Thread passive([&] {
         CmRequest request = must(listener.next(5s));
         Ends server(request.device(), QpType::rc);
         const Error e = must_fail(request.connect(server.qp, {}));
@@ -109,7 +110,7 @@ TEST_CASE("CM: private data that is not an offer is an Error, and the client is 
     CmListener listener = must(CmListener::listen(address, 0));
     const std::uint16_t port = listener.port();
     bool rejected = false;
-    std::thread raw_client([&] {
+    test::Thread raw_client([&] {
         test::RawCmClient client(address, port);
         const char junk[] = "not an rdmaxx offer at all";
         client.connect(std::as_bytes(std::span(junk)));

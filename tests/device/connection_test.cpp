@@ -21,6 +21,7 @@
 
 #include "../support/device.hpp"
 #include "../support/raw_cm.hpp"
+#include "../support/thread.hpp"
 
 using namespace rdmaxx;
 using namespace std::chrono_literals;
@@ -42,7 +43,7 @@ TEST_CASE("ten clients at once, each moving 1 MiB through the same server") {
     Listener listener = must(Listener::listen("127.0.0.1", 0, quick()));
     constexpr int clients = 10;
     constexpr std::size_t size = 1 << 20;
-    std::vector<std::thread> threads;
+    std::vector<test::Thread> threads;
     for (int c = 0; c < clients; ++c)
         threads.emplace_back([port = listener.port(), c] {
             Connection conn = must(Connection::connect("127.0.0.1", port, quick()));
@@ -89,7 +90,7 @@ TEST_CASE("random bytes and truncated handshakes: the listener counts each and s
         must(truncated.write_all(std::span(message).first(20), Clock::now() + 1s));
         // both close here
     }
-    std::thread good([port = listener.port()] {
+    test::Thread good([port = listener.port()] {
         auto conn = Connection::connect("127.0.0.1", port, quick());
         REQUIRE(conn);
         auto mr = conn->alloc_local_mr(64);
@@ -123,7 +124,7 @@ TEST_CASE("a client that lies about its limits is refused before a QP exists, an
         CHECK(must_fail(liar.read_exact(std::span(&answer, 1), Clock::now() + 3s)).is_errno(ECONNRESET));
     }
     CHECK(listener.stats().failed == 4);
-    std::thread good([port = listener.port()] { CHECK(Connection::connect("127.0.0.1", port, quick())); });
+    test::Thread good([port = listener.port()] { CHECK(Connection::connect("127.0.0.1", port, quick())); });
     CHECK(listener.accept(5s));
     good.join();
 }
@@ -167,7 +168,7 @@ TEST_CASE("a peer that dies, mid-handshake or connected, fails the survivor's wa
 
 TEST_CASE("an expired lease: the owner refuses the region and a late WRITE fails remotely") {
     Listener listener = must(Listener::listen("127.0.0.1", 0, quick()));
-    std::thread client([port = listener.port()] {
+    test::Thread client([port = listener.port()] {
         Connection conn = must(Connection::connect("127.0.0.1", port, quick()));
         const RemoteMr remote = must(conn.request_remote_mr(4096, access_all, 200ms));
         MemoryRegion local = must(conn.alloc_local_mr(4096));
@@ -186,7 +187,7 @@ TEST_CASE("an expired lease: the owner refuses the region and a late WRITE fails
         (void)conn.progress();
     client.join();
     // a fresh pair: returning an expired region is refused by its owner
-    std::thread second([port = listener.port()] {
+    test::Thread second([port = listener.port()] {
         Connection c = must(Connection::connect("127.0.0.1", port, quick()));
         const RemoteMr remote = must(c.request_remote_mr(64, access_all, 100ms));
         std::this_thread::sleep_for(300ms);
@@ -205,7 +206,7 @@ TEST_CASE("the owner's access ceiling and quota bound what a peer may request") 
     strict.access_ceiling = Access::local_write | Access::remote_read;
     strict.quota_bytes = 8192;
     Listener listener = must(Listener::listen("127.0.0.1", 0, strict));
-    std::thread client([port = listener.port()] {
+    test::Thread client([port = listener.port()] {
         Connection conn = must(Connection::connect("127.0.0.1", port, quick()));
         CHECK(must_fail(conn.request_remote_mr(64, Access::remote_write)).is_errno(EACCES));
         const RemoteMr first = must(conn.request_remote_mr(8192, Access::remote_read));
@@ -228,7 +229,7 @@ TEST_CASE("messages: size limits, and credits instead of endless RNR retries") {
     small.max_message = 256;
     small.timeout = 1s;
     Listener listener = must(Listener::listen("127.0.0.1", 0, small));
-    std::thread client([port = listener.port(), small] {
+    test::Thread client([port = listener.port(), small] {
         Connection conn = must(Connection::connect("127.0.0.1", port, small));
         MemoryRegion mr = must(conn.alloc_local_mr(4096));
         CHECK(must_fail(conn.send(mr.slice(0, 257))).is_errno(EMSGSIZE));
@@ -263,7 +264,7 @@ TEST_CASE("RDMA CM: connect, move data both ways, and a disconnect fails the sur
     const std::string address = test::cm_address();
     Listener listener = must(Listener::listen(address, 0, quick(Transport::rdma_cm)));
     REQUIRE(listener.port() != 0);
-    std::thread client([&address, port = listener.port()] {
+    test::Thread client([&address, port = listener.port()] {
         Connection conn = must(Connection::connect(address, port, quick(Transport::rdma_cm)));
         MemoryRegion mr = must(conn.alloc_local_mr(1 << 20));
         test::fill(mr.bytes(), 11);
@@ -308,7 +309,7 @@ TEST_CASE("connect_over_tcp brings several QPs of two processes to RTS, then rea
             return must(connect_over_tcp(stream, qps, metadata, {}, 2s));
         }
     };
-    std::thread client([port = listener.port()] {
+    test::Thread client([port = listener.port()] {
         Side side;
         TcpStream stream = must(TcpStream::connect("127.0.0.1", port, 2s));
         const EndpointMessage peer = side.connect(stream, std::byte{'c'});
@@ -335,7 +336,7 @@ TEST_CASE("connect_over_tcp brings several QPs of two processes to RTS, then rea
 
 TEST_CASE("connect_over_tcp refuses a peer whose QPs do not match") {
     TcpListener listener = must(TcpListener::listen("127.0.0.1", 0));
-    std::thread client([port = listener.port()] {
+    test::Thread client([port = listener.port()] {
         test::Rig rig;
         QueuePair ud = rig.make_qp(QpType::ud);
         TcpStream stream = must(TcpStream::connect("127.0.0.1", port, 2s));
@@ -353,7 +354,7 @@ TEST_CASE("connect_over_tcp refuses a peer whose QPs do not match") {
 
 TEST_CASE("Connection atomics return the old value; a failed one is an Error") {
     Listener listener = must(Listener::listen("127.0.0.1", 0, quick()));
-    std::thread client([port = listener.port()] {
+    test::Thread client([port = listener.port()] {
         Connection conn = must(Connection::connect("127.0.0.1", port, quick()));
         const RemoteMr counter = must(conn.request_remote_mr(64));
         MemoryRegion old = must(conn.alloc_local_mr(64));
@@ -414,7 +415,7 @@ void storm_round(Listener& listener, Transport transport) {
     const ConnectionOptions options = quick(transport);
     std::atomic<bool> clients_done{false};
     std::vector<Connection> accepted;
-    std::thread server([&] {
+    test::Thread server([&] {
         // serve until the real clients are in and every silent one was given up on
         const auto until = Clock::now() + 30s;
         while (Clock::now() < until) {
@@ -456,7 +457,7 @@ void storm_round(Listener& listener, Transport transport) {
         auto& client = garbage_cm.emplace_back(std::make_unique<test::RawCmClient>(host, listener.port()));
         client->connect(std::span(junk).first(48));
     }
-    std::vector<std::thread> real;
+    std::vector<test::Thread> real;
     std::atomic<int> connected{0};
     for (int i = 0; i < 10; ++i)
         real.emplace_back([&, i] {
@@ -525,7 +526,7 @@ TEST_CASE("128 clients at once on each transport are all served") {
         options.max_message = 64;
         Listener listener = must(Listener::listen(host, 0, options));
         std::atomic<int> connected{0};
-        std::vector<std::thread> clients;
+        std::vector<test::Thread> clients;
         for (int i = 0; i < 128; ++i)
             clients.emplace_back([&] {
                 auto conn = Connection::connect(host, listener.port(), options);
@@ -548,7 +549,7 @@ TEST_CASE("the quota counts a region given back until its owner takes it") {
     ConnectionOptions owner = quick();
     owner.quota_bytes = 8192;
     Listener listener = must(Listener::listen("127.0.0.1", 0, owner));
-    std::thread client([port = listener.port()] {
+    test::Thread client([port = listener.port()] {
         auto conn = Connection::connect("127.0.0.1", port, quick());
         REQUIRE(conn);
         int granted = 0;
@@ -580,7 +581,7 @@ TEST_CASE("close(): the peer gets every message, then 'closed'; later calls fail
         CAPTURE(static_cast<int>(transport));
         const std::string host = host_for(transport);
         Listener listener = must(Listener::listen(host, 0, quick(transport)));
-        std::thread client([&] {
+        test::Thread client([&] {
             auto conn = Connection::connect(host, listener.port(), quick(transport));
             REQUIRE(conn);
             auto mr = conn->alloc_local_mr(64);
@@ -608,7 +609,7 @@ TEST_CASE("close(): the peer gets every message, then 'closed'; later calls fail
 
 TEST_CASE("the last call of a conversation succeeds when the other side leaves at once (under CPU load)") {
     std::atomic<bool> stop{false};
-    std::thread hog([&] {
+    test::Thread hog([&] {
         volatile std::uint64_t x = 0;
         while (!stop)
             x = x + 1;
@@ -620,7 +621,7 @@ TEST_CASE("the last call of a conversation succeeds when the other side leaves a
         for (int round = 0; round < 25; ++round) {
             // the server's last call is receive_local_mr, and it leaves at once; the
             // client's last call, send_remote_mr, waits for the server's answer
-            std::thread server([&] {
+            test::Thread server([&] {
                 auto conn = listener.accept(5s);
                 if (!conn || !conn->receive_local_mr())
                     ++failures;
@@ -648,7 +649,7 @@ TEST_CASE("a moved-from Connection or Listener aborts naming the caller") {
     Listener moved = std::move(listener);
     RDMAXX_CHECK_DEATH((void)listener.port(), "moved-from Listener");
     RDMAXX_CHECK_DEATH((void)listener.accept(1ms), "moved-from Listener");
-    std::thread client([port = moved.port()] { CHECK(Connection::connect("127.0.0.1", port, quick())); });
+    test::Thread client([port = moved.port()] { CHECK(Connection::connect("127.0.0.1", port, quick())); });
     Connection conn = must(moved.accept(5s));
     client.join();
     Connection other = std::move(conn);
@@ -657,7 +658,7 @@ TEST_CASE("a moved-from Connection or Listener aborts naming the caller") {
 
 TEST_CASE("connect_another shares the context, PD and CQ: a region of one connection serves the other") {
     Listener listener = must(Listener::listen("127.0.0.1", 0, quick()));
-    std::thread clients([port = listener.port()] {
+    test::Thread clients([port = listener.port()] {
         auto first = Connection::connect("127.0.0.1", port, quick());
         REQUIRE(first);
         auto second = first->connect_another("127.0.0.1", port);

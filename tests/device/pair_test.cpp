@@ -16,6 +16,7 @@
 
 #include "../support/device.hpp"
 #include "../support/pair.hpp"
+#include "../support/thread.hpp"
 
 using namespace rdmaxx;
 using namespace std::chrono_literals;
@@ -75,7 +76,7 @@ TEST_CASE("an RDMA CM connection across the wire moves 1 MiB each way under 5 % 
     Listener listener = must(Listener::listen(server_address, 0, options));
     const Netem lossy_a(env("RDMAXX_PAIR_A_IF"), "loss 5%");
     const Netem lossy_b(env("RDMAXX_PAIR_B_IF"), "loss 5%");
-    std::thread client([&, port = listener.port()] {
+    test::Thread client([&, port = listener.port()] {
         Connection conn = must(Connection::connect(server_address, port, options));
         CHECK(std::string_view(ibv_get_device_name(conn.queue_pair().get()->context->device)) ==
               env("RDMAXX_PAIR_B_DEV"));

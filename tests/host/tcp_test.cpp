@@ -7,6 +7,7 @@
 #include <rdmaxx/ctrl/tcp.hpp>
 
 #include "../support/check.hpp"
+#include "../support/thread.hpp"
 
 using namespace rdmaxx;
 using namespace std::chrono_literals;
@@ -27,7 +28,7 @@ void raw_send(TcpStream& s, std::span<const std::byte> bytes) { must(s.write_all
 TEST_CASE("two peers exchange endpoint messages and confirm readiness") {
     TcpListener listener = must(TcpListener::listen("127.0.0.1", 0));
     REQUIRE(listener.port() != 0);
-    std::thread client([port = listener.port()] {
+    test::Thread client([port = listener.port()] {
         TcpStream s = must(TcpStream::connect("127.0.0.1", port, 2s));
         CHECK(must(s.exchange(message(2), 2s)) == message(1));
         must(s.confirm_ready(2s));
@@ -66,7 +67,7 @@ TEST_CASE("a peer that closes mid-handshake, garbage and a newer version are cle
     TcpListener listener = must(TcpListener::listen("127.0.0.1", 0));
     const auto bytes = endpoint_codec::encode(message(9));
     SUBCASE("closed after half the message") {
-        std::thread client([&] {
+        test::Thread client([&] {
             TcpStream s = must(TcpStream::connect("127.0.0.1", listener.port(), 1s));
             raw_send(s, std::span(bytes).first(bytes.size() / 2));
         });
@@ -78,7 +79,7 @@ TEST_CASE("a peer that closes mid-handshake, garbage and a newer version are cle
         CHECK((e.is_errno(ECONNRESET) || e.is_errno(EPIPE)));
     }
     SUBCASE("garbage") {
-        std::thread client([&] {
+        test::Thread client([&] {
             TcpStream s = must(TcpStream::connect("127.0.0.1", listener.port(), 1s));
             const char junk[] = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
             raw_send(s, std::as_bytes(std::span(junk)));
@@ -95,7 +96,7 @@ TEST_CASE("a peer that closes mid-handshake, garbage and a newer version are cle
     SUBCASE("a newer protocol version") {
         auto future = bytes;
         future[5] = std::byte{7};
-        std::thread client([&] {
+        test::Thread client([&] {
             TcpStream s = must(TcpStream::connect("127.0.0.1", listener.port(), 1s));
             raw_send(s, future);
             std::byte sink[256];
@@ -107,7 +108,7 @@ TEST_CASE("a peer that closes mid-handshake, garbage and a newer version are cle
         client.join();
     }
     // the listener serves the next client after any of them
-    std::thread good([&] {
+    test::Thread good([&] {
         TcpStream s = must(TcpStream::connect("127.0.0.1", listener.port(), 1s));
         CHECK(must(s.exchange(message(3), 1s)) == message(4));
     });
