@@ -22,7 +22,10 @@ TEST_CASE("an errno Error names the call, the reason and the detail") {
     CHECK(std::string_view(e.call()) == "ibv_create_qp");
     CHECK(e.message() == fmt::format("ibv_create_qp: {} (errno {}): max_send_wr 100000", std::strerror(ENOMEM), ENOMEM));
     CHECK(fmt::format("{}", e) == e.message());
-    CHECK(fmt::format("[{:>5}]", Error::timeout("x")).size() > 5);
+    // format specs apply to the message as to any string
+    const Error short_one = Error::timeout("x");
+    CHECK(fmt::format("[{:>40}]", short_one) == fmt::format("[{:>40}]", short_one.message()));
+    CHECK(fmt::format("[{:>40}]", short_one).size() == 42);
 }
 
 TEST_CASE("Result is a std::expected that must not be ignored") {
@@ -41,6 +44,25 @@ TEST_CASE("from_last_errno reads errno, and never reports success") {
     CHECK(Error::from_last_errno("ibv_reg_mr").code() == EACCES);
     errno = 0;
     CHECK(Error::from_last_errno("ibv_reg_mr").code() == EIO);
+}
+
+namespace {
+// A detail argument whose formatting changes errno, as an allocation may.
+struct ClobbersErrno {};
+} // namespace
+template <>
+struct fmt::formatter<ClobbersErrno> : fmt::formatter<std::string_view> {
+    auto format(ClobbersErrno, format_context& ctx) const {
+        errno = ENOMEM;
+        return fmt::formatter<std::string_view>::format("clobbered", ctx);
+    }
+};
+
+TEST_CASE("from_last_errno reads errno before it formats the detail") {
+    errno = EACCES;
+    const Error e = Error::from_last_errno("ibv_reg_mr", "{} bytes, {}", 4096, ClobbersErrno{});
+    CHECK(e.code() == EACCES);
+    CHECK(e.detail() == "4096 bytes, clobbered");
 }
 
 TEST_CASE("a completion Error carries the ibv_wc_status and its text") {

@@ -57,7 +57,7 @@ CmSession::~CmSession() {
     if (!disconnected_)
         rdma_disconnect(id_); // may fail when never connected: nothing to undo then
     if (rdma_destroy_id(id_) != 0)
-        logger()->error("{}", Error::from_last_errno("rdma_destroy_id", peer_));
+        logger()->error("{}", Error::from_last_errno("rdma_destroy_id", "{}", peer_));
     rdma_destroy_event_channel(channel_);
 }
 
@@ -76,7 +76,7 @@ Result<CmEvent> CmSession::next(Clock::time_point deadline) {
             return event;
         }
         if (errno != EAGAIN)
-            return std::unexpected(Error::from_last_errno("rdma_get_cm_event", peer_));
+            return std::unexpected(Error::from_last_errno("rdma_get_cm_event", "{}", peer_));
         const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
         if (left <= 0)
             return std::unexpected(Error::timeout("rdma_get_cm_event", fmt::format("no CM event from {} in time", peer_)));

@@ -33,7 +33,7 @@ Result<void> wait_fd(int fd, short events, Clock::time_point deadline, const cha
         if (n == 0)
             return std::unexpected(Error::timeout(call, fmt::format("peer {} did not answer in time", peer)));
         if (errno != EINTR)
-            return std::unexpected(Error::from_last_errno("poll", peer));
+            return std::unexpected(Error::from_last_errno("poll", "{}", peer));
     }
 }
 
@@ -71,10 +71,10 @@ Result<TcpStream> TcpStream::connect(std::string_view host, std::uint16_t port, 
     for (const addrinfo* a = addresses->get(); a; a = a->ai_next) {
         TcpStream stream(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol), peer);
         if (stream.fd_ < 0 || !set_nonblocking(stream.fd_))
-            return std::unexpected(Error::from_last_errno("socket", peer));
+            return std::unexpected(Error::from_last_errno("socket", "{}", peer));
         if (::connect(stream.fd_, a->ai_addr, a->ai_addrlen) != 0) {
             if (errno != EINPROGRESS) {
-                last = Error::from_last_errno("connect", peer);
+                last = Error::from_last_errno("connect", "{}", peer);
                 continue;
             }
             if (auto ready = wait_fd(stream.fd_, POLLOUT, deadline, "connect", peer); !ready)
@@ -126,7 +126,7 @@ Result<void> TcpStream::write_all(std::span<const std::byte> bytes, Clock::time_
                 return ready;
             continue;
         }
-        return std::unexpected(Error::from_last_errno("send", peer_));
+        return std::unexpected(Error::from_last_errno("send", "{}", peer_));
     }
     return {};
 }
@@ -150,7 +150,7 @@ Result<void> TcpStream::read_exact(std::span<std::byte> bytes, Clock::time_point
                 return ready;
             continue;
         }
-        return std::unexpected(Error::from_last_errno("recv", peer_));
+        return std::unexpected(Error::from_last_errno("recv", "{}", peer_));
     }
     return {};
 }
@@ -196,7 +196,7 @@ Result<TcpListener> TcpListener::listen(std::string_view host, std::uint16_t por
         const int one = 1;
         ::setsockopt(listener.fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
         if (::bind(listener.fd_, a->ai_addr, a->ai_addrlen) != 0 || ::listen(listener.fd_, backlog) != 0) {
-            last = Error::from_last_errno("bind", fmt::format("{}:{}", host, port));
+            last = Error::from_last_errno("bind", "{}:{}", host, port);
             continue;
         }
         sockaddr_storage bound{};

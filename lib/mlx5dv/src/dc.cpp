@@ -51,7 +51,7 @@ Result<DcQp> create_dc_qp(const rdmaxx::detail::DeviceState& device, ibv_pd* pd,
     dv.dc_init_attr = dc;
     ibv_qp* qp = mlx5dv_create_qp(device.context, &init, &dv);
     if (!qp)
-        return std::unexpected(Error::from_last_errno("mlx5dv_create_qp", fmt::format("{} on {}", what, device.name)));
+        return std::unexpected(Error::from_last_errno("mlx5dv_create_qp", "{} on {}", what, device.name));
     return DcQp{.qp = qp, .port = *attributes, .gid = *gid};
 }
 

@@ -83,7 +83,7 @@ Result<Context> open(std::string_view device, OpenOptions options) {
     mlx5dv_context_attr attr{.flags = options.devx ? std::uint32_t{MLX5DV_CONTEXT_FLAGS_DEVX} : 0u, .comp_mask = 0};
     ibv_context* context = mlx5dv_open_device(*found, &attr);
     if (!context)
-        return std::unexpected(Error::from_last_errno("mlx5dv_open_device", std::string(device)));
+        return std::unexpected(Error::from_last_errno("mlx5dv_open_device", "{}", device));
     return Context::adopt(context);
 #else
     (void)device, (void)options;

@@ -22,7 +22,7 @@ Result<AddressHandle> AddressHandle::create(const std::shared_ptr<ibv_pd>& pd, c
     ibv_ah_attr attr = detail::address_vector(peer, local, port, layer, options);
     ibv_ah* ah = ibv_create_ah(pd.get(), &attr);
     if (!ah)
-        return std::unexpected(Error::from_last_errno("ibv_create_ah", peer.gid.to_string()));
+        return std::unexpected(Error::from_last_errno("ibv_create_ah", "{}", peer.gid));
     return AddressHandle(detail::adopt(ah, "ibv_destroy_ah", &ibv_destroy_ah, pd));
 }
 

@@ -15,7 +15,7 @@ namespace detail {
 
 DeviceState::~DeviceState() {
     if (const int rc = ibv_close_device(context); rc != 0)
-        logger()->error("{}", Error::from_last_errno("ibv_close_device", name));
+        logger()->error("{}", Error::from_last_errno("ibv_close_device", "{}", name));
 }
 
 } // namespace detail
@@ -75,7 +75,7 @@ Result<Context> Context::open(std::string_view name) {
     }
     ibv_context* context = ibv_open_device(chosen);
     if (!context)
-        return std::unexpected(Error::from_last_errno("ibv_open_device", ibv_get_device_name(chosen)));
+        return std::unexpected(Error::from_last_errno("ibv_open_device", "{}", ibv_get_device_name(chosen)));
     return adopt(context);
 }
 

@@ -15,7 +15,21 @@
 namespace rdmaxx {
 namespace {
 
-std::string access_string(Access access) {
+
+Result<std::shared_ptr<ibv_mr>> register_with(const ProtectionDomain& pd, std::span<std::byte> memory,
+                                              Access access, std::shared_ptr<void> owned,
+                                              std::source_location where) {
+    const std::shared_ptr<ibv_pd>& pd_handle = pd.handle(where);
+    ibv_mr* mr = ibv_reg_mr(pd_handle.get(), memory.data(), memory.size(), static_cast<int>(access));
+    if (!mr)
+        return std::unexpected(Error::from_last_errno("ibv_reg_mr", "{} bytes, access {}", memory.size(), access));
+    // `owned` (the allocation, if any) is a kept parent: freed after ibv_dereg_mr
+    return detail::adopt(mr, "ibv_dereg_mr", &ibv_dereg_mr, pd_handle, std::move(owned));
+}
+
+} // namespace
+
+std::string to_string(Access access) {
     std::string text;
     const std::pair<Access, const char*> names[] = {
         {Access::local_write, "local_write"},     {Access::remote_write, "remote_write"},
@@ -28,20 +42,6 @@ std::string access_string(Access access) {
             fmt::format_to(std::back_inserter(text), "{}{}", text.empty() ? "" : "|", name);
     return text.empty() ? "none" : text;
 }
-
-Result<std::shared_ptr<ibv_mr>> register_with(const ProtectionDomain& pd, std::span<std::byte> memory,
-                                              Access access, std::shared_ptr<void> owned,
-                                              std::source_location where) {
-    const std::shared_ptr<ibv_pd>& pd_handle = pd.handle(where);
-    ibv_mr* mr = ibv_reg_mr(pd_handle.get(), memory.data(), memory.size(), static_cast<int>(access));
-    if (!mr)
-        return std::unexpected(Error::from_last_errno(
-            "ibv_reg_mr", fmt::format("{} bytes, access {}", memory.size(), access_string(access))));
-    // `owned` (the allocation, if any) is a kept parent: freed after ibv_dereg_mr
-    return detail::adopt(mr, "ibv_dereg_mr", &ibv_dereg_mr, pd_handle, std::move(owned));
-}
-
-} // namespace
 
 RemoteMemory::Wire RemoteMemory::serialize() const noexcept {
     Wire wire;

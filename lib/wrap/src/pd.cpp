@@ -8,7 +8,7 @@ Result<ProtectionDomain> ProtectionDomain::create(const Context& context, std::s
     const detail::DeviceHandle& device = context.handle(where);
     ibv_pd* pd = ibv_alloc_pd(device->context);
     if (!pd)
-        return std::unexpected(Error::from_last_errno("ibv_alloc_pd", device->name));
+        return std::unexpected(Error::from_last_errno("ibv_alloc_pd", "{}", device->name));
     return ProtectionDomain(device, detail::adopt(pd, "ibv_dealloc_pd", &ibv_dealloc_pd, device));
 }
 

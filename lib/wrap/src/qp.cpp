@@ -177,16 +177,15 @@ Result<QueuePair> QueuePair::create(const ProtectionDomain& pd, const QpOptions&
             init.cap = extended.cap;
         else if (options.post_api == PostApi::extended)
             return std::unexpected(Error::from_last_errno(
-                "ibv_create_qp_ex", fmt::format("{} QP with the extended post API", to_string(options.type))));
+                "ibv_create_qp_ex", "{} QP with the extended post API", options.type));
     }
     if (!raw)
         raw = ibv_create_qp_ex(device->context, &init);
     if (!raw)
         return std::unexpected(Error::from_last_errno(
-            "ibv_create_qp",
-            fmt::format("{} QP: send {} WRs x {} SGEs, recv {} x {}, inline {}", to_string(options.type),
-                        init.cap.max_send_wr, init.cap.max_send_sge, init.cap.max_recv_wr, init.cap.max_recv_sge,
-                        init.cap.max_inline_data)));
+            "ibv_create_qp", "{} QP: send {} WRs x {} SGEs, recv {} x {}, inline {}", options.type,
+            init.cap.max_send_wr, init.cap.max_send_sge, init.cap.max_recv_wr, init.cap.max_recv_sge,
+            init.cap.max_inline_data));
 
     QueuePair qp;
     qp.device_ = device;

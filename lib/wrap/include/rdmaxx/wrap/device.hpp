@@ -11,6 +11,8 @@
 
 #include <infiniband/verbs.h>
 
+#include <fmt/format.h>
+
 #include <rdmaxx/wrap/error.hpp>
 
 namespace rdmaxx {
@@ -90,3 +92,11 @@ Result<std::vector<DeviceInfo>> list_devices();
 std::optional<GidEntry> preferred_gid(LinkLayer layer, const std::vector<GidEntry>& table);
 
 } // namespace rdmaxx
+
+// A GID formats as Gid::to_string() writes it.
+template <>
+struct fmt::formatter<rdmaxx::Gid> : fmt::formatter<std::string_view> {
+    auto format(const rdmaxx::Gid& gid, format_context& ctx) const {
+        return fmt::formatter<std::string_view>::format(gid.to_string(), ctx);
+    }
+};

@@ -42,8 +42,13 @@ public:
     }
     // For the many verbs that return NULL or -1 and leave the reason in errno. A
     // library that forgot to set errno must not produce "Success": that becomes EIO.
-    static Error from_last_errno(const char* call, std::string detail = {}) {
-        return from_errno(call, errno != 0 ? errno : EIO, std::move(detail));
+    // The detail is a format string and its arguments, formatted after errno is read:
+    // a detail built at the call site (a std::string, fmt::format) is built before,
+    // and its allocation may change errno.
+    template <class... Args>
+    static Error from_last_errno(const char* call, fmt::format_string<Args...> detail = "", Args&&... args) {
+        const int errnum = errno;
+        return from_errno(call, errnum != 0 ? errnum : EIO, fmt::format(detail, std::forward<Args>(args)...));
     }
     // A failed work completion; `code` is its `ibv_wc_status`.
     static Error completion(int status, std::string detail = {}) {

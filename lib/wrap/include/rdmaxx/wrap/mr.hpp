@@ -12,6 +12,8 @@
 
 #include <infiniband/verbs.h>
 
+#include <fmt/format.h>
+
 #include <rdmaxx/wrap/error.hpp>
 #include <rdmaxx/wrap/pd.hpp>
 
@@ -38,6 +40,9 @@ constexpr Access operator&(Access a, Access b) noexcept {
 // True when every right in `wanted` is in `set`.
 constexpr bool has(Access set, Access wanted) noexcept { return (set & wanted) == wanted; }
 // Local write plus every remote right: what a region shared with a peer usually needs.
+// "local_write|remote_read", or "none".
+std::string to_string(Access access);
+
 inline constexpr Access access_all =
     Access::local_write | Access::remote_write | Access::remote_read | Access::remote_atomic;
 
@@ -150,3 +155,11 @@ private:
 };
 
 } // namespace rdmaxx
+
+// Access rights format as their names ("local_write|remote_read").
+template <>
+struct fmt::formatter<rdmaxx::Access> : fmt::formatter<std::string_view> {
+    auto format(rdmaxx::Access access, format_context& ctx) const {
+        return fmt::formatter<std::string_view>::format(rdmaxx::to_string(access), ctx);
+    }
+};
