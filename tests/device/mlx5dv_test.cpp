@@ -32,14 +32,16 @@ std::string first_mlx5() {
 
 const std::string mlx5_device = first_mlx5();
 
-// Devices that are not mlx5 (rxe0 in the VM).
+// Devices that are not mlx5 (rxe0 in the VM), found before the tests run: a case
+// with none to test is skipped, not passed.
 std::vector<std::string> other_devices() {
     std::vector<std::string> names;
-    for (const DeviceInfo& d : must(list_devices()))
+    for (const DeviceInfo& d : list_devices().value_or(std::vector<DeviceInfo>{}))
         if (!mlx5::is_supported(d.name).value_or(false))
             names.push_back(d.name);
     return names;
 }
+const std::vector<std::string> non_mlx5_devices = other_devices();
 
 // The next completion on `cq`, which must be a success; at most 5 s away.
 void expect_success(const CompletionQueue& cq, std::uint64_t wr_id) {
@@ -77,12 +79,10 @@ struct DcLoopback {
 
 } // namespace
 
-TEST_CASE("on a non-mlx5 device every mlx5dv entry point is an unsupported Error, and nothing aborts") {
-    const auto names = other_devices();
-    if (names.empty())
-        return; // only mlx5 devices here: the hardware cases below cover them
+TEST_CASE("on a non-mlx5 device every mlx5dv entry point is an unsupported Error, and nothing aborts" *
+          doctest::skip(non_mlx5_devices.empty())) {
     REQUIRE(mlx5::built_with_mlx5dv());
-    for (const std::string& name : names) {
+    for (const std::string& name : non_mlx5_devices) {
         CAPTURE(name);
         CHECK_FALSE(must(mlx5::is_supported(name)));
         const Error opened = must_fail(mlx5::open(name));
