@@ -75,13 +75,21 @@ CmConnection::CmConnection(CmConnection&&) noexcept = default;
 CmConnection& CmConnection::operator=(CmConnection&&) noexcept = default;
 CmConnection::~CmConnection() = default;
 
-const std::string& CmConnection::peer() const { return session_->peer(); }
-int CmConnection::fd() const { return session_->fd(); }
-Result<void> CmConnection::check_alive() { return session_->check_alive(); }
+CmSession& CmConnection::session(std::string_view type, std::source_location where) const {
+    return *detail::live(session_, type, where);
+}
 
-Result<bool> CmConnection::established() {
+const std::string& CmConnection::peer(std::source_location where) const {
+    return session("CmConnection", where).peer();
+}
+int CmConnection::fd(std::source_location where) const { return session("CmConnection", where).fd(); }
+Result<void> CmConnection::check_alive(std::source_location where) {
+    return session("CmConnection", where).check_alive();
+}
+
+Result<bool> CmConnection::established(std::source_location where) {
     // a deadline already passed: the event if it is there, else a timeout
-    if (auto event = session_->expect(RDMA_CM_EVENT_ESTABLISHED, Clock::now()); event)
+    if (auto event = session("CmConnection", where).expect(RDMA_CM_EVENT_ESTABLISHED, Clock::now()); event)
         return true;
     else if (event.error().is_timeout())
         return false;
@@ -111,7 +119,7 @@ Result<CmConnection> CmConnection::resolve(std::string_view host, std::uint16_t 
                                      std::chrono::milliseconds(1), attempt);
         if (rdma_resolve_addr(cm.id(), nullptr, reinterpret_cast<sockaddr*>(address->data()),
                               static_cast<int>(step.count())) != 0)
-            return std::unexpected(Error::from_last_errno("rdma_resolve_addr", cm.peer()));
+            return std::unexpected(Error::from_last_errno("rdma_resolve_addr", "{}", cm.peer()));
         auto resolved = cm.next(deadline);
         if (!resolved)
             return std::unexpected(std::move(resolved.error()));
@@ -128,7 +136,7 @@ Result<CmConnection> CmConnection::resolve(std::string_view host, std::uint16_t 
         const int timeout_ms = static_cast<int>(
             std::max<std::int64_t>(1, std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count()));
         if (rdma_resolve_route(cm.id(), timeout_ms) != 0)
-            return std::unexpected(Error::from_last_errno("rdma_resolve_route", cm.peer()));
+            return std::unexpected(Error::from_last_errno("rdma_resolve_route", "{}", cm.peer()));
         if (auto e = cm.expect(RDMA_CM_EVENT_ROUTE_RESOLVED, deadline); !e)
             return std::unexpected(std::move(e.error()));
         std::string device = device_of(cm.id());
@@ -142,10 +150,10 @@ Result<EndpointMessage> CmConnection::connect(QueuePair& qp, std::span<const std
                                               std::source_location where) {
     require(metadata.size() <= max_connect_metadata, where, "{} bytes of metadata in a CM connect request (at most {})",
             metadata.size(), max_connect_metadata);
-    CmSession& cm = *session_;
+    CmSession& cm = session("CmConnection", where);
     Param param = conn_param(cm.id(), qp, metadata, options.retry_cnt, options.rnr_retry);
     if (rdma_connect(cm.id(), &param.raw) != 0)
-        return std::unexpected(Error::from_last_errno("rdma_connect", cm.peer()));
+        return std::unexpected(Error::from_last_errno("rdma_connect", "{}", cm.peer()));
     auto response = cm.expect(RDMA_CM_EVENT_CONNECT_RESPONSE, Clock::now() + timeout);
     if (!response)
         return std::unexpected(std::move(response.error()));
@@ -159,9 +167,10 @@ Result<EndpointMessage> CmConnection::connect(QueuePair& qp, std::span<const std
     return peer;
 }
 
-Result<void> CmConnection::establish() {
-    if (rdma_establish(session_->id()) != 0)
-        return std::unexpected(Error::from_last_errno("rdma_establish", session_->peer()));
+Result<void> CmConnection::establish(std::source_location where) {
+    CmSession& cm = session("CmConnection", where);
+    if (rdma_establish(cm.id()) != 0)
+        return std::unexpected(Error::from_last_errno("rdma_establish", "{}", cm.peer()));
     return {};
 }
 
@@ -174,13 +183,17 @@ CmRequest::~CmRequest() {
         rdma_reject(connection_.session_->id(), nullptr, 0);
 }
 
-void CmRequest::reject() && {
-    rdma_reject(connection_.session_->id(), nullptr, 0);
+const std::string& CmRequest::peer(std::source_location where) const {
+    return connection_.session("CmRequest", where).peer();
+}
+
+void CmRequest::reject(std::source_location where) && {
+    rdma_reject(connection_.session("CmRequest", where).id(), nullptr, 0);
     answered_ = true;
 }
 
 Result<void> CmRequest::connect(QueuePair& qp, const ConnectOptions& options, std::source_location where) {
-    if (auto ok = check_offer(offer_, qp, peer()); !ok)
+    if (auto ok = check_offer(offer_, qp, peer(where)); !ok)
         return ok;
     if (auto ok = qp.connect(offer_.qps[0].endpoint, options, where); !ok)
         return ok;
@@ -206,11 +219,11 @@ Result<CmConnection> CmRequest::answer(const QueuePair& qp, std::span<const std:
             metadata.size(), max_accept_metadata);
     require(connected_qpn_ == qp.qpn(), where, "CmRequest::accept with QP {:#x}, which its connect() did not connect",
             qp.qpn());
-    CmSession& cm = *detail::live(connection_.session_, "CmRequest", where);
+    CmSession& cm = connection_.session("CmRequest", where);
     Param param = conn_param(cm.id(), qp, metadata, retry_cnt_, rnr_retry_);
     answered_ = true;
     if (rdma_accept(cm.id(), &param.raw) != 0)
-        return std::unexpected(Error::from_last_errno("rdma_accept", cm.peer()));
+        return std::unexpected(Error::from_last_errno("rdma_accept", "{}", cm.peer()));
     return std::move(connection_);
 }
 
@@ -222,8 +235,12 @@ CmListener::CmListener(CmListener&&) noexcept = default;
 CmListener& CmListener::operator=(CmListener&&) noexcept = default;
 CmListener::~CmListener() = default;
 
-std::uint16_t CmListener::port() const { return ntohs(rdma_get_src_port(session_->id())); }
-int CmListener::fd() const { return session_->fd(); }
+CmSession& CmListener::session(std::source_location where) const { return *detail::live(session_, "CmListener", where); }
+
+std::uint16_t CmListener::port(std::source_location where) const {
+    return ntohs(rdma_get_src_port(session(where).id()));
+}
+int CmListener::fd(std::source_location where) const { return session(where).fd(); }
 
 Result<CmListener> CmListener::listen(std::string_view host, std::uint16_t port, int backlog) {
     auto session = CmSession::create();
@@ -233,14 +250,14 @@ Result<CmListener> CmListener::listen(std::string_view host, std::uint16_t port,
     if (!address)
         return std::unexpected(std::move(address.error()));
     if (rdma_bind_addr((*session)->id(), reinterpret_cast<sockaddr*>(address->data())) != 0)
-        return std::unexpected(Error::from_last_errno("rdma_bind_addr", fmt::format("{}:{}", host, port)));
+        return std::unexpected(Error::from_last_errno("rdma_bind_addr", "{}:{}", host, port));
     if (rdma_listen((*session)->id(), backlog) != 0)
-        return std::unexpected(Error::from_last_errno("rdma_listen", fmt::format("{}:{}", host, port)));
+        return std::unexpected(Error::from_last_errno("rdma_listen", "{}:{}", host, port));
     return CmListener(std::move(*session));
 }
 
-Result<CmRequest> CmListener::next(std::chrono::milliseconds timeout) {
-    auto event = session_->next(Clock::now() + timeout);
+Result<CmRequest> CmListener::next(std::chrono::milliseconds timeout, std::source_location where) {
+    auto event = session(where).next(Clock::now() + timeout);
     if (!event)
         return std::unexpected(std::move(event.error()));
     if (event->type != RDMA_CM_EVENT_CONNECT_REQUEST)

@@ -50,7 +50,7 @@ public:
     const std::string& device() const noexcept { return device_; }
     std::uint8_t ib_port() const noexcept { return ib_port_; }
     // "host:port" of the peer, for messages.
-    const std::string& peer() const;
+    const std::string& peer(std::source_location where = std::source_location::current()) const;
 
     // Active side: offers `qp` (in RESET, on device()) and `metadata`, and connects
     // `qp` to the QP of the server's answer; returns the server's message. A server
@@ -61,21 +61,23 @@ public:
                                     std::chrono::milliseconds timeout,
                                     std::source_location where = std::source_location::current());
     // Active side: tells the server we are ready (our receives are posted).
-    Result<void> establish();
+    Result<void> establish(std::source_location where = std::source_location::current());
 
     // Passive side, after CmRequest::answer, without waiting: true once the client's
     // establish arrived, false while it has not; a reject, an error or any other event
     // is an Error.
-    Result<bool> established();
+    Result<bool> established(std::source_location where = std::source_location::current());
     // Without waiting: an Error once the peer disconnected (or the device went away).
-    Result<void> check_alive();
+    Result<void> check_alive(std::source_location where = std::source_location::current());
     // Readable when a CM event arrived (for poll()).
-    int fd() const;
+    int fd(std::source_location where = std::source_location::current()) const;
 
 private:
     friend class CmRequest;
     friend class CmListener;
     CmConnection(std::unique_ptr<detail::CmSession> session, std::string device, std::uint8_t ib_port);
+    // The session; programming error: a moved-from object (`type` names it).
+    detail::CmSession& session(std::string_view type, std::source_location where) const;
     std::unique_ptr<detail::CmSession> session_;
     std::string device_;
     std::uint8_t ib_port_ = 0;
@@ -90,7 +92,7 @@ public:
 
     const std::string& device() const noexcept { return connection_.device(); }
     std::uint8_t ib_port() const noexcept { return connection_.ib_port(); }
-    const std::string& peer() const { return connection_.peer(); }
+    const std::string& peer(std::source_location where = std::source_location::current()) const;
     // What the peer offered: one QP and its metadata (decoded, checked).
     const EndpointMessage& offer() const noexcept { return offer_; }
 
@@ -109,7 +111,7 @@ public:
     Result<CmConnection> answer(const QueuePair& qp, std::span<const std::byte> metadata,
                                 std::source_location where = std::source_location::current()) &&;
     // Refuses the peer (what the destructor does to an unanswered request).
-    void reject() &&;
+    void reject(std::source_location where = std::source_location::current()) &&;
 
 private:
     friend class CmListener;
@@ -134,17 +136,18 @@ public:
     CmListener& operator=(CmListener&&) noexcept;
     ~CmListener();
 
-    std::uint16_t port() const;
+    std::uint16_t port(std::source_location where = std::source_location::current()) const;
     // The device of the address listened on; empty for every address.
     const std::string& device() const noexcept { return device_; }
     std::uint8_t ib_port() const noexcept { return ib_port_; }
-    int fd() const;
+    int fd(std::source_location where = std::source_location::current()) const;
     // The next connect request within `timeout`. A request whose private data is not
     // a well-formed offer is rejected and returned as an Error.
-    Result<CmRequest> next(std::chrono::milliseconds timeout);
+    Result<CmRequest> next(std::chrono::milliseconds timeout, std::source_location where = std::source_location::current());
 
 private:
     explicit CmListener(std::unique_ptr<detail::CmSession> session);
+    detail::CmSession& session(std::source_location where) const;
     std::unique_ptr<detail::CmSession> session_;
     std::string device_;
     std::uint8_t ib_port_ = 0;
