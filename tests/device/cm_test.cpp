@@ -12,6 +12,7 @@
 
 #include <rdmaxx/ctrl/cm.hpp>
 #include <rdmaxx/data/completion.hpp>
+#include <rdmaxx/data/events.hpp>
 #include <rdmaxx/data/post.hpp>
 
 #include "../support/device.hpp"
@@ -133,4 +134,27 @@ TEST_CASE("CM: metadata beyond the private data limits is a programming error") 
             (void)cm.connect(client.qp, std::vector<std::byte>(max_connect_metadata + 1), {}, 5s);
         },
         "9 bytes of metadata in a CM connect request (at most 8)");
+}
+
+TEST_CASE("moved-from CM objects and AsyncEvents abort naming the caller's line") {
+    const std::string address = test::cm_address();
+    CmListener listener = must(CmListener::listen(address, 0));
+    const CmListener kept = std::move(listener);
+    RDMAXX_CHECK_DEATH((void)listener.port(), "moved-from CmListener");
+    RDMAXX_CHECK_DEATH((void)listener.fd(), "moved-from CmListener");
+    RDMAXX_CHECK_DEATH((void)listener.next(1s), "moved-from CmListener");
+    CmConnection cm = must(CmConnection::resolve(address, kept.port(), 5s));
+    const CmConnection taken = std::move(cm);
+    RDMAXX_CHECK_DEATH((void)cm.peer(), "moved-from CmConnection");
+    RDMAXX_CHECK_DEATH((void)cm.fd(), "moved-from CmConnection");
+    RDMAXX_CHECK_DEATH((void)cm.check_alive(), "moved-from CmConnection");
+    RDMAXX_CHECK_DEATH((void)cm.established(), "moved-from CmConnection");
+    RDMAXX_CHECK_DEATH((void)cm.establish(), "moved-from CmConnection");
+    const Context context = must(Context::open(taken.device()));
+    AsyncEvents events = must(AsyncEvents::open(context));
+    const AsyncEvents kept_events = std::move(events);
+    CHECK(events.fd() == -1);
+    RDMAXX_CHECK_DEATH((void)events.next(), "moved-from AsyncEvents");
+    RDMAXX_CHECK_DEATH((void)events.wait(1s), "moved-from AsyncEvents");
+    RDMAXX_CHECK_DEATH((void)events.check(nullptr, nullptr), "moved-from AsyncEvents");
 }

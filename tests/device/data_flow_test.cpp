@@ -2,6 +2,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <vector>
 
 #include <net/if.h>
 #include <unistd.h>
@@ -54,7 +55,12 @@ TEST_CASE("a 64-WR batch is posted with one doorbell, on both post APIs") {
         std::memcpy(&seen_by_cas, p.mem_a.data() + 400008, 8);
         CHECK(seen_by_cas == 5);
         CHECK(after == 9);
-        CHECK(must(wait_for(p.cq_b, 99)).opcode() == WcOpcode::recv);
+        must(wait_n(p.cq_b, wcs, 2));
+        CHECK(wcs[0].wr_id() == 98);
+        CHECK(wcs[0].opcode() == WcOpcode::recv_rdma_with_imm);
+        CHECK(wcs[0].imm() == 77);
+        CHECK(wcs[1].wr_id() == 99);
+        CHECK(wcs[1].opcode() == WcOpcode::recv);
     }
 }
 
@@ -154,6 +160,32 @@ TEST_CASE("100,000 selectively signaled WRITEs never overflow the send queue") {
     RDMAXX_CHECK_DEATH(SignaledSendQueue(p.a, p.cq_a, static_cast<std::uint32_t>(depth) + 1), "signal interval");
 }
 
+TEST_CASE("SignaledSendQueue: WRs whose post failed are given back, and a signal-all QP is refused") {
+    test::RcPair p;
+    SignaledSendQueue sq(p.a, p.cq_a, 4);
+    for (std::uint64_t i = 0; i < 6; ++i) // 6 posted: the 4th signaled
+        must(post_write(p.a, p.mem_a.slice(0, 8), p.mem_b.remote().slice(0, 8), must(sq.next({.wr_id = i}))));
+    // three more counted (7 signaled by the interval, 8 forced), and their post
+    // "failed": none reached the QP
+    for (std::uint64_t i = 6; i < 9; ++i)
+        (void)must(sq.next({.wr_id = i}, i == 8));
+    CHECK(sq.outstanding() == 9);
+    sq.unpost(3);
+    CHECK(sq.outstanding() == 6);
+    // the interval counts from WR 3 again: 6 unsignaled, 7 signaled
+    CHECK_FALSE(must(sq.next({.wr_id = 6})).signaled);
+    CHECK(must(sq.next({.wr_id = 7})).signaled);
+    sq.unpost(2);
+    must(post_write(p.a, p.mem_a.slice(0, 8), p.mem_b.remote().slice(0, 8), must(sq.next({.wr_id = 6}, true))));
+    must(sq.drain(2s)); // waits for WRs 3 and 6 only: a phantom signaled WR would time out here
+    CHECK(sq.outstanding() == 0);
+    RDMAXX_CHECK_DEATH(sq.unpost(1), "unpost(1) with 0 WRs outstanding");
+
+    QueuePair all = must(QueuePair::create(p.pd, {.send_cq = &p.cq_a, .recv_cq = &p.cq_a, .signal_all = true}));
+    CHECK(all.signals_all());
+    RDMAXX_CHECK_DEATH(SignaledSendQueue(all, p.cq_a, 4), "created with signal_all");
+}
+
 TEST_CASE("a wrong rkey surfaces as a remote access Error, the QP reports ERR and later WRs flush") {
     test::RcPair p;
     RemoteMemory bad = p.mem_b.remote();
@@ -194,6 +226,18 @@ TEST_CASE("waits are bounded: busy polling and the completion channel") {
     }
 }
 
+TEST_CASE("wait_for hands other WRs' completions to `other`, and without one never drops them silently") {
+    test::RcPair p;
+    for (std::uint64_t id : {1, 2, 3})
+        must(post_write(p.a, p.mem_a.slice(0, 8), p.mem_b.remote().slice(0, 8), {.wr_id = id}));
+    std::vector<std::uint64_t> others;
+    CHECK(must(wait_for(p.cq_a, 2, {}, [&](const WorkCompletion& wc) { others.push_back(wc.wr_id()); })).wr_id() == 2);
+    CHECK(others == std::vector<std::uint64_t>{1});
+    // WR 3's completion is still in the CQ, and waiting for 4 would lose it (the
+    // child's poll takes it from the CQ the parent shares: nothing to wait for after)
+    RDMAXX_CHECK_DEATH((void)wait_for(p.cq_a, 4, {.timeout = 5s}), "took the completion of wr_id 3");
+}
+
 TEST_CASE("a port that goes down ends waits with an Error; its events are typed") {
     test::RcPair p;
     AsyncEvents events = must(AsyncEvents::open(p.context));
@@ -204,7 +248,7 @@ TEST_CASE("a port that goes down ends waits with an Error; its events are typed"
     const std::string up = fmt::format("ip link set {} up", netdev);
     REQUIRE(std::system(down.c_str()) == 0);
     const auto start = std::chrono::steady_clock::now();
-    const Error e = must_fail(wait_for(p.cq_b, 1, {.timeout = 20s, .events = &events, .qp_num = p.b.qpn()}));
+    const Error e = must_fail(wait_for(p.cq_b, 1, {.timeout = 20s, .events = &events, .qp = &p.b}));
     CHECK(std::chrono::steady_clock::now() - start < 10s);
     CHECK(e.message().find("PORT_ERR") != std::string::npos);
     const AsyncEvent event = must(events.wait(5s));
@@ -215,7 +259,7 @@ TEST_CASE("a port that goes down ends waits with an Error; its events are typed"
     while (back.type != AsyncEventType::port_active) // GID changes may come first
         back = must(events.wait(10s));
     CHECK(back.port == 1);
-    must(events.check(0)); // the port is up again
+    must(events.check(&p.b, &p.cq_b)); // the port is up again
     // the RoCE GID returns with the address: wait for it before other tests run
     const auto gid_back = [] {
         auto context = Context::open();
@@ -241,7 +285,7 @@ TEST_CASE("a solicited SEND wakes a receiver armed for solicited events only") {
     CHECK(wcs[1].wr_id() == 2);
 }
 
-TEST_CASE("an overflowing CQ raises a CQ error event that ends pending waits") {
+TEST_CASE("an overflowing CQ raises a CQ error event that ends waits on that CQ, and on no other") {
     test::Rig rig;
     AsyncEvents events = must(AsyncEvents::open(rig.context));
     CompletionQueue tiny = must(CompletionQueue::create(rig.context, {.depth = 1}));
@@ -256,10 +300,25 @@ TEST_CASE("an overflowing CQ raises a CQ error event that ends pending waits") {
     const AsyncEvent event = must(events.wait(5s));
     INFO("event: ", to_string(event.type));
     CHECK(event.type == AsyncEventType::cq_error);
+    CHECK(event.cq == tiny.get());
     CHECK(event.kills(a.qpn()));
-    // a wait that watches the events fails at once, however long its timeout
+    // a wait on that CQ that watches the events fails at once, however long its timeout
+    const auto drop = [](const WorkCompletion&) {};
     const auto start = std::chrono::steady_clock::now();
-    const Error e = must_fail(wait_for(rig.cq, 12345, {.timeout = 20s, .events = &events}));
+    const Error e = must_fail(wait_for(tiny, 12345, {.timeout = 20s, .events = &events}, drop));
     CHECK(std::chrono::steady_clock::now() - start < 5s);
     CHECK(e.message().find("CQ_ERR") != std::string::npos);
+    // a wait on another CQ runs its course: a SEND between two QPs on rig.cq
+    QueuePair c = rig.make_qp(QpType::rc);
+    QueuePair d = rig.make_qp(QpType::rc);
+    must(c.connect(d.endpoint()));
+    must(d.connect(c.endpoint()));
+    must(post_recv(d, mr.slice(32, 8), 77));
+    must(post_send(c, mr.slice(40, 8), {.wr_id = 78}));
+    CHECK(must(wait_for(rig.cq, 77, {.timeout = 5s, .events = &events, .qp = &d}, drop)).opcode() == WcOpcode::recv);
+    // and a CQ made after the event (perhaps at the dead one's address) is not touched by it
+    a = must(QueuePair::create(rig.pd, {.send_cq = &rig.cq, .recv_cq = &rig.cq}));
+    tiny = must(CompletionQueue::create(rig.context, {.depth = 1}));
+    CHECK(must_fail(wait_for(tiny, 1, {.timeout = 100ms, .events = &events})).is_timeout());
+    must(events.check(nullptr, &tiny));
 }

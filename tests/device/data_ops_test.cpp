@@ -75,6 +75,7 @@ TEST_CASE("RC operations move every byte, on both post APIs") {
             CHECK(second.imm() == 42u);
             CHECK(second.byte_len() == 8);
             CHECK(same(b.subspan(4096, 8), a.subspan(100, 8)));
+            wait_one(p.cq_a, 14);
             wait_one(p.cq_a, 15);
         }
         // rxe's extended API miscounts multi-SGE WRs (see PostApi): classic only there
@@ -90,6 +91,7 @@ TEST_CASE("RC operations move every byte, on both post APIs") {
             CHECK(same(b.subspan(10, 20), a.subspan(1000, 20)));
             CHECK(same(b.subspan(30, 10), a.subspan(5000, 10)));
             CHECK(same(b.subspan(8192, 20), a.subspan(5010, 20)));
+            CHECK(wait_one(p.cq_a, 16).opcode() == WcOpcode::send);
             // a gathered WRITE
             must(post_write(p.a, std::span<const LocalSlice>(gather), p.mem_b.remote().slice(20000, 60), {.wr_id = 17}));
             wait_one(p.cq_a, 17);

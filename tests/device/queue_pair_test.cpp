@@ -1,9 +1,15 @@
+#include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cstring>
+#include <thread>
+
+#include <pthread.h>
 
 #include <doctest/doctest.h>
 
 #include "../support/device.hpp"
+#include "../support/thread.hpp"
 
 using namespace rdmaxx;
 using namespace std::chrono_literals;
@@ -251,6 +257,35 @@ TEST_CASE("completion queues: depth limits, channels and bounded waits") {
         poll_one(cq);
     }
     CHECK(cq.channel_fd() >= 0);
+}
+
+TEST_CASE("a completion-event wait interrupted by signals still ends at its timeout") {
+    test::Rig rig;
+    CompletionQueue cq = must(CompletionQueue::create(rig.context, {.depth = 16, .channel = true}));
+    must(cq.arm());
+    // a handler without SA_RESTART: each signal ends poll() with EINTR
+    struct sigaction action {};
+    struct sigaction previous {};
+    action.sa_handler = [](int) {};
+    REQUIRE(sigaction(SIGUSR1, &action, &previous) == 0);
+    const pthread_t waiter = pthread_self();
+    std::atomic<bool> done{false};
+    test::Thread interrupter([&] {
+        // every 50 ms for up to 5 s: a wait that restarts its 500 ms at each signal never ends meanwhile
+        for (int i = 0; i < 100 && !done; ++i) {
+            pthread_kill(waiter, SIGUSR1);
+            std::this_thread::sleep_for(50ms);
+        }
+    });
+    const auto start = std::chrono::steady_clock::now();
+    const Error e = must_fail(cq.wait_event(500ms));
+    const auto waited = std::chrono::steady_clock::now() - start;
+    done = true;
+    interrupter.join();
+    sigaction(SIGUSR1, &previous, nullptr);
+    CHECK(e.is_timeout());
+    CHECK(waited >= 500ms);
+    CHECK(waited < 2500ms);
 }
 
 TEST_CASE("shared receive queues feed a QP's receives") {

@@ -46,7 +46,7 @@ Error poll_error(int n) { return Error::from_errno("ibv_poll_cq", n == -1 ? EIO 
 
 Result<void> WaitPause::operator()(CompletionQueue& cq, const WaitOptions& options) {
     if (options.events)
-        if (auto ok = options.events->check(options.qp_num); !ok)
+        if (auto ok = options.events->check(options.qp, &cq); !ok)
             return ok;
     const auto now = std::chrono::steady_clock::now();
     if (!deadline_)

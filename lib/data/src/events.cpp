@@ -50,6 +50,7 @@ AsyncEvent from_verbs(const ibv_async_event& e) {
     case AsyncEventType::gid_change:
     case AsyncEventType::sm_change:
     case AsyncEventType::client_reregister: event.port = static_cast<std::uint8_t>(e.element.port_num); break;
+    case AsyncEventType::cq_error: event.cq = e.element.cq; break;
     default: break;
     }
     return event;
@@ -104,9 +105,10 @@ Result<AsyncEvents> AsyncEvents::open(const Context& context, std::source_locati
     return AsyncEvents(device);
 }
 
-Result<std::optional<AsyncEvent>> AsyncEvents::read_one() {
+Result<std::optional<AsyncEvent>> AsyncEvents::read_one(std::source_location where) {
+    const detail::DeviceHandle& device = detail::live(device_, "AsyncEvents", where);
     ibv_async_event raw;
-    if (ibv_get_async_event(device_->context, &raw) != 0) {
+    if (ibv_get_async_event(device->context, &raw) != 0) {
         if (errno == EAGAIN)
             return std::nullopt;
         return std::unexpected(Error::from_last_errno("ibv_get_async_event"));
@@ -115,38 +117,24 @@ Result<std::optional<AsyncEvent>> AsyncEvents::read_one() {
     // acknowledged at once: the value holds all a caller needs, and an unacked
     // event would block the destruction of its QP, CQ or SRQ
     ibv_ack_async_event(&raw);
-    remember(event);
+    fatal_.remember(event, std::chrono::steady_clock::now());
     return event;
 }
 
-void AsyncEvents::remember(const AsyncEvent& event) {
-    if (event.port != 0 && event.port < 32) {
-        if (event.type == AsyncEventType::port_error)
-            ports_down_ |= 1u << event.port;
-        else if (event.type == AsyncEventType::port_active)
-            ports_down_ &= ~(1u << event.port);
-    }
-    if (event.kills(event.qp_num) && event.type != AsyncEventType::port_error) {
-        if (fatal_count_ == fatal_.size()) // keep the newest
-            std::move(fatal_.begin() + 1, fatal_.end(), fatal_.begin()), --fatal_count_;
-        fatal_[fatal_count_++] = event;
-    }
-}
-
-Result<std::optional<AsyncEvent>> AsyncEvents::next() {
+Result<std::optional<AsyncEvent>> AsyncEvents::next(std::source_location where) {
     if (pending_count_ != 0) {
         const AsyncEvent event = pending_[pending_head_];
         pending_head_ = (pending_head_ + 1) % pending_.size();
         --pending_count_;
         return event;
     }
-    return read_one();
+    return read_one(where);
 }
 
-Result<AsyncEvent> AsyncEvents::wait(std::chrono::milliseconds timeout) {
+Result<AsyncEvent> AsyncEvents::wait(std::chrono::milliseconds timeout, std::source_location where) {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     for (;;) {
-        auto event = next();
+        auto event = next(where);
         if (!event)
             return std::unexpected(std::move(event.error()));
         if (*event)
@@ -161,9 +149,9 @@ Result<AsyncEvent> AsyncEvents::wait(std::chrono::milliseconds timeout) {
     }
 }
 
-Result<void> AsyncEvents::check(std::uint32_t qp_num) {
+Result<void> AsyncEvents::check(const QueuePair* qp, const CompletionQueue* cq, std::source_location where) {
     for (;;) {
-        auto event = read_one();
+        auto event = read_one(where);
         if (!event)
             return std::unexpected(std::move(event.error()));
         if (!*event)
@@ -176,15 +164,30 @@ Result<void> AsyncEvents::check(std::uint32_t qp_num) {
         }
         pending_[(pending_head_ + pending_count_++) % pending_.size()] = **event;
     }
-    if (ports_down_ != 0)
-        return std::unexpected(Error::from_errno("async event", ENETDOWN, "PORT_ERR: the port is down"));
-    for (std::size_t i = 0; i < fatal_count_; ++i)
-        if (fatal_[i].kills(qp_num))
-            return std::unexpected(Error::from_errno(
-                "async event", EIO,
-                fatal_[i].qp_num != 0 ? fmt::format("{} on QP {:#x}", to_string(fatal_[i].type), fatal_[i].qp_num)
-                                      : std::string(to_string(fatal_[i].type))));
-    return {};
+    detail::EventScope scope;
+    if (qp) {
+        scope.qp_num = qp->qpn();
+        scope.qp_created = qp->created_at();
+        scope.port = qp->port();
+    }
+    if (cq) {
+        scope.cq = cq->get(where);
+        scope.cq_created = cq->created_at();
+    }
+    const auto fatal = fatal_.find(scope);
+    if (!fatal)
+        return {};
+    switch (fatal->type) {
+    case AsyncEventType::port_error:
+        return std::unexpected(
+            Error::from_errno("async event", ENETDOWN, fmt::format("PORT_ERR: port {} is down", fatal->port)));
+    case AsyncEventType::cq_error:
+        return std::unexpected(Error::from_errno("async event", EIO, "CQ_ERR: the completion queue overflowed"));
+    case AsyncEventType::device_fatal: return std::unexpected(Error::from_errno("async event", EIO, "DEVICE_FATAL"));
+    default:
+        return std::unexpected(Error::from_errno("async event", EIO,
+                                                 fmt::format("{} on QP {:#x}", to_string(fatal->type), fatal->qp_num)));
+    }
 }
 
 } // namespace rdmaxx

@@ -1,5 +1,8 @@
 #include <rdmaxx/wrap/cq.hpp>
 
+#include <algorithm>
+#include <chrono>
+
 #include <fcntl.h>
 #include <poll.h>
 
@@ -29,7 +32,7 @@ Result<CompletionQueue> CompletionQueue::create(const Context& context, CqOption
     if (options.channel) {
         ibv_comp_channel* raw = ibv_create_comp_channel(device->context);
         if (!raw)
-            return std::unexpected(Error::from_last_errno("ibv_create_comp_channel", device->name));
+            return std::unexpected(Error::from_last_errno("ibv_create_comp_channel", "{}", device->name));
         channel = detail::adopt(raw, "ibv_destroy_comp_channel", &ibv_destroy_comp_channel, device);
         // non-blocking: wait_event drains the channel without ever blocking in read()
         const int flags = fcntl(raw->fd, F_GETFL);
@@ -40,7 +43,7 @@ Result<CompletionQueue> CompletionQueue::create(const Context& context, CqOption
                                options.comp_vector);
     if (!cq)
         return std::unexpected(
-            Error::from_last_errno("ibv_create_cq", fmt::format("depth {} on {}", options.depth, device->name)));
+            Error::from_last_errno("ibv_create_cq", "depth {} on {}", options.depth, device->name));
     // a statement of its own: the CQ's deleter must copy `channel` before it is moved
     auto handle = detail::adopt(cq, "ibv_destroy_cq", &ibv_destroy_cq, device, channel);
     return CompletionQueue(std::move(handle), std::move(channel), static_cast<std::uint32_t>(cq->cqe));
@@ -48,7 +51,7 @@ Result<CompletionQueue> CompletionQueue::create(const Context& context, CqOption
 
 CompletionQueue::CompletionQueue(CompletionQueue&& other) noexcept
     : cq_(std::move(other.cq_)), channel_(std::move(other.channel_)), depth_(other.depth_),
-      unacked_events_(std::exchange(other.unacked_events_, 0)) {}
+      unacked_events_(std::exchange(other.unacked_events_, 0)), created_(other.created_) {}
 
 CompletionQueue& CompletionQueue::operator=(CompletionQueue&& other) noexcept {
     if (this != &other) {
@@ -57,6 +60,7 @@ CompletionQueue& CompletionQueue::operator=(CompletionQueue&& other) noexcept {
         channel_ = std::move(other.channel_);
         depth_ = other.depth_;
         unacked_events_ = std::exchange(other.unacked_events_, 0);
+        created_ = other.created_;
     }
     return *this;
 }
@@ -84,10 +88,16 @@ Result<void> CompletionQueue::wait_event(std::chrono::milliseconds timeout, int 
     get(where);
     pollfd fds[2] = {{.fd = channel_->fd, .events = POLLIN, .revents = 0},
                      {.fd = also_watch, .events = POLLIN, .revents = 0}};
+    // a signal ends poll() early: wait out what is left, not the whole timeout again
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
     int ready;
-    do {
-        ready = ::poll(fds, also_watch < 0 ? 1 : 2, static_cast<int>(timeout.count()));
-    } while (ready < 0 && errno == EINTR);
+    for (auto left = timeout;;) {
+        ready = ::poll(fds, also_watch < 0 ? 1 : 2, static_cast<int>(left.count()));
+        if (ready >= 0 || errno != EINTR)
+            break;
+        left = std::max(std::chrono::milliseconds(0), std::chrono::ceil<std::chrono::milliseconds>(
+                                                            deadline - std::chrono::steady_clock::now()));
+    }
     if (ready < 0)
         return std::unexpected(Error::from_last_errno("poll", "completion channel"));
     if (ready == 0)

@@ -210,6 +210,7 @@ Result<QueuePair> QueuePair::create(const ProtectionDomain& pd, const QpOptions&
                                                    : options.remote_access;
     qp.link_layer_ = port->link_layer;
     qp.has_srq_ = options.srq != nullptr;
+    qp.signals_all_ = options.signal_all;
     return qp;
 }
 

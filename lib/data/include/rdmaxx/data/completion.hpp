@@ -20,6 +20,7 @@
 namespace rdmaxx {
 
 class AsyncEvents;
+class QueuePair;
 
 enum class WcOpcode : std::uint8_t {
     unknown, // a failed completion's opcode is undefined (ibv_poll_cq(3)): never read it
@@ -86,10 +87,11 @@ enum class WaitMode : std::uint8_t {
 struct WaitOptions {
     std::chrono::milliseconds timeout{5000};
     WaitMode mode = WaitMode::busy_poll;
-    // When set, device events that kill a QP (QP fatal, port error, device fatal)
-    // end the wait with an Error instead of letting it run out its timeout.
+    // When set, device events that kill the wait's work (a fatal event of `qp`, a
+    // CQ error of the CQ waited on, `qp`'s port down, a fatal device error) end the
+    // wait with an Error instead of letting it run out its timeout.
     AsyncEvents* events = nullptr;
-    std::uint32_t qp_num = 0; // the QP whose fatal events end the wait (0: any)
+    const QueuePair* qp = nullptr; // the QP waited for; nullptr: any QP, any port (AsyncEvents::check)
 };
 
 namespace detail {
@@ -173,12 +175,20 @@ template <class Room, class Take>
     return detail::wait_until(cq, options, room, take, where);
 }
 
+namespace detail {
+// wait_for's `other` when none is given: another WR's successful completion then
+// has nowhere to go.
+struct NoOtherCompletions {};
+} // namespace detail
+
 // Waits for the completion of `wr_id`, taking one completion at a time so that none
 // after it leaves the CQ. Completions of other WRs taken meanwhile are handed to
-// `other` (by default dropped); a failed one ends the wait with its Error.
-template <class Other = void (*)(const WorkCompletion&)>
+// `other`; a failed one ends the wait with its Error. Without `other`, the CQ must
+// hold no successful completion of another WR (a programming error otherwise, naming
+// both wr_ids: it would be lost). Pass a handler that drops them to mean dropping.
+template <class Other = detail::NoOtherCompletions>
 Result<WorkCompletion> wait_for(CompletionQueue& cq, std::uint64_t wr_id, const WaitOptions& options = {},
-                                Other&& other = [](const WorkCompletion&) {},
+                                Other&& other = {},
                                 std::source_location where = std::source_location::current()) {
     WorkCompletion found;
     auto take = [&](const WorkCompletion& wc) {
@@ -186,7 +196,11 @@ Result<WorkCompletion> wait_for(CompletionQueue& cq, std::uint64_t wr_id, const 
             found = wc;
             return true;
         }
-        other(wc);
+        if constexpr (std::is_same_v<std::remove_cvref_t<Other>, detail::NoOtherCompletions>)
+            require(!wc.ok(), where, "wait_for(wr_id {}) took the completion of wr_id {} and has no `other` to give it to",
+                    wr_id, wc.wr_id());
+        else
+            other(wc);
         return false;
     };
     auto room = [] { return std::size_t{1}; };

@@ -11,34 +11,17 @@
 
 #include <infiniband/verbs.h>
 
+#include <rdmaxx/data/async_event.hpp>
+#include <rdmaxx/data/fatal_events.hpp>
 #include <rdmaxx/wrap/context.hpp>
+#include <rdmaxx/wrap/cq.hpp>
 #include <rdmaxx/wrap/error.hpp>
+#include <rdmaxx/wrap/qp.hpp>
 
 namespace rdmaxx {
 
-enum class AsyncEventType : std::uint8_t {
-    unknown,
-    // QP events (AsyncEvent::qp_num)
-    qp_fatal, qp_request_error, qp_access_error, comm_established, sq_drained, path_migrated,
-    path_migration_error, qp_last_wqe_reached,
-    cq_error,
-    srq_error, srq_limit_reached,
-    // port events (AsyncEvent::port)
-    port_active, port_error, lid_change, pkey_change, gid_change, sm_change, client_reregister,
-    device_fatal,
-};
-std::string_view to_string(AsyncEventType type) noexcept;
-
-struct AsyncEvent {
-    AsyncEventType type = AsyncEventType::unknown;
-    std::uint32_t qp_num = 0; // QP events
-    std::uint8_t port = 0;    // port events
-    int raw = 0;              // the ibv_event_type
-
-    // Whether this event leaves QP `qp_num` (0: any QP) unable to complete work.
-    bool kills(std::uint32_t qp) const noexcept;
-};
-
+// Reads the device's events. Not thread-safe: one reader per context (the kernel
+// hands each event to one reader).
 class AsyncEvents : detail::MoveOnly {
 public:
     // Makes the context's async event fd non-blocking; keeps the device open.
@@ -46,32 +29,33 @@ public:
                                     std::source_location where = std::source_location::current());
 
     // The next event, read and acknowledged; nullopt when none is pending.
-    Result<std::optional<AsyncEvent>> next();
+    // Programming error (every call): a moved-from object.
+    Result<std::optional<AsyncEvent>> next(std::source_location where = std::source_location::current());
     // Waits up to `timeout` for the next event; a timeout is an Error of kind timeout.
-    Result<AsyncEvent> wait(std::chrono::milliseconds timeout);
+    Result<AsyncEvent> wait(std::chrono::milliseconds timeout,
+                            std::source_location where = std::source_location::current());
 
     // Reads the pending events (keeping them for next()) and returns an Error when
-    // one of them, now or earlier, left QP `qp_num` (0: any) unable to complete work:
-    // a fatal QP event, a CQ error, a port that went down and did not come back, a
-    // fatal device error. Called by the waits of completion.hpp.
-    Result<void> check(std::uint32_t qp_num);
+    // one read since the objects were created left `qp` or `cq` unable to complete
+    // work: a fatal event of `qp` (nullptr: of any QP, read since `cq` was created),
+    // a CQ error of `cq`, `qp`'s port down (nullptr: any port), a fatal device error.
+    // Called by the waits of completion.hpp (WaitOptions::events).
+    Result<void> check(const QueuePair* qp, const CompletionQueue* cq,
+                       std::source_location where = std::source_location::current());
 
-    // The fd to poll for readability in an application's own event loop.
+    // The fd to poll for readability in an application's own event loop; -1 for a
+    // moved-from object.
     int fd() const noexcept { return device_ ? device_->context->async_fd : -1; }
 
 private:
     explicit AsyncEvents(detail::DeviceHandle device) : device_(std::move(device)) {}
-    Result<std::optional<AsyncEvent>> read_one();
-    void remember(const AsyncEvent& event);
+    Result<std::optional<AsyncEvent>> read_one(std::source_location where);
 
     detail::DeviceHandle device_;
     // events read by check() and not yet taken by next(); the oldest are dropped
     std::array<AsyncEvent, 32> pending_{};
     std::size_t pending_head_ = 0, pending_count_ = 0;
-    // what check() reports: the last killing events seen
-    std::array<AsyncEvent, 16> fatal_{};
-    std::size_t fatal_count_ = 0;
-    std::uint32_t ports_down_ = 0; // bit p: port p is down
+    detail::FatalEvents fatal_; // what check() reports
 };
 
 } // namespace rdmaxx

@@ -4,6 +4,7 @@
 // (or, on some providers, the queue silently wraps). SignaledSendQueue keeps the count.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <source_location>
@@ -24,11 +25,15 @@ public:
         : qp_(&qp), cq_(&send_cq), depth_(qp.caps().max_send_wr), interval_(interval), signaled_(depth_) {
         require(interval >= 1 && interval <= depth_, where,
                 "signal interval {} outside 1..{} (the send queue depth)", interval, depth_);
+        require(!qp.signals_all(), where,
+                "a SignaledSendQueue on QP {:#x}, created with signal_all: its unsignaled WRs would complete too",
+                qp.qpn());
     }
 
-    // The options for the next WR: `signaled` set on every interval-th WR (and when
-    // `force_signal`, e.g. for the last WR of a stream). Waits, reaping completions,
-    // while the send queue is full. A failed completion is its Error; a completion of
+    // The options for the next WR, counted as posted: `signaled` set on every
+    // interval-th WR (and when `force_signal`, e.g. for the last WR of a stream).
+    // Waits, reaping completions, while the send queue is full. A post that then
+    // fails must be given back with unpost(). A failed completion is its Error; a completion of
     // another QP in `send_cq` is a programming error.
     Result<PostOptions> next(PostOptions options = {}, bool force_signal = false,
                              std::chrono::milliseconds timeout = std::chrono::seconds(5),
@@ -46,6 +51,23 @@ public:
         }
         ++posted_;
         return options;
+    }
+
+    // The last `count` WRs that next() counted were not posted: ibv_post_send failed
+    // at the first of them (SendBatch: count = its size - accepted()). Forgets them, so
+    // that drain() waits for no completion that cannot come.
+    // Programming error: more than are outstanding.
+    void unpost(std::uint32_t count, std::source_location where = std::source_location::current()) {
+        require(count <= posted_ - retired_, where, "unpost({}) with {} WRs outstanding", count, posted_ - retired_);
+        posted_ -= count;
+        while (signaled_count_ != 0 && signaled_[(signaled_tail_ + depth_ - 1) % depth_] >= posted_) {
+            signaled_tail_ = (signaled_tail_ + depth_ - 1) % depth_;
+            --signaled_count_;
+        }
+        // the WRs since the last signaled one, posted or retired
+        const std::uint64_t after =
+            signaled_count_ != 0 ? signaled_[(signaled_tail_ + depth_ - 1) % depth_] + 1 : retired_;
+        since_signal_ = static_cast<std::uint32_t>(posted_ - std::min(after, posted_));
     }
 
     // Reaps until every signaled WR completed. WRs after the last signaled one stay

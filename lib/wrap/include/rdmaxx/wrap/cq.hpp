@@ -32,6 +32,8 @@ public:
 
     // The real number of entries (at least the requested depth).
     std::uint32_t depth() const noexcept { return depth_; }
+    // When this CQ was created: device events read before it concern an older CQ.
+    std::chrono::steady_clock::time_point created_at() const noexcept { return created_; }
     bool has_channel() const noexcept { return channel_ != nullptr; }
 
     // Requests an event for the next completion (ibv_req_notify_cq). Completions
@@ -67,6 +69,7 @@ private:
     std::shared_ptr<ibv_comp_channel> channel_;
     std::uint32_t depth_;
     unsigned unacked_events_ = 0;
+    std::chrono::steady_clock::time_point created_ = std::chrono::steady_clock::now();
 };
 
 } // namespace rdmaxx

@@ -1,6 +1,7 @@
 // Queue pairs (RC, UC, UD) and their state machine RESET -> INIT -> RTR -> RTS.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -101,6 +102,11 @@ public:
     // The capabilities the device granted (at least those asked for).
     const QpCaps& caps() const noexcept { return caps_; }
     bool has_srq() const noexcept { return has_srq_; }
+    // Created with QpOptions::signal_all: every send WR completes with a CQE.
+    bool signals_all() const noexcept { return signals_all_; }
+    // When this QP was created: device events read before it concern an older QP
+    // that had the same number.
+    std::chrono::steady_clock::time_point created_at() const noexcept { return created_; }
     // Whether the device executes atomics (IBV_ATOMIC_HCA or _GLOB).
     bool supports_atomics() const noexcept { return device_ && device_->attributes.atomics; }
     // The extended post interface, or nullptr when this QP uses ibv_post_send.
@@ -156,6 +162,8 @@ private:
     QpType type_ = QpType::rc;
     QpState state_ = QpState::reset;
     bool has_srq_ = false;
+    bool signals_all_ = false;
+    std::chrono::steady_clock::time_point created_ = std::chrono::steady_clock::now();
     std::uint8_t port_ = 1;
     std::uint16_t pkey_index_ = 0;
     std::uint32_t qkey_ = 0;

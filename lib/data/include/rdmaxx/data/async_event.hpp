@@ -1,0 +1,35 @@
+// A device's asynchronous event (ibv_get_async_event(3)) as a typed value.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include <infiniband/verbs.h>
+
+namespace rdmaxx {
+
+enum class AsyncEventType : std::uint8_t {
+    unknown,
+    // QP events (AsyncEvent::qp_num)
+    qp_fatal, qp_request_error, qp_access_error, comm_established, sq_drained, path_migrated,
+    path_migration_error, qp_last_wqe_reached,
+    cq_error,
+    srq_error, srq_limit_reached,
+    // port events (AsyncEvent::port)
+    port_active, port_error, lid_change, pkey_change, gid_change, sm_change, client_reregister,
+    device_fatal,
+};
+std::string_view to_string(AsyncEventType type) noexcept;
+
+struct AsyncEvent {
+    AsyncEventType type = AsyncEventType::unknown;
+    std::uint32_t qp_num = 0;     // QP events
+    std::uint8_t port = 0;        // port events
+    int raw = 0;                  // the ibv_event_type
+    const ibv_cq* cq = nullptr;   // cq_error: the CQ (compare with CompletionQueue::get())
+
+    // Whether this event leaves QP `qp_num` (0: any QP) unable to complete work.
+    bool kills(std::uint32_t qp) const noexcept;
+};
+
+} // namespace rdmaxx
