@@ -89,8 +89,8 @@ TEST_CASE("resolving a peer not yet in the neighbour table takes short attempts,
 TEST_CASE("a timed-out READ or WRITE ends the connection: after the wire heals, nothing lands late" *
           doctest::skip(!have_pair())) {
     ConnectionOptions options = over_cm();
-    options.connect.timeout = 18;  // 1.07 s per ACK timeout: the call's 300 ms runs out first
-    options.connect.retry_cnt = 7;
+    options.qp.ack_timeout = 18;  // 1.07 s per ACK timeout: the call's 300 ms runs out first
+    options.qp.retry_cnt = 7;
     for (const bool read : {true, false}) {
         CAPTURE(read);
         Lent lent(options);

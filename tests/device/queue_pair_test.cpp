@@ -191,7 +191,7 @@ TEST_CASE("the state machine is driven step by step, to ERR and back to RESET") 
     CHECK(a.state() == QpState::init);
     must(a.to_rtr(b.endpoint(), {.path_mtu = Mtu::b256, .min_rnr_timer = 1}));
     CHECK(must(a.query_state()) == QpState::rtr);
-    must(a.to_rts({.timeout = 10, .retry_cnt = 3, .rnr_retry = 2}));
+    must(a.to_rts({.ack_timeout = 10, .retry_cnt = 3, .rnr_retry = 2}));
     CHECK(must(a.query_state()) == QpState::rts);
     must(a.to_error());
     CHECK(must(a.query_state()) == QpState::error);

@@ -70,8 +70,8 @@ TEST_CASE("values the headers do not know map to unknown") {
 }
 
 TEST_CASE("connection defaults are the careful ones") {
-    const ConnectOptions o;
-    CHECK(o.timeout == 14);
+    const QpConnectOptions o;
+    CHECK(o.ack_timeout == 14);
     CHECK(o.retry_cnt == 7);
     CHECK(o.rnr_retry == 6);
     CHECK(o.min_rnr_timer == 12);

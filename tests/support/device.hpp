@@ -44,7 +44,7 @@ struct RcPair {
     explicit RcPair(PostApi api = PostApi::automatic, QpCaps caps = {.max_send_wr = 256, .max_recv_wr = 256,
                                                                      .max_send_sge = 4, .max_recv_sge = 4,
                                                                      .max_inline_data = 64},
-                    ConnectOptions options = {})
+                    QpConnectOptions options = {})
         : a(must(QueuePair::create(pd, {.send_cq = &cq_a, .recv_cq = &cq_a, .caps = caps, .post_api = api}))),
           b(must(QueuePair::create(pd, {.send_cq = &cq_b, .recv_cq = &cq_b, .caps = caps, .post_api = api}))) {
         must(a.connect(b.endpoint(), options));

@@ -146,7 +146,7 @@ Result<CmConnection> CmConnection::resolve(std::string_view host, std::uint16_t 
 }
 
 Result<EndpointMessage> CmConnection::connect(QueuePair& qp, std::span<const std::byte> metadata,
-                                              const ConnectOptions& options, std::chrono::milliseconds timeout,
+                                              const QpConnectOptions& options, std::chrono::milliseconds timeout,
                                               std::source_location where) {
     require(metadata.size() <= max_connect_metadata, where, "{} bytes of metadata in a CM connect request (at most {})",
             metadata.size(), max_connect_metadata);
@@ -192,7 +192,7 @@ void CmRequest::reject(std::source_location where) && {
     answered_ = true;
 }
 
-Result<void> CmRequest::connect(QueuePair& qp, const ConnectOptions& options, std::source_location where) {
+Result<void> CmRequest::connect(QueuePair& qp, const QpConnectOptions& options, std::source_location where) {
     if (auto ok = check_offer(offer_, qp, peer(where)); !ok)
         return ok;
     if (auto ok = qp.connect(offer_.qps[0].endpoint, options, where); !ok)

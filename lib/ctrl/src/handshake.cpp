@@ -55,7 +55,7 @@ Result<std::unique_ptr<Link>> connect_tcp(std::shared_ptr<Group> group, std::str
     if (!stream)
         return std::unexpected(std::move(stream.error()));
     QueuePair* qps[] = {&l.qp()};
-    auto peer = connect_over_tcp(*stream, qps, l.describe().metadata, options.connect, remaining(deadline));
+    auto peer = connect_over_tcp(*stream, qps, l.describe().metadata, options.qp, remaining(deadline));
     if (!peer)
         return std::unexpected(std::move(peer.error()));
     if (auto ok = l.start(*peer); !ok)
@@ -85,7 +85,7 @@ Result<std::unique_ptr<Link>> connect_cm(std::shared_ptr<Group> group, std::stri
         if (!link)
             return link;
         const auto attempt_end = std::min(deadline, Clock::now() + attempt);
-        auto peer = cm->connect((*link)->qp(), (*link)->describe().metadata, options.connect, remaining(attempt_end));
+        auto peer = cm->connect((*link)->qp(), (*link)->describe().metadata, options.qp, remaining(attempt_end));
         if (!peer) {
             // no answer: the request may have been dropped (a full backlog)
             if (peer.error().is_timeout() && Clock::now() < deadline) {
@@ -120,7 +120,7 @@ Result<ServerHandshake> ServerHandshake::answer(std::shared_ptr<Group> group, Cm
     auto link = Link::create(std::move(group), options);
     if (!link)
         return std::unexpected(std::move(link.error()));
-    if (auto ok = request.connect((*link)->qp(), options.connect); !ok)
+    if (auto ok = request.connect((*link)->qp(), options.qp); !ok)
         return std::unexpected(std::move(ok.error()));
     if (auto ok = (*link)->start(request.offer()); !ok)
         return std::unexpected(std::move(ok.error()));
@@ -157,7 +157,7 @@ Result<void> ServerHandshake::take_offer(const std::shared_ptr<Group>& group, co
     auto link = Link::create(group, options);
     if (!link)
         return std::unexpected(std::move(link.error()));
-    if (auto ok = (*link)->qp().connect(offer->qps[0].endpoint, options.connect); !ok)
+    if (auto ok = (*link)->qp().connect(offer->qps[0].endpoint, options.qp); !ok)
         return std::unexpected(std::move(ok.error()));
     if (auto ok = (*link)->start(*offer); !ok)
         return std::unexpected(std::move(ok.error()));

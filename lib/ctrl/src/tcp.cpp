@@ -251,7 +251,7 @@ Result<TcpStream> TcpListener::accept(std::chrono::milliseconds timeout) {
 }
 
 Result<EndpointMessage> connect_over_tcp(TcpStream& stream, std::span<QueuePair* const> qps,
-                                         std::span<const std::byte> metadata, const ConnectOptions& options,
+                                         std::span<const std::byte> metadata, const QpConnectOptions& options,
                                          std::chrono::milliseconds timeout, std::source_location where) {
     EndpointMessage mine;
     for (QueuePair* qp : qps) {

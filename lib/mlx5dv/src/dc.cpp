@@ -197,10 +197,10 @@ Result<DcInitiator> DcInitiator::create(const ProtectionDomain& pd, const DcInit
 #endif
 }
 
-Result<void> DcInitiator::activate(const ConnectOptions& options, std::source_location where) {
+Result<void> DcInitiator::activate(const QpConnectOptions& options, std::source_location where) {
     ibv_qp* qp = get(where);
     require(state_ == QpState::reset, where, "DcInitiator::activate() in state {}, not RESET", to_string(state_));
-    require(options.timeout <= 31, where, "timeout {} above 31", options.timeout);
+    require(options.ack_timeout <= 31, where, "ack_timeout {} above 31", options.ack_timeout);
     require(options.retry_cnt <= 7 && options.rnr_retry <= 7, where, "retry_cnt {} / rnr_retry {} above 7",
             options.retry_cnt, options.rnr_retry);
     const Mtu mtu = options.path_mtu.value_or(port_.active_mtu);
@@ -222,7 +222,7 @@ Result<void> DcInitiator::activate(const ConnectOptions& options, std::source_lo
         return ok;
     ibv_qp_attr rts{};
     rts.qp_state = IBV_QPS_RTS;
-    rts.timeout = options.timeout;
+    rts.timeout = options.ack_timeout;
     rts.retry_cnt = options.retry_cnt;
     rts.rnr_retry = options.rnr_retry;
     rts.sq_psn = 0; // DC keeps sequence numbers per connection it makes, not per QP
@@ -237,7 +237,7 @@ Result<void> DcInitiator::activate(const ConnectOptions& options, std::source_lo
     return {};
 }
 
-Result<DcDestination> DcInitiator::destination(const DcEndpoint& peer, const ConnectOptions& options,
+Result<DcDestination> DcInitiator::destination(const DcEndpoint& peer, const QpConnectOptions& options,
                                                std::source_location where) const {
     get(where);
     require(state_ == QpState::rts, where, "DcInitiator::destination() in state {}, not RTS", to_string(state_));

@@ -6,7 +6,7 @@
 namespace rdmaxx {
 
 Result<AddressHandle> AddressHandle::create(const QueuePair& via, const Endpoint& peer,
-                                            const ConnectOptions& options, std::source_location where) {
+                                            const QpConnectOptions& options, std::source_location where) {
     const std::shared_ptr<ibv_pd>& pd = via.pd(where);
     require(via.type() == QpType::ud, where, "an address handle for a {} QP: only UD sends use one",
             to_string(via.type()));
@@ -15,7 +15,7 @@ Result<AddressHandle> AddressHandle::create(const QueuePair& via, const Endpoint
 
 Result<AddressHandle> AddressHandle::create(const std::shared_ptr<ibv_pd>& pd, const Endpoint& peer,
                                             const GidEntry& local, std::uint8_t port, LinkLayer layer,
-                                            const ConnectOptions& options, std::source_location where) {
+                                            const QpConnectOptions& options, std::source_location where) {
     require(pd != nullptr, where, "an address handle in a null PD");
     if (auto ok = detail::check_peer(peer, layer); !ok)
         return std::unexpected(std::move(ok.error()));

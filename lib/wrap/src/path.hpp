@@ -11,6 +11,6 @@ Result<void> check_peer(const Endpoint& peer, LinkLayer layer);
 
 // The address vector towards `peer` from `local` on `port`.
 ibv_ah_attr address_vector(const Endpoint& peer, const GidEntry& local, std::uint8_t port, LinkLayer layer,
-                           const ConnectOptions& options);
+                           const QpConnectOptions& options);
 
 } // namespace rdmaxx::detail

@@ -57,7 +57,7 @@ Result<void> check_peer(const Endpoint& peer, LinkLayer layer) {
 }
 
 ibv_ah_attr address_vector(const Endpoint& peer, const GidEntry& local, std::uint8_t port, LinkLayer layer,
-                           const ConnectOptions& options) {
+                           const QpConnectOptions& options) {
     ibv_ah_attr ah{};
     ah.dlid = peer.lid;
     ah.sl = options.service_level;
@@ -241,7 +241,7 @@ Result<void> QueuePair::to_init(std::source_location where) {
     return transition(attr, mask, "INIT");
 }
 
-Result<void> QueuePair::to_rtr(const Endpoint& peer, const ConnectOptions& options, std::source_location where) {
+Result<void> QueuePair::to_rtr(const Endpoint& peer, const QpConnectOptions& options, std::source_location where) {
     get(where);
     require(type_ != QpType::ud, where, "to_rtr(peer) on a UD QP: use activate()");
     require(state_ == QpState::init, where, "to_rtr() on a QP in state {}, not INIT", to_string(state_));
@@ -270,10 +270,10 @@ Result<void> QueuePair::to_rtr(const Endpoint& peer, const ConnectOptions& optio
     return transition(attr, mask, "RTR");
 }
 
-Result<void> QueuePair::to_rts(const ConnectOptions& options, std::source_location where) {
+Result<void> QueuePair::to_rts(const QpConnectOptions& options, std::source_location where) {
     get(where);
     require(state_ == QpState::rtr, where, "to_rts() on a QP in state {}, not RTR", to_string(state_));
-    require(options.timeout <= 31, where, "timeout {} above 31", options.timeout);
+    require(options.ack_timeout <= 31, where, "ack_timeout {} above 31", options.ack_timeout);
     require(options.retry_cnt <= 7 && options.rnr_retry <= 7, where, "retry_cnt {} / rnr_retry {} above 7",
             options.retry_cnt, options.rnr_retry);
     ibv_qp_attr attr{};
@@ -282,7 +282,7 @@ Result<void> QueuePair::to_rts(const ConnectOptions& options, std::source_locati
     int mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
     if (type_ == QpType::rc) {
         const int device_max = device_->attributes.raw.max_qp_init_rd_atom;
-        attr.timeout = options.timeout;
+        attr.timeout = options.ack_timeout;
         attr.retry_cnt = options.retry_cnt;
         attr.rnr_retry = options.rnr_retry;
         attr.max_rd_atomic = options.max_rd_atomic.value_or(static_cast<std::uint8_t>(std::min(device_max, 255)));
@@ -291,7 +291,7 @@ Result<void> QueuePair::to_rts(const ConnectOptions& options, std::source_locati
     return transition(attr, mask, "RTS");
 }
 
-Result<void> QueuePair::connect(const Endpoint& peer, const ConnectOptions& options, std::source_location where) {
+Result<void> QueuePair::connect(const Endpoint& peer, const QpConnectOptions& options, std::source_location where) {
     get(where);
     require(type_ != QpType::ud, where, "connect() on a UD QP: use activate()");
     require(state_ == QpState::reset, where, "connect() on a QP in state {}, not RESET", to_string(state_));

@@ -57,7 +57,7 @@ public:
     // that rejects, answers garbage or offers not exactly one QP of qp's type is an
     // Error. Then post the receives and call establish().
     // Programming error: metadata above max_connect_metadata.
-    Result<EndpointMessage> connect(QueuePair& qp, std::span<const std::byte> metadata, const ConnectOptions& options,
+    Result<EndpointMessage> connect(QueuePair& qp, std::span<const std::byte> metadata, const QpConnectOptions& options,
                                     std::chrono::milliseconds timeout,
                                     std::source_location where = std::source_location::current());
     // Active side: tells the server we are ready (our receives are posted).
@@ -98,7 +98,7 @@ public:
 
     // Connects `qp` (in RESET, on device()) to the offered QP. An offer of another QP
     // type is an Error.
-    Result<void> connect(QueuePair& qp, const ConnectOptions& options,
+    Result<void> connect(QueuePair& qp, const QpConnectOptions& options,
                          std::source_location where = std::source_location::current());
     // Answers with `qp` (connected by connect(), receives posted) and `metadata`, and
     // waits for the peer's establish. Programming error: metadata above

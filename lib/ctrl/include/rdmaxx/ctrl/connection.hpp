@@ -60,13 +60,13 @@ struct ConnectionOptions {
                                               // device the address resolves to)
     std::uint8_t port = 1;
     std::optional<std::uint32_t> gid_index{}; // default: Context::choose_gid
-    ConnectOptions connect{};                 // the QP's MTU, ACK timeout, retries, ...
+    QpConnectOptions qp{};                    // the QP's MTU, ACK timeout, retries, ...
     std::uint32_t max_message = 4096;         // largest message we receive
     std::uint32_t receive_depth = 32;         // receive buffers posted: the peer's credits
     std::uint32_t max_send_wr = 64;
     // The bound of a wait: timeout, plus timeout_per_mib for each MiB the call moves.
     // At RoCE MTU 1024 and 5 % loss each lost packet costs an ACK timeout (67 ms at
-    // ConnectOptions::timeout 14): a 1 MiB operation took over 5 s there, and it
+    // QpConnectOptions::ack_timeout 14): a 1 MiB operation took over 5 s there, and it
     // completes within these defaults.
     std::chrono::milliseconds timeout{5000};
     std::chrono::milliseconds timeout_per_mib{30'000};

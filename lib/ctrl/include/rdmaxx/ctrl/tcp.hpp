@@ -77,7 +77,7 @@ private:
 // same types, else an Error. Returns the peer's message (its metadata). Then post
 // the receives and call stream.confirm_ready().
 Result<EndpointMessage> connect_over_tcp(TcpStream& stream, std::span<QueuePair* const> qps,
-                                         std::span<const std::byte> metadata, const ConnectOptions& options,
+                                         std::span<const std::byte> metadata, const QpConnectOptions& options,
                                          std::chrono::milliseconds timeout,
                                          std::source_location where = std::source_location::current());
 

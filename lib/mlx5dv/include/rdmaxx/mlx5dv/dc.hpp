@@ -123,15 +123,15 @@ public:
     // RESET -> INIT -> RTR -> RTS, towards no one in particular. From `options` it uses
     // path_mtu (default: the port's active MTU; every destination's MTU must be at
     // least this), timeout, retry_cnt, rnr_retry and max_rd_atomic.
-    // Programming error: not in RESET, timeout above 31, retry counts above 7.
-    Result<void> activate(const ConnectOptions& options = {},
+    // Programming error: not in RESET, ack_timeout above 31, retry counts above 7.
+    Result<void> activate(const QpConnectOptions& options = {},
                           std::source_location where = std::source_location::current());
 
     // An address handle towards `peer` (checked like QueuePair::connect's peer: an
     // Error). `options` supplies service level, traffic class and hop limit. A peer
     // whose MTU is below this DCI's path MTU is an Error.
     // Programming error: before activate() succeeded.
-    Result<DcDestination> destination(const DcEndpoint& peer, const ConnectOptions& options = {},
+    Result<DcDestination> destination(const DcEndpoint& peer, const QpConnectOptions& options = {},
                                       std::source_location where = std::source_location::current()) const;
 
     // RDMA WRITE of `local` to the start of `remote` at `to`; READ is the reverse.

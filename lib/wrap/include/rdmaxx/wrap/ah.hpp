@@ -18,14 +18,14 @@ public:
     // `options` supplies service level, traffic class and hop limit.
     // Programming error: `via` is not UD or is moved-from.
     static Result<AddressHandle> create(const QueuePair& via, const Endpoint& peer,
-                                        const ConnectOptions& options = {},
+                                        const QpConnectOptions& options = {},
                                         std::source_location where = std::source_location::current());
     // The same for a sender that is not a wrap QueuePair (an mlx5 DC initiator): the
     // path starts at `local` (a GID of `port`, whose link layer is `layer`) in the PD
     // `pd` (a ProtectionDomain's or QueuePair's handle). Of `peer` only the address
     // (GID, LID) is used. Programming error: a null `pd`.
     static Result<AddressHandle> create(const std::shared_ptr<ibv_pd>& pd, const Endpoint& peer, const GidEntry& local,
-                                        std::uint8_t port, LinkLayer layer, const ConnectOptions& options = {},
+                                        std::uint8_t port, LinkLayer layer, const QpConnectOptions& options = {},
                                         std::source_location where = std::source_location::current());
 
     ibv_ah* get(std::source_location where = std::source_location::current()) const {

@@ -69,11 +69,11 @@ struct Endpoint {
 };
 
 // Connection attributes, with the defaults a careful engineer picks. Out-of-range
-// values (retry counts above 7, timeout above 31, min_rnr_timer above 31) are
+// values (retry counts above 7, ack_timeout above 31, min_rnr_timer above 31) are
 // programming errors.
-struct ConnectOptions {
+struct QpConnectOptions {
     std::optional<Mtu> path_mtu{};    // default: min(local active MTU, peer MTU)
-    std::uint8_t timeout = 14;        // 4.096 us * 2^14 = 67 ms per ACK timeout
+    std::uint8_t ack_timeout = 14;    // an exponent: 4.096 us * 2^14 = 67 ms per ACK timeout
     std::uint8_t retry_cnt = 7;
     std::uint8_t rnr_retry = 6;       // 7 retries forever and has frozen rxe hosts
     std::uint8_t min_rnr_timer = 12;  // 0.64 ms
@@ -116,7 +116,7 @@ public:
     // cannot be right (QPN or PSN above 24 bits, unknown MTU, no GID on RoCE, no LID
     // on InfiniBand) is an Error, as is anything the device refuses.
     // Programming error: a UD QP, a QP not in RESET.
-    Result<void> connect(const Endpoint& peer, const ConnectOptions& options = {},
+    Result<void> connect(const Endpoint& peer, const QpConnectOptions& options = {},
                          std::source_location where = std::source_location::current());
     // UD: RESET -> INIT -> RTR -> RTS. Programming error: not UD, not in RESET.
     Result<void> activate(std::source_location where = std::source_location::current());
@@ -124,9 +124,9 @@ public:
     // The single steps, for callers that interleave them with their own work.
     // Programming error: a step from the wrong state, a UD QP in to_rtr(peer).
     Result<void> to_init(std::source_location where = std::source_location::current());
-    Result<void> to_rtr(const Endpoint& peer, const ConnectOptions& options = {},
+    Result<void> to_rtr(const Endpoint& peer, const QpConnectOptions& options = {},
                         std::source_location where = std::source_location::current());
-    Result<void> to_rts(const ConnectOptions& options = {},
+    Result<void> to_rts(const QpConnectOptions& options = {},
                         std::source_location where = std::source_location::current());
     // Any state -> ERR (outstanding WRs flush) and any state -> RESET.
     Result<void> to_error(std::source_location where = std::source_location::current());
