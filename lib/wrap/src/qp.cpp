@@ -113,14 +113,6 @@ std::uint64_t send_ops(QpType type, bool atomics) {
     return ops;
 }
 
-// rxe (Soft-RoCE) in rdma-core up to at least v44 miscounts the bytes of
-// ibv_wr_set_sge_list with several SGEs and of ibv_wr_set_inline_data_list (fixed
-// upstream later): `automatic` keeps it on ibv_post_send, which it gets right.
-bool extended_post_is_reliable(const DeviceAttributes& device) {
-    constexpr std::uint32_t rxe_vendor_id = 0xffffff;
-    return device.vendor_id != rxe_vendor_id;
-}
-
 ibv_qp_type to_verbs(QpType type) {
     switch (type) {
     case QpType::uc: return IBV_QPT_UC;
@@ -166,8 +158,7 @@ Result<QueuePair> QueuePair::create(const ProtectionDomain& pd, const QpOptions&
     init.pd = pd_handle.get();
     ibv_qp* raw = nullptr;
     bool with_send_ops = false;
-    if (options.post_api == PostApi::extended ||
-        (options.post_api == PostApi::automatic && extended_post_is_reliable(device->attributes))) {
+    if (options.post_api == PostApi::extended) {
         ibv_qp_init_attr_ex extended = init;
         extended.comp_mask |= IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
         extended.send_ops_flags = send_ops(options.type, device->attributes.atomics);

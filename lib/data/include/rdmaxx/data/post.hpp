@@ -2,8 +2,10 @@
 // (SEND, SEND_WITH_IMM, RECV), UD sends, and batches rung with one doorbell.
 //
 // Everything here is inline (the posts always: no call of rdmaxx's own between the
-// caller and ibv_post_send) and allocation-free: a post costs the checks below (a
-// few branches) plus what ibv_post_send or the ibv_wr_* API costs. A hot loop builds
+// caller and ibv_post_send) and allocation-free: a post costs the checks below (47
+// instructions per single-WR post on rxe, counted by bench/post-cost.sh) plus what
+// ibv_post_send costs. On a QP created with PostApi::extended, the built WRs are
+// replayed through the ibv_wr_* API by one out-of-line call (88 instructions then). A hot loop builds
 // its WRs once in a SendBatch or RecvBatch and posts that batch again and again,
 // changing only what varies (wr_id, signaling, immediate, atomic operands), as
 // perftest does with its prebuilt WRs. The checks are

@@ -24,12 +24,13 @@ std::string_view to_string(QpType type) noexcept;
 std::string_view to_string(QpState state) noexcept;
 QpState qp_state_from_verbs(int state) noexcept;
 
-// How send WRs reach the device. `extended` is the ibv_wr_* API on an ibv_qp_ex
-// (ibv_wr_post(3)); `classic` is ibv_post_send with WR chains; `automatic` takes
-// extended where the device supports it for this QP type and its provider posts
-// correctly through it, else classic. rxe (rdma-core 44) miscounts multi-SGE and
-// inline-list lengths on the extended API: automatic keeps it on classic, and an
-// explicit `extended` on rxe is correct only for WRs with one SGE.
+// How send WRs reach the device. `classic` is ibv_post_send with WR chains;
+// `extended` is the ibv_wr_* API on an ibv_qp_ex (ibv_wr_post(3)), which rdmaxx
+// reaches by replaying its built WRs out of line: on rxe, 88 instructions per
+// single-SGE post above the raw ibv_wr_* calls against classic's 47 above raw
+// ibv_post_send (bench/post-cost.sh). So `automatic` is classic until the extended
+// path is as direct. rxe (rdma-core 44) also miscounts multi-SGE and inline-list
+// lengths on the extended API: `extended` there is correct only for one SGE.
 enum class PostApi : std::uint8_t { automatic, classic, extended };
 
 struct QpCaps {
