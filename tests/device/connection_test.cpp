@@ -1,14 +1,18 @@
 // The high-level Connection on real verbs: many clients, bad clients, dead peers,
 // leases, quotas, credits. Server and clients are threads of this process.
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <cstring>
 #include <random>
 #include <thread>
 #include <vector>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -679,4 +683,50 @@ TEST_CASE("connect_another shares the context, PD and CQ: a region of one connec
         CHECK(std::memcmp(got.data(), "shared!!", 8) == 0);
     }
     clients.join();
+}
+
+namespace {
+
+// In the VM only (it is root and thrown away): /etc/resolv.conf names a DNS server on
+// 127.0.0.1:53 that reads nothing, with glibc told to wait 30 s per query, twice.
+class UnansweredDns {
+public:
+    UnansweredDns() {
+        socket_ = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        REQUIRE(socket_ >= 0);
+        sockaddr_in address{.sin_family = AF_INET, .sin_port = htons(53), .sin_addr = {htonl(INADDR_LOOPBACK)}, .sin_zero = {}};
+        REQUIRE(::bind(socket_, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0);
+        std::FILE* conf = std::fopen("/tmp/rdmaxx-resolv.conf", "w");
+        REQUIRE(conf != nullptr);
+        std::fputs("nameserver 127.0.0.1\noptions timeout:30 attempts:2\n", conf);
+        std::fclose(conf);
+        REQUIRE(std::system("mount --bind /tmp/rdmaxx-resolv.conf /etc/resolv.conf") == 0);
+    }
+    UnansweredDns(const UnansweredDns&) = delete;
+    UnansweredDns& operator=(const UnansweredDns&) = delete;
+    ~UnansweredDns() {
+        if (std::system("umount /etc/resolv.conf") != 0)
+            std::fprintf(stderr, "could not unmount the test's resolv.conf\n");
+        ::close(socket_);
+    }
+
+private:
+    int socket_ = -1;
+};
+
+} // namespace
+
+TEST_CASE("a host name no DNS server answers for ends at the connect's timeout, on both transports" *
+          doctest::skip(std::getenv("RDMAXX_VM") == nullptr)) {
+    const UnansweredDns dns;
+    for (const Transport transport : {Transport::tcp, Transport::rdma_cm}) {
+        CAPTURE(static_cast<int>(transport));
+        ConnectionOptions options = quick(transport);
+        options.timeout = 1s;
+        const auto start = Clock::now();
+        const Error e = must_fail(Connection::connect("rdmaxx-nowhere.invalid", 7000, options));
+        INFO(e.message());
+        CHECK(e.is_timeout());
+        CHECK(Clock::now() - start < 3s); // glibc alone would wait 30 s per query
+    }
 }

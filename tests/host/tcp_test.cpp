@@ -2,12 +2,16 @@
 #include <cstring>
 #include <thread>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <doctest/doctest.h>
 
 #include <rdmaxx/ctrl/tcp.hpp>
 
 #include "../support/check.hpp"
 #include "../support/thread.hpp"
+#include "resolve.hpp"
 
 using namespace rdmaxx;
 using namespace std::chrono_literals;
@@ -115,4 +119,20 @@ TEST_CASE("a peer that closes mid-handshake, garbage and a newer version are cle
     TcpStream server = must(listener.accept(1s));
     CHECK(must(server.exchange(message(4), 1s)) == message(3));
     good.join();
+}
+
+TEST_CASE("host names: numeric ones need no lookup, names go through the bounded resolver") {
+    const auto soon = Clock::now() + 5s;
+    const auto v4 = must(detail::resolve_host("127.0.0.1", 80, AF_UNSPEC, false, soon));
+    REQUIRE(v4.size() == 1);
+    CHECK(v4[0].family == AF_INET);
+    CHECK(ntohs(reinterpret_cast<const sockaddr_in*>(v4[0].get())->sin_port) == 80);
+    const auto v6 = must(detail::resolve_host("::1", 81, AF_UNSPEC, false, soon));
+    REQUIRE(v6.size() == 1);
+    CHECK(v6[0].family == AF_INET6);
+    CHECK_FALSE(must(detail::resolve_host("", 82, AF_INET, true, soon)).empty()); // every address
+    // a name from /etc/hosts, through getaddrinfo_a
+    const auto named = must(detail::resolve_host("localhost", 83, AF_INET, false, soon));
+    REQUIRE_FALSE(named.empty());
+    CHECK(reinterpret_cast<const sockaddr_in*>(named[0].get())->sin_addr.s_addr == htonl(INADDR_LOOPBACK));
 }

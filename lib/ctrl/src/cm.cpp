@@ -10,6 +10,8 @@
 
 #include <rdmaxx/wrap/log.hpp>
 
+#include "resolve.hpp"
+
 #include "cm_session.hpp"
 
 namespace rdmaxx {
@@ -100,7 +102,7 @@ Result<bool> CmConnection::established(std::source_location where) {
 Result<CmConnection> CmConnection::resolve(std::string_view host, std::uint16_t port,
                                            std::chrono::milliseconds timeout) {
     const auto deadline = Clock::now() + timeout;
-    auto address = detail::cm_address(std::string(host), port, false);
+    auto address = detail::cm_address(std::string(host), port, false, deadline);
     if (!address)
         return std::unexpected(std::move(address.error()));
     const std::string peer = fmt::format("{}:{}", host, port);
@@ -246,7 +248,7 @@ Result<CmListener> CmListener::listen(std::string_view host, std::uint16_t port,
     auto session = CmSession::create();
     if (!session)
         return std::unexpected(std::move(session.error()));
-    auto address = detail::cm_address(std::string(host), port, true);
+    auto address = detail::cm_address(std::string(host), port, true, Clock::now() + detail::listen_lookup_bound);
     if (!address)
         return std::unexpected(std::move(address.error()));
     if (rdma_bind_addr((*session)->id(), reinterpret_cast<sockaddr*>(address->data())) != 0)

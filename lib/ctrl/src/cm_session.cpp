@@ -10,6 +10,8 @@
 
 #include <rdmaxx/wrap/log.hpp>
 
+#include "resolve.hpp"
+
 namespace rdmaxx::detail {
 namespace {
 
@@ -114,20 +116,17 @@ Result<void> CmSession::check_alive() {
     return {};
 }
 
-Result<std::vector<std::byte>> cm_address(const std::string& host, std::uint16_t port, bool passive) {
-    addrinfo hints{};
-    hints.ai_family = AF_INET;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = passive ? AI_PASSIVE : 0;
-    addrinfo* list = nullptr;
-    const std::string service = std::to_string(port);
-    if (const int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &list); rc != 0)
+Result<std::vector<std::byte>> cm_address(const std::string& host, std::uint16_t port, bool passive,
+                                          Clock::time_point deadline) {
+    auto addresses = resolve_host(host, port, AF_INET, passive, deadline);
+    if (!addresses)
+        return std::unexpected(std::move(addresses.error()));
+    if (addresses->empty())
         return std::unexpected(Error::from_errno("getaddrinfo", EHOSTUNREACH,
-                                                 fmt::format("{}:{}: {}", host, port, gai_strerror(rc))));
-    const auto* bytes = reinterpret_cast<const std::byte*>(list->ai_addr);
-    std::vector<std::byte> address(bytes, bytes + list->ai_addrlen);
-    freeaddrinfo(list);
-    return address;
+                                                 fmt::format("{}:{}: no IPv4 address", host, port)));
+    const SocketAddress& first = addresses->front();
+    const auto* bytes = reinterpret_cast<const std::byte*>(first.get());
+    return std::vector<std::byte>(bytes, bytes + first.length);
 }
 
 } // namespace rdmaxx::detail

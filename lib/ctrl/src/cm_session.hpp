@@ -54,7 +54,9 @@ private:
     bool disconnected_ = false;
 };
 
-// host:port for rdma_resolve_addr / rdma_bind_addr.
-Result<std::vector<std::byte>> cm_address(const std::string& host, std::uint16_t port, bool passive);
+// host:port's first IPv4 address, for rdma_resolve_addr / rdma_bind_addr, looked up
+// within the deadline.
+Result<std::vector<std::byte>> cm_address(const std::string& host, std::uint16_t port, bool passive,
+                                          Clock::time_point deadline);
 
 } // namespace rdmaxx::detail

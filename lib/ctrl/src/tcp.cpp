@@ -15,6 +15,8 @@
 
 #include <fmt/format.h>
 
+#include "resolve.hpp"
+
 namespace rdmaxx {
 namespace {
 
@@ -42,37 +44,20 @@ bool set_nonblocking(int fd) {
     return flags >= 0 && fcntl(fd, F_SETFL, flags | O_NONBLOCK) == 0;
 }
 
-using AddrInfo = std::unique_ptr<addrinfo, decltype(&freeaddrinfo)>;
-
-Result<AddrInfo> resolve(std::string_view host, std::uint16_t port, bool passive) {
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = passive ? AI_PASSIVE : 0;
-    const std::string name(host);
-    const std::string service = std::to_string(port);
-    addrinfo* list = nullptr;
-    if (const int rc = getaddrinfo(name.empty() || name == "*" ? nullptr : name.c_str(), service.c_str(), &hints, &list);
-        rc != 0)
-        return std::unexpected(Error::from_errno("getaddrinfo", EHOSTUNREACH,
-                                                 fmt::format("{}:{}: {}", host, port, gai_strerror(rc))));
-    return AddrInfo(list, &freeaddrinfo);
-}
-
 } // namespace
 
 Result<TcpStream> TcpStream::connect(std::string_view host, std::uint16_t port, std::chrono::milliseconds timeout) {
     const auto deadline = Clock::now() + timeout;
     const std::string peer = fmt::format("{}:{}", host, port);
-    auto addresses = resolve(host, port, false);
+    auto addresses = detail::resolve_host(host, port, AF_UNSPEC, false, deadline);
     if (!addresses)
         return std::unexpected(std::move(addresses.error()));
     Error last = Error::from_errno("connect", EHOSTUNREACH, peer);
-    for (const addrinfo* a = addresses->get(); a; a = a->ai_next) {
-        TcpStream stream(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol), peer);
+    for (const detail::SocketAddress& a : *addresses) {
+        TcpStream stream(::socket(a.family, SOCK_STREAM | SOCK_CLOEXEC, 0), peer);
         if (stream.fd_ < 0 || !set_nonblocking(stream.fd_))
             return std::unexpected(Error::from_last_errno("socket", "{}", peer));
-        if (::connect(stream.fd_, a->ai_addr, a->ai_addrlen) != 0) {
+        if (::connect(stream.fd_, a.get(), a.length) != 0) {
             if (errno != EINPROGRESS) {
                 last = Error::from_last_errno("connect", "{}", peer);
                 continue;
@@ -185,17 +170,17 @@ Result<void> TcpStream::confirm_ready(std::chrono::milliseconds timeout) {
 }
 
 Result<TcpListener> TcpListener::listen(std::string_view host, std::uint16_t port, int backlog) {
-    auto addresses = resolve(host, port, true);
+    auto addresses = detail::resolve_host(host, port, AF_UNSPEC, true, Clock::now() + detail::listen_lookup_bound);
     if (!addresses)
         return std::unexpected(std::move(addresses.error()));
     Error last = Error::from_errno("bind", EADDRNOTAVAIL, fmt::format("{}:{}", host, port));
-    for (const addrinfo* a = addresses->get(); a; a = a->ai_next) {
-        TcpListener listener(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol), 0);
+    for (const detail::SocketAddress& a : *addresses) {
+        TcpListener listener(::socket(a.family, SOCK_STREAM | SOCK_CLOEXEC, 0), 0);
         if (listener.fd_ < 0 || !set_nonblocking(listener.fd_))
             return std::unexpected(Error::from_last_errno("socket"));
         const int one = 1;
         ::setsockopt(listener.fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        if (::bind(listener.fd_, a->ai_addr, a->ai_addrlen) != 0 || ::listen(listener.fd_, backlog) != 0) {
+        if (::bind(listener.fd_, a.get(), a.length) != 0 || ::listen(listener.fd_, backlog) != 0) {
             last = Error::from_last_errno("bind", "{}:{}", host, port);
             continue;
         }
