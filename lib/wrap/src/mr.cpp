@@ -1,16 +1,22 @@
 #include <rdmaxx/wrap/mr.hpp>
 
+#include <algorithm>
 #include <bit>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <limits>
+#include <mutex>
+#include <string>
 
 #include <endian.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
-#include <rdmaxx/wrap/wire.hpp>
-
 #include <rdmaxx/wrap/handle.hpp>
+#include <rdmaxx/wrap/log.hpp>
+#include <rdmaxx/wrap/wire.hpp>
 
 namespace rdmaxx {
 namespace {
@@ -74,21 +80,93 @@ Result<MemoryRegion> MemoryRegion::register_memory(const ProtectionDomain& pd, s
     return MemoryRegion(std::move(*mr), memory.size(), access);
 }
 
+namespace {
+
+// The default huge page size (/proc/meminfo's Hugepagesize), 2 MiB when unknown.
+std::size_t huge_page_size() {
+    static const std::size_t size = [] {
+        std::ifstream meminfo("/proc/meminfo");
+        for (std::string key; meminfo >> key;) {
+            std::size_t kib = 0;
+            if (key == "Hugepagesize:" && meminfo >> kib && kib != 0)
+                return kib * 1024;
+            meminfo.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+        }
+        return std::size_t{2} << 20;
+    }();
+    return size;
+}
+
+// An anonymous mapping of `length` bytes whose start is a multiple of `alignment`,
+// unmapped when the last owner lets go. `flags` adds MAP_HUGETLB. `length` and
+// `alignment` are multiples of the mapping's page size.
+Result<std::shared_ptr<void>> map_aligned(std::size_t length, std::size_t alignment, int flags) {
+    // a mapping starts on its own page size: beyond it, map more and trim
+    const std::size_t natural =
+        (flags & MAP_HUGETLB) ? huge_page_size() : static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+    const std::size_t slack = alignment > natural ? alignment : 0;
+    void* raw = ::mmap(nullptr, length + slack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | flags, -1, 0);
+    if (raw == MAP_FAILED)
+        return std::unexpected(Error::from_last_errno("mmap", "{} bytes{}", length,
+                                                      (flags & MAP_HUGETLB) ? " of hugetlbfs pages" : ""));
+    auto* start = static_cast<std::byte*>(raw);
+    if (slack != 0) {
+        auto* aligned = reinterpret_cast<std::byte*>(
+            (reinterpret_cast<std::uintptr_t>(start) + alignment - 1) / alignment * alignment);
+        if (aligned != start)
+            ::munmap(start, static_cast<std::size_t>(aligned - start));
+        if (const std::size_t tail = static_cast<std::size_t>(start + length + slack - (aligned + length)); tail != 0)
+            ::munmap(aligned + length, tail);
+        start = aligned;
+    }
+    return std::shared_ptr<void>(start, [length](void* p) { ::munmap(p, length); });
+}
+
+// Memory for allocate(): aligned_alloc, or huge pages as `options` ask.
+Result<std::shared_ptr<void>> allocate_memory(std::size_t& rounded, std::size_t alignment,
+                                              const AllocateOptions& options) {
+    if (options.huge_pages == HugePages::no) {
+        // aligned_alloc wants a size that is a multiple of the alignment
+        rounded = (rounded + alignment - 1) / alignment * alignment;
+        std::shared_ptr<void> memory(std::aligned_alloc(alignment, rounded), &std::free);
+        if (!memory)
+            return std::unexpected(Error::from_errno("aligned_alloc", ENOMEM, fmt::format("{} bytes", rounded)));
+        return memory;
+    }
+    const std::size_t page = huge_page_size();
+    rounded = (rounded + page - 1) / page * page;
+    auto huge = map_aligned(rounded, std::max(page, alignment), MAP_HUGETLB);
+    if (huge || options.huge_pages == HugePages::require)
+        return huge;
+    static std::once_flag said;
+    std::call_once(said, [&] {
+        logger()->info("no hugetlbfs pages ({}): allocations that prefer huge pages use normal pages, "
+                       "backed by transparent huge pages where the kernel can",
+                       huge.error());
+    });
+    auto normal = map_aligned(rounded, std::max(page, alignment), 0);
+    if (normal)
+        ::madvise(normal->get(), rounded, MADV_HUGEPAGE); // a hint: its failure changes nothing
+    return normal;
+}
+
+} // namespace
+
 Result<MemoryRegion> MemoryRegion::allocate(const ProtectionDomain& pd, std::size_t size, Access access,
                                             AllocateOptions options, std::source_location where) {
     require(size > 0, where, "allocate of 0 bytes");
     const std::size_t alignment =
         options.alignment != 0 ? options.alignment : static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
     require(std::has_single_bit(alignment), where, "alignment {} is not a power of two", alignment);
-    // aligned_alloc wants a size that is a multiple of the alignment
-    const std::size_t rounded = (size + alignment - 1) / alignment * alignment;
-    std::shared_ptr<void> memory(std::aligned_alloc(alignment, rounded), &std::free);
+    std::size_t rounded = size;
+    auto memory = allocate_memory(rounded, alignment, options);
     if (!memory)
-        return std::unexpected(Error::from_errno("aligned_alloc", ENOMEM, fmt::format("{} bytes", rounded)));
-    std::span<std::byte> bytes(static_cast<std::byte*>(memory.get()), size);
-    if (options.zeroed)
+        return std::unexpected(std::move(memory.error()));
+    std::span<std::byte> bytes(static_cast<std::byte*>(memory->get()), size);
+    // fresh mappings are zero already
+    if (options.zeroed && options.huge_pages == HugePages::no)
         std::memset(bytes.data(), 0, bytes.size());
-    auto mr = register_with(pd, bytes, access, std::move(memory), where);
+    auto mr = register_with(pd, bytes, access, std::move(*memory), where);
     if (!mr)
         return std::unexpected(std::move(mr.error()));
     return MemoryRegion(std::move(*mr), size, access);

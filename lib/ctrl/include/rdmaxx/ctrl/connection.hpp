@@ -133,7 +133,8 @@ public:
     Result<void> close(Timeout timeout = {});
 
     // --- memory ---
-    // A region of our own, registered in the connection's PD.
+    // A region of our own, registered in the connection's PD; `allocate` chooses
+    // zeroing, alignment and huge pages (AllocateOptions, rdmaxx/wrap/mr.hpp).
     Result<MemoryRegion> alloc_local_mr(std::size_t size, Access access = access_all, AllocateOptions allocate = {});
     // Registers memory the caller owns (it must outlive the region).
     Result<MemoryRegion> register_local_mr(std::span<std::byte> memory, Access access = access_all);

@@ -103,9 +103,20 @@ struct RemoteMemory {
     friend bool operator==(const RemoteMemory&, const RemoteMemory&) = default;
 };
 
+// Huge pages for an allocation: fewer TLB misses on the host and fewer translation
+// entries on the NIC for large buffers.
+enum class HugePages : std::uint8_t {
+    no,      // normal pages (aligned_alloc)
+    prefer,  // hugetlbfs pages when some are reserved (vm.nr_hugepages), else normal
+             // pages the kernel may back with transparent huge pages (the fallback
+             // is logged once per process)
+    require, // hugetlbfs pages, or an Error (ENOMEM: none reserved)
+};
+
 struct AllocateOptions {
     bool zeroed = true;          // false skips the memset of large buffers
-    std::size_t alignment = 0;   // 0 = the page size
+    std::size_t alignment = 0;   // 0 = the page size (with huge pages: the huge page size)
+    HugePages huge_pages = HugePages::no; // the size is rounded up to whole huge pages
 };
 
 class MemoryRegion : detail::MoveOnly {
