@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include <doctest/doctest.h>
+#include <fmt/ranges.h>
 
 #include <rdmaxx/ctrl/cm.hpp>
 #include <rdmaxx/ctrl/connection.hpp>
@@ -39,6 +40,21 @@ ConnectionOptions quick(Transport transport = Transport::tcp) {
     o.transport = transport;
     o.timeout = 3s;
     return o;
+}
+
+// Sets a flag when it goes out of scope: a peer thread's "done", also when a failed
+// check ends it early.
+struct SetOnExit {
+    std::atomic<bool>& flag;
+    ~SetOnExit() { flag = true; }
+};
+
+// Serves `conn` (grants, returns, lease expiries) until the peer thread is done: no
+// guess at how long the peer needs (at most 30 s).
+void serve_until(Connection& conn, const std::atomic<bool>& done) {
+    const auto bound = Clock::now() + 30s;
+    while (!done && Clock::now() < bound)
+        (void)conn.progress();
 }
 
 } // namespace
@@ -172,7 +188,9 @@ TEST_CASE("a peer that dies, mid-handshake or connected, fails the survivor's wa
 
 TEST_CASE("an expired lease: the owner refuses the region and a late WRITE fails remotely") {
     Listener listener = must(Listener::listen("127.0.0.1", 0, quick()));
-    test::Thread client([port = listener.port()] {
+    std::atomic<bool> client_done{false}, second_done{false};
+    test::Thread client([port = listener.port(), &client_done] {
+        const SetOnExit done{client_done};
         Connection conn = must(Connection::connect("127.0.0.1", port, quick()));
         const RemoteMr remote = must(conn.request_remote_mr(4096, access_all, 200ms));
         MemoryRegion local = must(conn.alloc_local_mr(4096));
@@ -185,13 +203,11 @@ TEST_CASE("an expired lease: the owner refuses the region and a late WRITE fails
         CHECK(late.code() == IBV_WC_REM_ACCESS_ERR);
     });
     Connection conn = must(listener.accept(5s));
-    // serve (grant, then expire) until the client is done
-    const auto until = Clock::now() + 2s;
-    while (Clock::now() < until)
-        (void)conn.progress();
+    serve_until(conn, client_done); // grant, then expire
     client.join();
     // a fresh pair: returning an expired region is refused by its owner
-    test::Thread second([port = listener.port()] {
+    test::Thread second([port = listener.port(), &second_done] {
+        const SetOnExit done{second_done};
         Connection c = must(Connection::connect("127.0.0.1", port, quick()));
         const RemoteMr remote = must(c.request_remote_mr(64, access_all, 100ms));
         std::this_thread::sleep_for(300ms);
@@ -199,9 +215,7 @@ TEST_CASE("an expired lease: the owner refuses the region and a late WRITE fails
         CHECK(refused.is_errno(ESTALE));
     });
     Connection other = must(listener.accept(5s));
-    const auto end = Clock::now() + 1500ms;
-    while (Clock::now() < end)
-        (void)other.progress();
+    serve_until(other, second_done);
     second.join();
 }
 
@@ -233,7 +247,9 @@ TEST_CASE("messages: size limits, and credits instead of endless RNR retries") {
     small.max_message = 256;
     small.timeout = 1s;
     Listener listener = must(Listener::listen("127.0.0.1", 0, small));
-    test::Thread client([port = listener.port(), small] {
+    std::atomic<bool> out_of_credits{false};
+    test::Thread client([port = listener.port(), small, &out_of_credits] {
+        SetOnExit failed_early{out_of_credits}; // the server must not wait for a client that died
         Connection conn = must(Connection::connect("127.0.0.1", port, small));
         MemoryRegion mr = must(conn.alloc_local_mr(4096));
         CHECK(must_fail(conn.send(mr.slice(0, 257))).is_errno(EMSGSIZE));
@@ -247,10 +263,12 @@ TEST_CASE("messages: size limits, and credits instead of endless RNR retries") {
             ++sent;
         }
         CHECK(sent == 8 - 2); // receive_depth less the control reserve
-        must(conn.send(mr.slice(0, 4))); // the server drained meanwhile: credits came back
+        out_of_credits = true;
+        must(conn.send(mr.slice(0, 4))); // the server drains meanwhile: credits come back
     });
     Connection conn = must(listener.accept(5s));
-    std::this_thread::sleep_for(1500ms); // let the client run out of credits
+    while (!out_of_credits) // the client runs out of credits (each send past them times out after 1 s)
+        std::this_thread::sleep_for(1ms);
     std::array<std::byte, 256> buffer{};
     std::array<std::byte, 16> tiny{};
     CHECK(must_fail(conn.receive(tiny)).is_errno(EMSGSIZE)); // too big for 16: stays queued
@@ -358,7 +376,9 @@ TEST_CASE("connect_over_tcp refuses a peer whose QPs do not match") {
 
 TEST_CASE("Connection atomics return the old value; a failed one is an Error") {
     Listener listener = must(Listener::listen("127.0.0.1", 0, quick()));
-    test::Thread client([port = listener.port()] {
+    std::atomic<bool> client_done{false};
+    test::Thread client([port = listener.port(), &client_done] {
+        const SetOnExit done{client_done};
         Connection conn = must(Connection::connect("127.0.0.1", port, quick()));
         const RemoteMr counter = must(conn.request_remote_mr(64));
         MemoryRegion old = must(conn.alloc_local_mr(64));
@@ -380,9 +400,7 @@ TEST_CASE("Connection atomics return the old value; a failed one is an Error") {
         CHECK(must_fail(conn.fetch_add(old.slice(0, 8), wrong.slice(0, 8), 1)).code() == IBV_WC_REM_ACCESS_ERR);
     });
     Connection conn = must(listener.accept(5s));
-    const auto until = Clock::now() + 3s;
-    while (Clock::now() < until && conn.progress())
-        std::this_thread::sleep_for(1ms);
+    serve_until(conn, client_done);
     client.join();
 }
 
@@ -530,22 +548,33 @@ TEST_CASE("128 clients at once on each transport are all served") {
         options.max_message = 64;
         Listener listener = must(Listener::listen(host, 0, options));
         std::atomic<int> connected{0};
+        std::atomic<bool> accepting{true};
         std::vector<test::Thread> clients;
         for (int i = 0; i < 128; ++i)
             clients.emplace_back([&] {
                 auto conn = Connection::connect(host, listener.port(), options);
                 CHECK_MESSAGE(conn.has_value(), (conn ? "" : conn.error().message()));
                 connected += conn.has_value();
+                // a client that leaves at once may close before the CM tells the
+                // listener it is established: stay until the listener has looked
+                while (accepting)
+                    std::this_thread::sleep_for(10ms);
             });
         std::vector<Connection> accepted;
         const auto until = Clock::now() + 60s;
-        while (accepted.size() < 128 && Clock::now() < until)
-            if (auto conn = listener.accept(1s))
+        std::vector<std::string> refused;
+        while (accepted.size() < 128 && Clock::now() < until) {
+            auto conn = listener.accept(1s);
+            if (conn)
                 accepted.push_back(std::move(*conn));
+            else if (!conn.error().is_timeout())
+                refused.push_back(conn.error().message());
+        }
+        accepting = false;
         for (auto& t : clients)
             t.join();
         CHECK(connected == 128);
-        CHECK(accepted.size() == 128);
+        CHECK_MESSAGE(accepted.size() == 128, "accept failed: ", fmt::format("{}", fmt::join(refused, "; ")));
     }
 }
 
