@@ -35,6 +35,7 @@ DeviceAttributes to_attributes(const ibv_device_attr& raw) {
         .vendor_part_id = raw.vendor_part_id,
         .port_count = raw.phys_port_cnt,
         .atomics = raw.atomic_cap == IBV_ATOMIC_HCA || raw.atomic_cap == IBV_ATOMIC_GLOB,
+        .type2_windows = (raw.device_cap_flags & (IBV_DEVICE_MEM_WINDOW_TYPE_2A | IBV_DEVICE_MEM_WINDOW_TYPE_2B)) != 0,
         .raw = raw,
     };
 }

@@ -1,5 +1,7 @@
 #include <rdmaxx/wrap/mr.hpp>
 
+#include "registration.hpp"
+
 #include <algorithm>
 #include <bit>
 #include <cstdint>
@@ -9,6 +11,7 @@
 #include <limits>
 #include <mutex>
 #include <string>
+#include <utility>
 
 #include <endian.h>
 #include <sys/mman.h>
@@ -21,16 +24,13 @@
 namespace rdmaxx {
 namespace {
 
-
-Result<std::shared_ptr<ibv_mr>> register_with(const ProtectionDomain& pd, std::span<std::byte> memory,
-                                              Access access, std::shared_ptr<void> owned,
-                                              std::source_location where) {
-    const std::shared_ptr<ibv_pd>& pd_handle = pd.handle(where);
-    ibv_mr* mr = ibv_reg_mr(pd_handle.get(), memory.data(), memory.size(), static_cast<int>(access));
+Result<std::shared_ptr<ibv_mr>> register_with(const std::shared_ptr<ibv_pd>& pd, std::span<std::byte> memory,
+                                              Access access, std::shared_ptr<void> owned) {
+    ibv_mr* mr = ibv_reg_mr(pd.get(), memory.data(), memory.size(), static_cast<int>(access));
     if (!mr)
         return std::unexpected(Error::from_last_errno("ibv_reg_mr", "{} bytes, access {}", memory.size(), access));
     // `owned` (the allocation, if any) is a kept parent: freed after ibv_dereg_mr
-    return detail::adopt(mr, "ibv_dereg_mr", &ibv_dereg_mr, pd_handle, std::move(owned));
+    return detail::adopt(mr, "ibv_dereg_mr", &ibv_dereg_mr, pd, std::move(owned));
 }
 
 } // namespace
@@ -74,10 +74,10 @@ Result<RemoteMemory> RemoteMemory::parse(std::span<const std::byte> bytes) {
 Result<MemoryRegion> MemoryRegion::register_memory(const ProtectionDomain& pd, std::span<std::byte> memory,
                                                    Access access, std::source_location where) {
     require(!memory.empty(), where, "register_memory of an empty span");
-    auto mr = register_with(pd, memory, access, nullptr, where);
+    auto mr = register_with(pd.handle(where), memory, access, nullptr);
     if (!mr)
         return std::unexpected(std::move(mr.error()));
-    return MemoryRegion(std::move(*mr), memory.size(), access);
+    return MemoryRegion(std::move(*mr), memory.data(), memory.size(), access);
 }
 
 namespace {
@@ -152,8 +152,9 @@ Result<std::shared_ptr<void>> allocate_memory(std::size_t& rounded, std::size_t 
 
 } // namespace
 
-Result<MemoryRegion> MemoryRegion::allocate(const ProtectionDomain& pd, std::size_t size, Access access,
-                                            AllocateOptions options, std::source_location where) {
+Result<std::shared_ptr<ibv_mr>> detail::allocate_registered(const std::shared_ptr<ibv_pd>& pd, std::size_t size,
+                                                            Access access, const AllocateOptions& options,
+                                                            std::source_location where) {
     require(size > 0, where, "allocate of 0 bytes");
     const std::size_t alignment =
         options.alignment != 0 ? options.alignment : static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
@@ -166,24 +167,54 @@ Result<MemoryRegion> MemoryRegion::allocate(const ProtectionDomain& pd, std::siz
     // fresh mappings are zero already
     if (options.zeroed && options.huge_pages == HugePages::no)
         std::memset(bytes.data(), 0, bytes.size());
-    auto mr = register_with(pd, bytes, access, std::move(*memory), where);
-    if (!mr)
-        return std::unexpected(std::move(mr.error()));
-    return MemoryRegion(std::move(*mr), size, access);
+    return register_with(pd, bytes, access, std::move(*memory));
 }
 
+Result<MemoryRegion> MemoryRegion::allocate(const ProtectionDomain& pd, std::size_t size, Access access,
+                                            AllocateOptions options, std::source_location where) {
+    auto mr = detail::allocate_registered(pd.handle(where), size, access, options, where);
+    if (!mr)
+        return std::unexpected(std::move(mr.error()));
+    auto* data = static_cast<std::byte*>((*mr)->addr);
+    return MemoryRegion(std::move(*mr), data, size, access);
+}
+
+MemoryRegion::MemoryRegion(MemoryRegion&& other) noexcept
+    : mr_(std::move(other.mr_)), data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)),
+      access_(other.access_), pool_(std::move(other.pool_)), block_(other.block_) {}
+
+MemoryRegion& MemoryRegion::operator=(MemoryRegion&& other) noexcept {
+    if (this != &other) {
+        give_back();
+        mr_ = std::move(other.mr_);
+        data_ = std::exchange(other.data_, nullptr);
+        size_ = std::exchange(other.size_, 0);
+        access_ = other.access_;
+        pool_ = std::move(other.pool_);
+        block_ = other.block_;
+    }
+    return *this;
+}
+
+MemoryRegion::~MemoryRegion() { give_back(); }
 
 std::byte* MemoryRegion::data(std::source_location where) const {
-    return static_cast<std::byte*>(get(where)->addr);
+    get(where); // a moved-from region aborts
+    return data_;
 }
 
 std::span<std::byte> MemoryRegion::bytes(std::source_location where) const { return {data(where), size_}; }
 
 std::uint32_t MemoryRegion::lkey(std::source_location where) const { return get(where)->lkey; }
 
-std::uint32_t MemoryRegion::rkey(std::source_location where) const { return get(where)->rkey; }
+std::uint32_t MemoryRegion::rkey(std::source_location where) const {
+    require(!pooled(), where,
+            "rkey of a pooled region: it would reach its whole arena; lend it through a memory window");
+    return get(where)->rkey;
+}
 
 LocalSlice MemoryRegion::slice(std::size_t offset, std::size_t length, std::source_location where) const {
+    get(where); // a moved-from region says so, not "out of range"
     require(offset <= size_ && length <= size_ - offset, where,
             "slice [{}, +{}) out of range of a {}-byte memory region", offset, length, size_);
     require(length <= std::numeric_limits<std::uint32_t>::max(), where,

@@ -8,6 +8,8 @@
 #include <rdmaxx/wrap/error.hpp>
 #include <rdmaxx/wrap/log.hpp>
 #include <rdmaxx/wrap/mr.hpp>
+#include <rdmaxx/wrap/mw.hpp>
 #include <rdmaxx/wrap/pd.hpp>
+#include <rdmaxx/wrap/pool.hpp>
 #include <rdmaxx/wrap/qp.hpp>
 #include <rdmaxx/wrap/srq.hpp>

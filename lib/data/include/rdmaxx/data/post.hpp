@@ -28,6 +28,7 @@
 #include <rdmaxx/wrap/ah.hpp>
 #include <rdmaxx/wrap/error.hpp>
 #include <rdmaxx/wrap/mr.hpp>
+#include <rdmaxx/wrap/mw.hpp>
 #include <rdmaxx/wrap/qp.hpp>
 #include <rdmaxx/wrap/srq.hpp>
 
@@ -350,6 +351,32 @@ inline Result<void> post_fetch_add(QueuePair& qp, const LocalSlice& result, cons
                                    std::source_location where = std::source_location::current()) {
     return SendBatch<1>(qp).fetch_add(result, target, add, options, where).post(where);
 }
+
+// --- memory windows (rdmaxx/wrap/mw.hpp) ---------------------------------------------
+// Binds `window` to `length` bytes at `offset` of `region` with the remote `rights`
+// (type 2: the key works only through `qp`, an RC QP) and returns the descriptor to
+// hand to the peer, with the window's new key. The bind is posted on `qp`'s send queue
+// like any WR: WRs posted after it (the message that carries the key) run after it.
+// It fails with an error completion when the device refuses it (a region not
+// registered with Access::mw_bind: a pooled region's arena is).
+// Whether the device refuses an access outside the window's bytes is its business:
+// Soft-RoCE in Linux 6.1 checks only the region's (window_bounds_enforced() tells).
+// Programming error: `rights` not remote ones (remote_read|remote_write|remote_atomic,
+// at least one), a range outside the region, a QP not RC, or not in RTS.
+Result<RemoteMemory> post_bind(QueuePair& qp, MemoryWindow& window, const MemoryRegion& region, std::size_t offset,
+                               std::size_t length, Access rights, const PostOptions& options = {},
+                               std::source_location where = std::source_location::current());
+// The whole region.
+inline Result<RemoteMemory> post_bind(QueuePair& qp, MemoryWindow& window, const MemoryRegion& region, Access rights,
+                                      const PostOptions& options = {},
+                                      std::source_location where = std::source_location::current()) {
+    return post_bind(qp, window, region, 0, region.size(), rights, options, where);
+}
+// Invalidates the window's current key (LOCAL_INV on `qp`, which bound it): once this
+// completes, an access with the key fails at the NIC with a remote access error, and
+// the window may be bound again. Same programming errors as post_bind.
+Result<void> post_invalidate(QueuePair& qp, const MemoryWindow& window, const PostOptions& options = {},
+                             std::source_location where = std::source_location::current());
 
 namespace detail {
 

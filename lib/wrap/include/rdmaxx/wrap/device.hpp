@@ -73,6 +73,7 @@ struct DeviceAttributes {
     std::uint32_t vendor_part_id = 0;
     std::uint8_t port_count = 0;
     bool atomics = false; // IBV_ATOMIC_HCA or IBV_ATOMIC_GLOB
+    bool type2_windows = false; // memory windows bound by a work request (MemoryWindow)
     ibv_device_attr raw{}; // limits (max_qp_wr, max_sge, ...) and every other field
 };
 

@@ -119,7 +119,20 @@ struct AllocateOptions {
     HugePages huge_pages = HugePages::no; // the size is rounded up to whole huge pages
 };
 
-class MemoryRegion : detail::MoveOnly {
+namespace detail {
+class PoolCore;
+} // namespace detail
+
+// Registered memory the caller owns: its own registration (register_memory,
+// allocate), or a block of a MemoryPool's registered arena (MemoryPool::allocate),
+// which goes back to its pool when the region is destroyed.
+//
+// A pooled region shares its arena's registration, which admits local access and
+// memory window binding only: its rkey would reach the whole arena, so rkey() and
+// remote() are programming errors on it. Hand it to a peer through a memory window
+// bound to exactly its bytes (post_bind in rdmaxx/data/post.hpp; Connection lends
+// it so), and access() is the remote rights such a window may carry.
+class MemoryRegion {
 public:
     // Registers caller-owned memory; it must outlive the region.
     // Programming error: a moved-from ProtectionDomain, or empty memory.
@@ -134,13 +147,21 @@ public:
                                          AllocateOptions options = {},
                                          std::source_location where = std::source_location::current());
 
+    MemoryRegion(MemoryRegion&& other) noexcept;
+    MemoryRegion& operator=(MemoryRegion&& other) noexcept;
+    MemoryRegion(const MemoryRegion&) = delete;
+    MemoryRegion& operator=(const MemoryRegion&) = delete;
+    ~MemoryRegion();
+
     // Accessors on a moved-from region are programming errors.
     std::byte* data(std::source_location where = std::source_location::current()) const;
     std::size_t size() const noexcept { return size_; }
     std::span<std::byte> bytes(std::source_location where = std::source_location::current()) const;
     std::uint32_t lkey(std::source_location where = std::source_location::current()) const;
+    // Programming error on a pooled region (see above).
     std::uint32_t rkey(std::source_location where = std::source_location::current()) const;
     Access access() const noexcept { return access_; }
+    bool pooled() const noexcept { return pool_ != nullptr; }
 
     // Programming error: `offset + length` past the end of the region, or a length
     // above 4 GiB - 1 (a scatter/gather entry's limit).
@@ -148,21 +169,27 @@ public:
                      std::source_location where = std::source_location::current()) const;
     // The whole region as one slice (same limit).
     LocalSlice all(std::source_location where = std::source_location::current()) const;
-    // The descriptor to hand to a peer.
+    // The descriptor to hand to a peer. Programming error on a pooled region.
     RemoteMemory remote(std::source_location where = std::source_location::current()) const;
 
+    // The registration (a pooled region's: its arena's, larger than the region).
     ibv_mr* get(std::source_location where = std::source_location::current()) const {
-
         return detail::live(mr_, "MemoryRegion", where).get();
-
     }
 
 private:
-    MemoryRegion(std::shared_ptr<ibv_mr> mr, std::size_t size, Access access)
-        : mr_(std::move(mr)), size_(size), access_(access) {}
+    friend class detail::PoolCore;
+    MemoryRegion(std::shared_ptr<ibv_mr> mr, std::byte* data, std::size_t size, Access access,
+                 std::shared_ptr<detail::PoolCore> pool = nullptr, std::uint32_t block = 0) noexcept
+        : mr_(std::move(mr)), data_(data), size_(size), access_(access), pool_(std::move(pool)), block_(block) {}
+    void give_back() noexcept;
+
     std::shared_ptr<ibv_mr> mr_; // keeps the PD alive and, if allocated, the memory
-    std::size_t size_;
-    Access access_;
+    std::byte* data_ = nullptr;
+    std::size_t size_ = 0;
+    Access access_ = Access::none;
+    std::shared_ptr<detail::PoolCore> pool_; // a pooled block goes back there
+    std::uint32_t block_ = 0;                // which block, in the pool's terms
 };
 
 } // namespace rdmaxx

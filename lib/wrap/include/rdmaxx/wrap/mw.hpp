@@ -1,0 +1,45 @@
+// Memory windows (type 2): an rkey bound by a work request to exactly the bytes of one
+// registered region, with remote rights of its own, and invalidated without touching
+// the registration. The key works only through the QP that bound it. Binding and
+// invalidating are posts (post_bind, post_invalidate in rdmaxx/data/post.hpp);
+// destroying the window (ibv_dealloc_mw) invalidates it at once.
+//
+// Thread safety: none; a window is bound and invalidated through one QP's posts.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <source_location>
+
+#include <infiniband/verbs.h>
+
+#include <rdmaxx/wrap/error.hpp>
+#include <rdmaxx/wrap/pd.hpp>
+
+namespace rdmaxx {
+
+class MemoryWindow : detail::MoveOnly {
+public:
+    // An unbound type 2 window. An Error on a device without them
+    // (DeviceAttributes::type2_windows). Programming error: a moved-from PD.
+    static Result<MemoryWindow> allocate(const ProtectionDomain& pd,
+                                         std::source_location where = std::source_location::current());
+
+    // The key of the last bind posted (its low 8 bits change with every bind, so a
+    // key handed out before is refused once the window is bound again).
+    // Programming error, here and below: a moved-from window.
+    std::uint32_t rkey(std::source_location where = std::source_location::current()) const;
+    // The key the next bind gives, made current: for post_bind.
+    std::uint32_t advance_rkey(std::source_location where = std::source_location::current());
+
+    ibv_mw* get(std::source_location where = std::source_location::current()) const {
+        return detail::live(mw_, "MemoryWindow", where).get();
+    }
+
+private:
+    explicit MemoryWindow(std::shared_ptr<ibv_mw> mw) : mw_(std::move(mw)), rkey_(mw_->rkey) {}
+    std::shared_ptr<ibv_mw> mw_; // keeps the PD alive
+    std::uint32_t rkey_;
+};
+
+} // namespace rdmaxx

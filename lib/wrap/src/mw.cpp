@@ -1,0 +1,26 @@
+#include <rdmaxx/wrap/mw.hpp>
+
+#include <rdmaxx/wrap/handle.hpp>
+
+namespace rdmaxx {
+
+Result<MemoryWindow> MemoryWindow::allocate(const ProtectionDomain& pd, std::source_location where) {
+    const std::shared_ptr<ibv_pd>& pd_handle = pd.handle(where);
+    ibv_mw* mw = ibv_alloc_mw(pd_handle.get(), IBV_MW_TYPE_2);
+    if (!mw)
+        return std::unexpected(Error::from_last_errno("ibv_alloc_mw", "a type 2 window on {}", pd.device(where)->name));
+    return MemoryWindow(detail::adopt(mw, "ibv_dealloc_mw", &ibv_dealloc_mw, pd_handle));
+}
+
+std::uint32_t MemoryWindow::rkey(std::source_location where) const {
+    get(where);
+    return rkey_;
+}
+
+std::uint32_t MemoryWindow::advance_rkey(std::source_location where) {
+    get(where);
+    rkey_ = ibv_inc_rkey(rkey_);
+    return rkey_;
+}
+
+} // namespace rdmaxx

@@ -1,0 +1,270 @@
+// MemoryPool and memory windows on real verbs: allocation without registration after
+// warm-up, windows that grant exactly one block with exactly their rights, and
+// revocation that a late access cannot get past.
+#include <algorithm>
+#include <cstring>
+#include <optional>
+#include <vector>
+
+#include <dlfcn.h>
+
+#include <doctest/doctest.h>
+
+#include <rdmaxx/data/completion.hpp>
+#include <rdmaxx/data/post.hpp>
+#include <rdmaxx/data/window_bounds.hpp>
+#include <rdmaxx/wrap/mw.hpp>
+#include <rdmaxx/wrap/pool.hpp>
+
+#include "../support/device.hpp"
+
+using namespace rdmaxx;
+using rdmaxx::test::must;
+using rdmaxx::test::must_fail;
+
+// Every ibv_reg_mr of this process, counted: the library's calls resolve to these
+// (symbol interposition; verbs.h turns a non-constant access into ibv_reg_mr_iova2).
+namespace {
+int registrations = 0;
+template <class F>
+F next_definition(const char* name) {
+    return reinterpret_cast<F>(dlsym(RTLD_NEXT, name));
+}
+} // namespace
+
+extern "C" ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint64_t iova, unsigned access) {
+    static const auto real = next_definition<ibv_mr* (*)(ibv_pd*, void*, size_t, uint64_t, unsigned)>("ibv_reg_mr_iova2");
+    ++registrations;
+    return real(pd, addr, length, iova, access);
+}
+
+#undef ibv_reg_mr // verbs.h's macro: the function itself is defined here
+extern "C" ibv_mr* ibv_reg_mr(ibv_pd* pd, void* addr, size_t length, int access) {
+    static const auto real = next_definition<ibv_mr* (*)(ibv_pd*, void*, size_t, int)>("ibv_reg_mr");
+    ++registrations;
+    return real(pd, addr, length, access);
+}
+
+namespace {
+
+bool all_equal(std::span<const std::byte> bytes, std::byte value) {
+    return std::all_of(bytes.begin(), bytes.end(), [&](std::byte b) { return b == value; });
+}
+
+// The status of `wr_id`'s completion, failed ones included (the only WR in flight).
+ibv_wc_status completion_of(CompletionQueue& cq, std::uint64_t wr_id) {
+    ibv_wc wc{};
+    int polled = 0;
+    for (long spins = 0; polled == 0 && spins < 100'000'000; ++spins)
+        polled = ibv_poll_cq(cq.get(), 1, &wc);
+    REQUIRE(polled == 1);
+    CHECK(wc.wr_id == wr_id);
+    return wc.status;
+}
+
+// A fresh pair of RC QPs for each access that may fail: a remote access error moves
+// both QPs to the error state, and a type 2 window is bound through one QP.
+// Member order: the window goes before the pool's arenas it is bound in.
+struct Probe {
+    test::RcPair pair;
+    MemoryPool pool = must(MemoryPool::create(pair.pd));
+    MemoryWindow window = must(MemoryWindow::allocate(pair.pd));
+    RemoteMemory bind(const MemoryRegion& region, Access rights) {
+        const RemoteMemory remote = must(post_bind(pair.b, window, region, rights, {.wr_id = 1}));
+        CHECK(completion_of(pair.cq_b, 1) == IBV_WC_SUCCESS);
+        return remote;
+    }
+    ibv_wc_status write(const RemoteMemory& to, std::size_t bytes) {
+        must(post_write(pair.a, pair.mem_a.slice(0, bytes), to, {.wr_id = 2}));
+        return completion_of(pair.cq_a, 2);
+    }
+    ibv_wc_status read(const RemoteMemory& from, std::size_t bytes) {
+        must(post_read(pair.a, pair.mem_a.slice(0, bytes), from, {.wr_id = 3}));
+        return completion_of(pair.cq_a, 3);
+    }
+    ibv_wc_status fetch_add(const RemoteMemory& at) {
+        must(post_fetch_add(pair.a, pair.mem_a.slice(0, 8), at, 1, {.wr_id = 4}));
+        return completion_of(pair.cq_a, 4);
+    }
+};
+
+// Where windows are missing their cases are skipped, not passed.
+bool device_has_windows() {
+    auto context = Context::open();
+    return context && context->attributes().type2_windows;
+}
+const bool windows = device_has_windows();
+
+constexpr Access remote_all = Access::remote_read | Access::remote_write | Access::remote_atomic;
+
+} // namespace
+
+TEST_CASE("the device has type 2 memory windows (rxe does)") {
+    test::Rig rig;
+    if (!rig.context.attributes().type2_windows) {
+        MESSAGE("no type 2 windows on ", rig.context.name(), ": pools lend through registrations");
+        CHECK(must_fail(MemoryWindow::allocate(rig.pd)).code() != 0);
+        return;
+    }
+    MemoryWindow window = must(MemoryWindow::allocate(rig.pd));
+    const std::uint32_t before = window.rkey();
+    CHECK(window.advance_rkey() == ibv_inc_rkey(before));
+    CHECK(must(MemoryPool::create(rig.pd)).binds_windows());
+}
+
+TEST_CASE("a pool allocates 100,000 times with no registration after warm-up") {
+    test::Rig rig;
+    MemoryPool pool = must(MemoryPool::create(rig.pd, {.arena_bytes = 8 << 20}));
+    const std::size_t sizes[] = {64, 4096, 1 << 20, 100, 3000};
+    for (std::size_t size : sizes) // warm-up: a run of each class
+        (void)must(pool.allocate(size));
+    const int registered = registrations;
+    CHECK(pool.stats().registrations == 1); // one 8 MiB arena holds a run of each class
+    CHECK(pool.stats().regions == 0);
+    for (int i = 0; i < 100'000; ++i) {
+        const std::size_t size = sizes[i % 5];
+        MemoryRegion region = must(pool.allocate(size, access_all, /*zeroed=*/i % 2 == 0));
+        REQUIRE(region.size() == size);
+        REQUIRE(region.pooled());
+        region.data()[size - 1] = std::byte{0x77};
+    }
+    CHECK(registrations == registered);
+    CHECK(pool.stats().registrations == 1);
+    CHECK(pool.stats().regions == 0);
+}
+
+TEST_CASE("pooled regions: zeroed unless asked otherwise, aligned to their class, large ones on their own") {
+    test::Rig rig;
+    MemoryPool pool = must(MemoryPool::create(rig.pd));
+    std::byte* where = nullptr;
+    {
+        MemoryRegion dirty = must(pool.allocate(4096));
+        where = dirty.data();
+        CHECK(reinterpret_cast<std::uintptr_t>(where) % 4096 == 0);
+        std::memset(dirty.data(), 0xab, 4096);
+    }
+    {
+        MemoryRegion again = must(pool.allocate(4000, access_all, /*zeroed=*/false));
+        CHECK(again.data() == where); // the block just given back comes first
+        CHECK(all_equal(again.bytes(), std::byte{0xab}));
+    }
+    {
+        MemoryRegion zeroed = must(pool.allocate(4096));
+        CHECK(zeroed.data() == where);
+        CHECK(all_equal(zeroed.bytes(), std::byte{0}));
+        MemoryRegion next = must(pool.allocate(4096));
+        CHECK(next.data() == where + 4096);
+    }
+    MemoryRegion mib = must(pool.allocate(1 << 20));
+    CHECK(reinterpret_cast<std::uintptr_t>(mib.data()) % (256 << 10) == 0);
+    const auto before = pool.stats().registrations;
+    const int registered = registrations;
+    {
+        MemoryRegion large = must(pool.allocate(5 << 20));
+        CHECK(large.pooled());
+        CHECK(all_equal(large.bytes(), std::byte{0}));
+        CHECK(pool.stats().registrations == before + 1);
+        CHECK(registrations == registered + 1);
+    }
+    CHECK(pool.stats().regions == 1); // `mib`
+    RDMAXX_CHECK_DEATH((void)mib.remote(), "pooled region");
+    RDMAXX_CHECK_DEATH((void)pool.allocate(0), "allocate of 0 bytes");
+}
+
+TEST_CASE("a window grants its block (exactly, where the device enforces bounds) with exactly its rights" * doctest::skip(!windows)) {
+    SUBCASE("inside: WRITE, READ and atomics work") {
+        Probe p;
+        MemoryPool& pool = p.pool;
+        MemoryRegion block = must(pool.allocate(4096));
+        const RemoteMemory remote = p.bind(block, remote_all);
+        CHECK(remote.addr == reinterpret_cast<std::uintptr_t>(block.data()));
+        CHECK(remote.length == 4096);
+        std::memset(p.pair.mem_a.data(), 0x5a, 4096);
+        CHECK(p.write(remote, 4096) == IBV_WC_SUCCESS);
+        CHECK(all_equal(block.bytes(), std::byte{0x5a}));
+        std::memset(block.data(), 0x11, 4096);
+        CHECK(p.read(remote, 4096) == IBV_WC_SUCCESS);
+        CHECK(all_equal(p.pair.mem_a.bytes().subspan(0, 4096), std::byte{0x11}));
+        CHECK(p.fetch_add(remote.slice(8, 8)) == IBV_WC_SUCCESS);
+        CHECK(block.data()[8] == std::byte{0x12});
+    }
+    SUBCASE("one byte past its end: refused where the device enforces bounds") {
+        Probe p;
+        MemoryPool& pool = p.pool;
+        MemoryRegion block = must(pool.allocate(4096));
+        MemoryRegion neighbour = must(pool.allocate(4096));
+        REQUIRE(neighbour.data() == block.data() + 4096);
+        const bool enforced = must(window_bounds_enforced(p.pair.context, p.pair.pd));
+        const RemoteMemory remote = p.bind(block, Access::remote_write);
+        std::memset(p.pair.mem_a.data(), 0x5a, 2);
+        const ibv_wc_status status = p.write({remote.addr + 4095, 2, remote.rkey}, 2);
+        if (!enforced) { // Soft-RoCE in Linux 6.1: the arena's bounds only
+            MESSAGE("windows on ", p.pair.context.name(), " do not bound accesses: Connection lends by registration");
+            CHECK(status == IBV_WC_SUCCESS);
+            CHECK(neighbour.data()[0] == std::byte{0x5a});
+            return;
+        }
+        CHECK(status == IBV_WC_REM_ACCESS_ERR);
+        CHECK(all_equal(block.bytes(), std::byte{0}));
+        CHECK(all_equal(neighbour.bytes(), std::byte{0}));
+    }
+    SUBCASE("one byte before its start: refused where the device enforces bounds") {
+        Probe p;
+        MemoryPool& pool = p.pool;
+        MemoryRegion before = must(pool.allocate(4096));
+        MemoryRegion block = must(pool.allocate(4096));
+        std::memset(before.data(), 0x33, 4096);
+        const bool enforced = must(window_bounds_enforced(p.pair.context, p.pair.pd));
+        const RemoteMemory remote = p.bind(block, Access::remote_read);
+        const ibv_wc_status status = p.read({remote.addr - 1, 1, remote.rkey}, 1);
+        CHECK(status == (enforced ? IBV_WC_REM_ACCESS_ERR : IBV_WC_SUCCESS));
+        CHECK(p.pair.mem_a.data()[0] == (enforced ? std::byte{0} : std::byte{0x33}));
+    }
+    SUBCASE("rights narrower than the arena's: a read-only window refuses WRITE and atomics") {
+        for (int op = 0; op < 2; ++op) {
+            Probe p;
+            MemoryPool& pool = p.pool;
+            MemoryRegion block = must(pool.allocate(64));
+            const RemoteMemory remote = p.bind(block, Access::remote_read);
+            CHECK(p.read(remote, 64) == IBV_WC_SUCCESS);
+            std::memset(p.pair.mem_a.data(), 0x5a, 64);
+            CHECK((op == 0 ? p.write(remote, 64) : p.fetch_add(remote.slice(0, 8))) == IBV_WC_REM_ACCESS_ERR);
+            CHECK(all_equal(block.bytes(), std::byte{0}));
+        }
+    }
+}
+
+TEST_CASE("a revoked window: a late WRITE, READ or atomic fails and the reused block is untouched" *
+          doctest::skip(!windows)) {
+    for (int op = 0; op < 3; ++op) {
+        CAPTURE(op);
+        for (bool by_invalidate : {true, false}) {
+            CAPTURE(by_invalidate);
+            Probe p;
+            MemoryPool& pool = p.pool;
+            std::optional<MemoryRegion> block = must(pool.allocate(4096));
+            std::byte* const at = block->data();
+            const RemoteMemory remote = p.bind(*block, remote_all);
+            std::memset(p.pair.mem_a.data(), 0x5a, 4096);
+            CHECK(p.write(remote, 4096) == IBV_WC_SUCCESS); // the key works before
+            if (by_invalidate) {
+                must(post_invalidate(p.pair.b, p.window, {.wr_id = 5}));
+                CHECK(completion_of(p.pair.cq_b, 5) == IBV_WC_SUCCESS);
+            } else {
+                p.window = must(MemoryWindow::allocate(p.pair.pd)); // the old one deallocated
+            }
+            block.reset();
+            MemoryRegion reused = must(pool.allocate(4096));
+            REQUIRE(reused.data() == at);
+            std::memset(reused.data(), 0xab, 4096);
+            std::memset(p.pair.mem_a.data(), 0x00, 4096);
+            const ibv_wc_status late = op == 0   ? p.write(remote, 4096)
+                                       : op == 1 ? p.read(remote, 4096)
+                                                 : p.fetch_add(remote.slice(0, 8));
+            CHECK(late == IBV_WC_REM_ACCESS_ERR);
+            CHECK(all_equal(reused.bytes(), std::byte{0xab}));
+            if (op == 1)
+                CHECK(all_equal(p.pair.mem_a.bytes().subspan(0, 4096), std::byte{0}));
+        }
+    }
+}
