@@ -1,11 +1,13 @@
 // The high-level Connection on real verbs: many clients, bad clients, dead peers,
 // leases, quotas, credits. Server and clients are threads of this process.
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <thread>
 #include <vector>
@@ -22,6 +24,7 @@
 #include <rdmaxx/ctrl/cm.hpp>
 #include <rdmaxx/ctrl/connection.hpp>
 #include <rdmaxx/data/post.hpp>
+#include <rdmaxx/data/window_bounds.hpp>
 #include <rdmaxx/wrap/wire.hpp>
 
 #include "../support/device.hpp"
@@ -192,8 +195,8 @@ TEST_CASE("an expired lease: the owner refuses the region and a late WRITE fails
     test::Thread client([port = listener.port(), &client_done] {
         const SetOnExit done{client_done};
         Connection conn = must(Connection::connect("127.0.0.1", port, quick()));
+        MemoryRegion local = must(conn.alloc_local_mr(4096)); // first: it registers the pool's arena
         const RemoteMr remote = must(conn.request_remote_mr(4096, access_all, 200ms));
-        MemoryRegion local = must(conn.alloc_local_mr(4096));
         test::fill(local.bytes(), 9);
         must(conn.write(local.slice(0, 16), remote.slice(0, 16))); // within the lease
         std::this_thread::sleep_for(600ms);                        // the lease ends meanwhile
@@ -217,6 +220,102 @@ TEST_CASE("an expired lease: the owner refuses the region and a late WRITE fails
     Connection other = must(listener.accept(5s));
     serve_until(other, second_done);
     second.join();
+}
+
+namespace {
+
+// Waits (serving `conn`) until `ready`, at most 30 s.
+void serve_until_true(Connection& conn, const std::function<bool()>& ready) {
+    const auto bound = Clock::now() + 30s;
+    while (!ready() && Clock::now() < bound)
+        (void)conn.progress();
+}
+
+bool all_bytes(std::span<const std::byte> bytes, std::byte value) {
+    return std::all_of(bytes.begin(), bytes.end(), [&](std::byte b) { return b == value; });
+}
+
+// Granted and lent pooled regions through `lending`: a late access after the lease
+// ends, or after the region came back, fails at the NIC, and the block, reused or
+// returned, keeps the owner's bytes.
+void revocation(Lending lending) {
+    ConnectionOptions options = quick();
+    options.lending = lending;
+    Listener listener = must(Listener::listen("127.0.0.1", 0, options));
+    std::atomic<std::uintptr_t> granted_at{0};
+    std::atomic<bool> reused{false}, client_done{false};
+    test::Thread client([&, port = listener.port()] {
+        const SetOnExit done{client_done};
+        Connection conn = must(Connection::connect("127.0.0.1", port, options));
+        CHECK(conn.lending() == lending);
+        MemoryRegion local = must(conn.alloc_local_mr(4096)); // first: it registers the pool's arena
+        std::memset(local.data(), 0x11, 4096);
+        const RemoteMr remote = must(conn.request_remote_mr(4096, access_all, 300ms));
+        must(conn.write(local.slice(0, 4096), remote.slice(0, 4096))); // within the lease
+        granted_at = remote.memory.addr;
+        const auto bound = Clock::now() + 30s;
+        while (!reused && Clock::now() < bound)
+            std::this_thread::sleep_for(1ms); // the owner expires the lease and reuses the block
+        std::memset(local.data(), 0x22, 4096);
+        const Error late = must_fail(conn.write(local.slice(0, 16), remote.slice(0, 16)));
+        CHECK(late.code() == IBV_WC_REM_ACCESS_ERR);
+    });
+    Connection conn = must(listener.accept(5s));
+    CHECK(conn.lending() == lending);
+    serve_until_true(conn, [&] { return granted_at != 0 && conn.pinned_for_peer() == 0; }); // expired
+    MemoryRegion block = must(conn.alloc_local_mr(4096, access_all, {.zeroed = false}));
+    CHECK(reinterpret_cast<std::uintptr_t>(block.data()) == granted_at.load()); // the same block, reused
+    CHECK(all_bytes(block.bytes(), std::byte{0x11}));                          // the WRITE in the lease
+    std::memset(block.data(), 0xab, 4096);
+    reused = true;
+    serve_until(conn, client_done);
+    client.join();
+    CHECK(all_bytes(block.bytes(), std::byte{0xab}));
+
+    // lent, then given back: the key dies with the return
+    std::atomic<bool> returned{false}, second_done{false};
+    test::Thread second([&, port = listener.port()] {
+        const SetOnExit done{second_done};
+        Connection c = must(Connection::connect("127.0.0.1", port, options));
+        MemoryRegion local = must(c.alloc_local_mr(4096));
+        const RemoteMr remote = must(c.receive_remote_mr());
+        std::memset(local.data(), 0x33, 4096);
+        must(c.write(local.slice(0, 4096), remote.slice(0, 4096)));
+        must(c.send_remote_mr(remote));
+        returned = true;
+        std::memset(local.data(), 0x44, 4096);
+        CHECK(must_fail(c.write(local.slice(0, 16), remote.slice(0, 16))).code() == IBV_WC_REM_ACCESS_ERR);
+    });
+    Connection other = must(listener.accept(5s));
+    MemoryRegion lent = must(other.alloc_local_mr(4096));
+    std::byte* const at = lent.data();
+    must(other.send_local_mr(std::move(lent), 10s));
+    MemoryRegion back = must(other.receive_local_mr(10s));
+    CHECK(back.data() == at);
+    serve_until(other, second_done);
+    second.join();
+    CHECK(all_bytes(back.bytes(), std::byte{0x33}));
+}
+
+} // namespace
+
+TEST_CASE("pooled regions lent through memory windows: a late access after the lease or the return fails") {
+    revocation(Lending::memory_window);
+}
+
+TEST_CASE("pooled regions lent through registrations (the fallback): a late access fails the same way") {
+    revocation(Lending::registration);
+}
+
+TEST_CASE("Lending::automatic takes windows only where they bound accesses") {
+    Listener listener = must(Listener::listen("127.0.0.1", 0, quick()));
+    test::Thread client([port = listener.port()] { (void)must(Connection::connect("127.0.0.1", port, quick())); });
+    Connection conn = must(listener.accept(5s));
+    client.join();
+    auto context = must(Context::open());
+    auto pd = must(ProtectionDomain::create(context));
+    const bool bounded = context.attributes().type2_windows && must(window_bounds_enforced(context, pd));
+    CHECK(conn.lending() == (bounded ? Lending::memory_window : Lending::registration));
 }
 
 TEST_CASE("the owner's access ceiling and quota bound what a peer may request") {

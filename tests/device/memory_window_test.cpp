@@ -268,3 +268,4 @@ TEST_CASE("a revoked window: a late WRITE, READ or atomic fails and the reused b
         }
     }
 }
+

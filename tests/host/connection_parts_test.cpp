@@ -165,10 +165,12 @@ TEST_CASE("credit window: random traffic both ways never jams while the applicat
 
 namespace {
 
-// A stand-in for MemoryRegion: the table needs size() and moves.
+// A stand-in for Loan: the table needs size(), revoke() and moves.
 struct Block {
     std::size_t bytes;
+    bool revoked = false;
     std::size_t size() const { return bytes; }
+    void revoke() { revoked = true; }
 };
 using FakeClock = std::chrono::steady_clock;
 using Table = detail::LeaseTable<Block>;
@@ -188,6 +190,7 @@ TEST_CASE("lease table: a region given back counts against the quota until the o
     const auto back = table.take_returned();
     REQUIRE(back);
     CHECK(back->size() == 8192);
+    CHECK(back->revoked); // the peer's key died when it gave the region back
     CHECK(table.fits(8192));
     CHECK(table.pinned_for_peer() == 0);
     CHECK_FALSE(table.take_returned());

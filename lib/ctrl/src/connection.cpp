@@ -77,12 +77,17 @@ Result<void> Connection::close(Timeout timeout) {
 
 const QueuePair& Connection::queue_pair(std::source_location where) const { return link(where).qp(); }
 const ConnectionOptions& Connection::options(std::source_location where) const { return link(where).options(); }
+Lending Connection::lending(std::source_location where) const { return link(where).group().lending; }
+
 std::uint64_t Connection::pinned_for_peer(std::source_location where) const { return link(where).pinned_for_peer(); }
 
 Result<void> Connection::progress() { return link(std::source_location::current()).progress(); }
 
 Result<MemoryRegion> Connection::alloc_local_mr(std::size_t size, Access access, AllocateOptions allocate) {
-    return MemoryRegion::allocate(link(std::source_location::current()).group().pd, size, access, allocate);
+    detail::Group& group = link(std::source_location::current()).group();
+    if (allocate.alignment > 4096 || allocate.huge_pages == HugePages::require) // more than a pool block promises
+        return MemoryRegion::allocate(group.pd, size, access, allocate);
+    return group.pool.allocate(size, access, allocate.zeroed);
 }
 
 Result<MemoryRegion> Connection::register_local_mr(std::span<std::byte> memory, Access access) {
@@ -93,6 +98,8 @@ Result<void> Connection::send_local_mr(MemoryRegion mr, std::chrono::millisecond
     detail::Link& l = link(where);
     require(mr.get(where)->pd == l.group().pd.get(where), where,
             "send_local_mr of a region registered in another protection domain");
+    require((mr.access() & (Access::remote_read | Access::remote_write | Access::remote_atomic)) != Access::none,
+            where, "send_local_mr of a region with no remote rights ({})", mr.access());
     return l.lend(std::move(mr), lease);
 }
 

@@ -48,7 +48,9 @@ bool known_kind(std::uint8_t raw) noexcept {
     return raw >= static_cast<std::uint8_t>(Kind::user) && raw <= static_cast<std::uint8_t>(Kind::goodbye);
 }
 
-bool deny_code(int code) noexcept { return code == EACCES || code == EDQUOT || code == ENOMEM || code == EINVAL; }
+bool deny_code(int code) noexcept {
+    return code == EACCES || code == EDQUOT || code == ENOMEM || code == EINVAL || code == EBUSY;
+}
 bool return_code(int code) noexcept { return code == 0 || code == ESTALE; }
 bool known_rights(Access access) noexcept { return (access & known_access) == access; }
 

@@ -87,7 +87,7 @@ struct Request {
 };
 struct Deny {
     std::uint64_t request = 0;
-    int code = 0; // errno: EACCES, EDQUOT, ENOMEM, EINVAL
+    int code = 0; // errno: EACCES, EDQUOT, ENOMEM, EINVAL, EBUSY (binds in flight: ask again)
     friend bool operator==(const Deny&, const Deny&) = default;
 };
 struct Return {

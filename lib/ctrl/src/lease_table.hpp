@@ -5,14 +5,15 @@
 // against the quota). It stays registered, so reachable by the peer, until one of:
 //   - its lease ends: expire() destroys it (deregistration: a late access fails at the
 //     NIC) before its memory can be reused;
-//   - the peer gives it back: it waits in the returned queue, still registered and
-//     still counted, until the owner takes it (take_returned()).
+//   - the peer gives it back: its exposure is revoked at once (Region::revoke(): the
+//     window or registration the peer used is destroyed), and it waits in the returned
+//     queue, still counted, until the owner takes it (take_returned()).
 // So the quota counts what is really pinned for the peer: a peer looping request/return
 // fills it unless the owner takes the regions back.
 //
 // Time comes in as an argument (no clock inside): lease expiry is tested on the host
-// with made-up time points. `Region` is MemoryRegion in the library (anything with
-// size() and move construction in tests). Not thread-safe (one Link's).
+// with made-up time points. `Region` is Loan in the library (anything with size(),
+// revoke() and move construction in tests). Not thread-safe (one Link's).
 #pragma once
 
 #include <algorithm>
@@ -45,6 +46,7 @@ public:
         const auto it = std::find_if(leases_.begin(), leases_.end(), [&](const Lease& l) { return l.token == token; });
         if (it == leases_.end())
             return false;
+        it->region.revoke();
         returned_.push_back(std::move(*it));
         leases_.erase(it);
         return true;

@@ -2,7 +2,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <random>
+#include <set>
+#include <string>
 
 #include <poll.h>
 #include <sys/socket.h>
@@ -10,6 +14,7 @@
 #include <fmt/format.h>
 
 #include <rdmaxx/data/post.hpp>
+#include <rdmaxx/data/window_bounds.hpp>
 #include <rdmaxx/wrap/log.hpp>
 #include <rdmaxx/wrap/wire.hpp>
 
@@ -22,6 +27,68 @@ std::uint64_t random_token() {
 }
 
 constexpr std::uint32_t max_slots = 32;
+// Window binds a link keeps in flight (its QP's send queue has room for them).
+constexpr std::uint32_t max_binds = 16;
+
+constexpr Access remote_rights = Access::remote_read | Access::remote_write | Access::remote_atomic;
+
+// Whether windows on this device keep a peer inside them: probed once per device and
+// port in a process (window_bounds_enforced), since the probe costs two QPs.
+bool windows_bounded(const Context& context, const ProtectionDomain& pd, const ConnectionOptions& options) {
+    static std::mutex mutex;
+    static std::map<std::pair<std::string, std::uint8_t>, bool> known;
+    const std::lock_guard lock(mutex);
+    const auto key = std::pair(context.name(), options.port);
+    if (const auto it = known.find(key); it != known.end())
+        return it->second;
+    auto bounded = window_bounds_enforced(context, pd, options.port, options.gid_index);
+    if (!bounded)
+        logger()->warn("Connection: probing memory windows on {}: {} (taken as not bounded)", context.name(),
+                       bounded.error());
+    return known[key] = bounded.value_or(false);
+}
+
+// Logs `what` the first time this process says it of `device` (each context opened
+// would repeat it).
+template <class... Args>
+void say_once(spdlog::level::level_enum level, const std::string& device, fmt::format_string<Args...> what,
+              Args&&... args) {
+    static std::mutex mutex;
+    static std::set<std::string> said;
+    std::string line = fmt::format(what, std::forward<Args>(args)...);
+    const std::lock_guard lock(mutex);
+    if (said.insert(device + '\0' + line).second)
+        logger()->log(level, "Connection: {}: {}", device, line);
+}
+
+// ConnectionOptions::lending, resolved for this device: memory_window or registration.
+Result<Lending> choose_lending(const Context& context, const ProtectionDomain& pd, const ConnectionOptions& options) {
+    const bool windows = context.attributes().type2_windows;
+    if (options.lending == Lending::memory_window && !windows)
+        return std::unexpected(Error::from_errno(
+            "Connection", EOPNOTSUPP,
+            fmt::format("Lending::memory_window: {} has no type 2 memory windows", context.name())));
+    const auto& device = context.name();
+    if (options.lending == Lending::registration || !windows) {
+        say_once(spdlog::level::info, device, "pooled regions are lent through registrations of their own{}",
+                 windows ? "" : " (no type 2 memory windows)");
+        return Lending::registration;
+    }
+    const bool bounded = windows_bounded(context, pd, options);
+    if (options.lending == Lending::automatic && !bounded) {
+        say_once(spdlog::level::info, device,
+                 "pooled regions are lent through registrations of their own (its memory windows do not "
+                 "refuse an access outside them)");
+        return Lending::registration;
+    }
+    if (!bounded)
+        say_once(spdlog::level::warn, device,
+                 "Lending::memory_window although its windows do not refuse an access outside them: a peer's "
+                 "key reaches the whole arena under its region");
+    else
+        say_once(spdlog::level::info, device, "pooled regions are lent through memory windows");
+    return Lending::memory_window;
+}
 
 } // namespace
 
@@ -63,7 +130,14 @@ Result<std::shared_ptr<Group>> Group::create(const ConnectionOptions& options) {
     auto cq = CompletionQueue::create(*context, {.depth = depth, .channel = true});
     if (!cq)
         return std::unexpected(std::move(cq.error()));
-    return std::make_shared<Group>(Group{std::move(*context), std::move(*pd), std::move(*cq), {}});
+    auto pool = MemoryPool::create(*pd, options.pool);
+    if (!pool)
+        return std::unexpected(std::move(pool.error()));
+    auto lending = choose_lending(*context, *pd, options);
+    if (!lending)
+        return std::unexpected(std::move(lending.error()));
+    return std::make_shared<Group>(
+        Group{std::move(*context), std::move(*pd), std::move(*cq), std::move(*pool), *lending, {}});
 }
 
 Result<void> Group::pump() {
@@ -105,9 +179,11 @@ Link::Link(std::shared_ptr<Group> group, const ConnectionOptions& options, Memor
       leases_(options.quota_bytes) {}
 
 Result<std::unique_ptr<Link>> Link::create(std::shared_ptr<Group> group, const ConnectionOptions& options) {
+    const std::uint32_t slots = std::min(options.max_send_wr, max_slots);
+    // each send slot, one one-sided operation, and the window binds in flight
     auto qp = QueuePair::create(group->pd, {.send_cq = &group->cq,
                                             .recv_cq = &group->cq,
-                                            .caps = {.max_send_wr = options.max_send_wr,
+                                            .caps = {.max_send_wr = slots + 1 + max_binds,
                                                      .max_recv_wr = options.receive_depth,
                                                      .max_send_sge = 2,
                                                      .max_recv_sge = 1},
@@ -119,7 +195,6 @@ Result<std::unique_ptr<Link>> Link::create(std::shared_ptr<Group> group, const C
     auto receive = MemoryRegion::allocate(group->pd, buffer_bytes * options.receive_depth, Access::local_write);
     if (!receive)
         return std::unexpected(std::move(receive.error()));
-    const std::uint32_t slots = std::min(options.max_send_wr, max_slots);
     auto send = MemoryRegion::allocate(group->pd, control::max_message_bytes * slots, Access::local_write);
     if (!send)
         return std::unexpected(std::move(send.error()));
@@ -189,6 +264,11 @@ void Link::on_completion(const WorkCompletion& wc) {
             op_done_ = wc;
         if (!wc.ok())
             fail(wc.error());
+    } else if (tag == tag_bind) {
+        if (!wc.ok())
+            fail(wc.error()); // its loan never starts: destroyed with the link
+        else
+            on_bound();
     } else if (tag == tag_recv) {
         if (!wc.ok()) {
             fail(wc.error());
@@ -246,33 +326,80 @@ Result<void> Link::on_control(const control::Message& message) {
     return {}; // Credit: its header said it all
 }
 
-// The owner's side of request_remote_mr: ceiling, quota, then a fresh region.
+// The owner's side of request_remote_mr: ceiling, quota, then a region from the pool.
 Result<void> Link::grant(const control::Request& request) {
     int refusal = 0;
     if (!has(options_.access_ceiling, request.access))
         refusal = EACCES;
-    else if (request.size == 0)
+    else if (request.size == 0 || (request.access & remote_rights) == Access::none)
         refusal = EINVAL;
-    else if (!leases_.fits(request.size))
+    else if (!leases_.fits(request.size + binding_bytes_))
         refusal = EDQUOT;
+    else if (group_->lending == Lending::memory_window && binding_.size() == max_binds)
+        refusal = EBUSY;
     if (refusal == 0) {
-        if (auto mr = MemoryRegion::allocate(group_->pd, request.size, request.access); mr) {
+        if (auto block = group_->pool.allocate(request.size, request.access); block) {
             const auto lease = std::min(request.lease, options_.max_lease);
-            const control::Region region{.request = request.request,
-                                         .memory = mr->remote(),
-                                         .token = random_token(),
-                                         .access = request.access,
-                                         .lease = lease};
-            leases_.add(region.token, std::move(*mr), Clock::now() + lease, true);
-            queue(control::Grant{region});
-            return {};
+            const std::uint64_t token = random_token();
+            const control::Region region{
+                .request = request.request, .token = token, .access = request.access, .lease = lease};
+            return expose(std::move(*block), request.access, token, lease, control::Grant{region}, true);
         } else {
-            logger()->warn("Connection: a requested region of {} bytes: {}", request.size, mr.error());
+            logger()->warn("Connection: a requested region of {} bytes: {}", request.size, block.error());
         }
         refusal = ENOMEM;
     }
     queue(control::Deny{.request = request.request, .code = refusal});
     return {};
+}
+
+Result<void> Link::expose(MemoryRegion region, Access rights, std::uint64_t token, std::chrono::milliseconds lease,
+                          control::Message announce, bool granted) {
+    if (!region.pooled()) { // its own registration, its own key
+        const RemoteMemory key = region.remote();
+        start_loan(Loan(std::move(region)), key, token, lease, std::move(announce), granted);
+        return {};
+    }
+    if (group_->lending == Lending::registration) {
+        auto registration = MemoryRegion::register_memory(group_->pd, region.bytes(), rights);
+        if (!registration)
+            return std::unexpected(fail(std::move(registration.error())));
+        const RemoteMemory key = registration->remote();
+        start_loan(Loan(std::move(region), std::move(*registration)), key, token, lease, std::move(announce), granted);
+        return {};
+    }
+    auto window = MemoryWindow::allocate(group_->pd);
+    if (!window)
+        return std::unexpected(fail(std::move(window.error())));
+    auto key = post_bind(qp_, *window, region, rights & remote_rights, {.wr_id = tag_bind});
+    if (!key)
+        return std::unexpected(fail(std::move(key.error())));
+    if (granted)
+        binding_bytes_ += region.size();
+    binding_.push_back({Loan(std::move(region), std::move(*window)), *key, token, lease, std::move(announce), granted});
+    return {};
+}
+
+// The oldest bind completed (binds complete in posting order): its key works now.
+void Link::on_bound() {
+    Binding bound = std::move(binding_.front());
+    binding_.pop_front();
+    if (bound.granted)
+        binding_bytes_ -= bound.loan.size();
+    start_loan(std::move(bound.loan), bound.key, bound.token, bound.lease, std::move(bound.announce), bound.granted);
+}
+
+// The lease runs from now; the peer learns the key by `announce`.
+void Link::start_loan(Loan loan, const RemoteMemory& key, std::uint64_t token, std::chrono::milliseconds lease,
+                      control::Message announce, bool granted) {
+    std::visit(
+        [&](auto& message) {
+            if constexpr (requires { message.region; })
+                message.region.memory = key;
+        },
+        announce);
+    leases_.add(token, std::move(loan), Clock::now() + lease, granted);
+    queue(std::move(announce));
 }
 
 Result<void> Link::post_receive(std::uint32_t buffer) {
@@ -287,8 +414,9 @@ Result<void> Link::recycle(std::uint32_t buffer) {
     return {};
 }
 
-// A lease that ran out is deregistered now: a late access fails at the NIC, and the
-// memory is freed only after the deregistration.
+// A lease that ran out loses its key now (window deallocated, or registration
+// deregistered): a late access fails at the NIC, and the memory goes back to its pool
+// or is freed only after that.
 void Link::expire_leases(Clock::time_point now) { leases_.expire(now); }
 
 // --- Link: sending ----------------------------------------------------------------------
@@ -417,12 +545,17 @@ void Link::give_back_user_credit() { credits_->unspend(0); }
 Result<void> Link::lend(MemoryRegion mr, std::chrono::milliseconds lease) {
     if (broken_)
         return std::unexpected(*broken_);
+    if (mr.pooled() && group_->lending == Lending::memory_window)
+        if (auto ok = wait([&] { return binding_.size() < max_binds; }, "send_local_mr: a window bind",
+                           deadline(std::nullopt));
+            !ok)
+            return ok;
     lease = std::min(lease, options_.max_lease);
-    const control::Region region{
-        .request = 0, .memory = mr.remote(), .token = random_token(), .access = mr.access() & control::known_access,
-        .lease = lease};
-    leases_.add(region.token, std::move(mr), Clock::now() + lease, false);
-    queue(control::Lend{region});
+    const Access access = mr.access() & control::known_access;
+    const std::uint64_t token = random_token();
+    const control::Region region{.request = 0, .token = token, .access = access, .lease = lease};
+    if (auto ok = expose(std::move(mr), access, token, lease, control::Lend{region}, false); !ok)
+        return ok;
     return progress();
 }
 
@@ -462,7 +595,7 @@ Result<void> Link::send_remote_mr(const RemoteMr& mr, Clock::time_point deadline
 Result<MemoryRegion> Link::receive_local_mr(Clock::time_point deadline) {
     if (auto ok = wait([&] { return leases_.has_returned(); }, "receive_local_mr", deadline); !ok)
         return std::unexpected(std::move(ok.error()));
-    return std::move(*leases_.take_returned());
+    return std::move(*leases_.take_returned()).take();
 }
 
 Result<void> Link::progress() {

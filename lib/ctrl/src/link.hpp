@@ -28,13 +28,15 @@
 #include "control_codec.hpp"
 #include "credit_window.hpp"
 #include "lease_table.hpp"
+#include "loan.hpp"
 
 namespace rdmaxx::detail {
 
 class Link;
 
 // A work request's wr_id: the top byte says what it is, the rest which one.
-inline constexpr std::uint64_t tag_send = 1ull << 56, tag_recv = 2ull << 56, tag_op = 3ull << 56;
+inline constexpr std::uint64_t tag_send = 1ull << 56, tag_recv = 2ull << 56, tag_op = 3ull << 56,
+                               tag_bind = 4ull << 56;
 inline constexpr std::uint64_t tag_mask = 0xffull << 56;
 
 // The verbs objects several connections share: a Listener's accepted ones, or client
@@ -43,6 +45,8 @@ struct Group {
     Context context;
     ProtectionDomain pd;
     CompletionQueue cq;
+    MemoryPool pool;
+    Lending lending; // memory_window or registration: ConnectionOptions::lending resolved
     std::unordered_map<std::uint32_t, Link*> links; // by QPN, while they may complete work
 
     static Result<std::shared_ptr<Group>> create(const ConnectionOptions& options);
@@ -141,6 +145,15 @@ private:
     Result<void> on_receive(std::uint32_t buffer, const WorkCompletion& wc);
     Result<void> on_control(const control::Message& message);
     Result<void> grant(const control::Request& request);
+    // What the peer gets to see of `region` with `rights`: its own registration, or for
+    // a pooled one a registration of its bytes or a window (whose bind is posted now;
+    // the loan starts when it completes: on_bound). `announce` is the Lend or Grant
+    // that carries the key, sent once the key works.
+    Result<void> expose(MemoryRegion region, Access rights, std::uint64_t token, std::chrono::milliseconds lease,
+                        control::Message announce, bool granted);
+    void on_bound();
+    void start_loan(Loan loan, const RemoteMemory& key, std::uint64_t token, std::chrono::milliseconds lease,
+                    control::Message announce, bool granted);
     Result<void> post_receive(std::uint32_t buffer);
     Result<void> recycle(std::uint32_t buffer);
     void expire_leases(Clock::time_point now);
@@ -162,11 +175,23 @@ private:
     template <class Done>
     void abandon(const Error& why, Done&& done);
 
+    // A window whose bind is posted and not yet complete, with what starts on completion.
+    struct Binding {
+        Loan loan;
+        RemoteMemory key;
+        std::uint64_t token;
+        std::chrono::milliseconds lease;
+        control::Message announce;
+        bool granted;
+    };
+
     std::shared_ptr<Group> group_;
     ConnectionOptions options_;
-    // member order: the QP is destroyed first, then the buffers it used
+    // member order: the QP is destroyed first, then the buffers and windows it used
     MemoryRegion receive_mr_;
     SendSlots slots_;
+    std::deque<Binding> binding_;     // in posting order: binds complete in order
+    std::uint64_t binding_bytes_ = 0; // of granted ones: the quota counts them already
     QueuePair qp_;
     std::optional<TcpStream> tcp_;
     std::optional<CmConnection> cm_;
@@ -177,7 +202,7 @@ private:
     std::deque<std::uint32_t> write_imms_;
     std::deque<control::Message> outbox_; // control messages waiting for a credit or slot
     std::deque<RemoteMr> lent_to_us_;
-    LeaseTable<MemoryRegion> leases_;
+    LeaseTable<Loan> leases_;
     std::uint64_t next_request_ = 1;
     std::map<std::uint64_t, Result<RemoteMr>> grants_;   // request id -> answer
     std::map<std::uint64_t, int> return_acks_;           // token -> errno (0: taken back)

@@ -40,6 +40,7 @@
 #include <rdmaxx/ctrl/tcp.hpp>
 #include <rdmaxx/data/completion.hpp>
 #include <rdmaxx/wrap/mr.hpp>
+#include <rdmaxx/wrap/pool.hpp>
 #include <rdmaxx/wrap/qp.hpp>
 
 namespace rdmaxx {
@@ -48,6 +49,22 @@ namespace rdmaxx {
 // over TCP, or RDMA CM (address and route resolution by the kernel, the endpoint
 // message as private data; needs an IP address on the RDMA device's netdev).
 enum class Transport : std::uint8_t { tcp, rdma_cm };
+
+// How a region from the connection's pool (alloc_local_mr, the regions granted on
+// the peer's requests) is exposed to the peer. A pooled region shares its arena's
+// registration, so it never goes out under the arena's rkey:
+//   memory_window: a type 2 window bound to exactly its bytes with exactly the lent
+//     rights, through this connection's QP (the key works on no other QP), destroyed
+//     when the lease ends or the region comes back. No registration per lend.
+//   registration: a registration of its bytes of its own, deregistered then (the
+//     rdmaxx 0.1 behaviour, and what a region the caller registered always uses).
+//   automatic: memory_window where the device has type 2 windows AND refuses an
+//     access outside a window (probed once per device and process:
+//     window_bounds_enforced; Soft-RoCE in Linux 6.1 does not), else registration.
+// The path taken is logged when the context is opened and told by Connection::lending().
+// Forcing memory_window on a device without type 2 windows is an Error at connect or
+// listen; forcing it where windows do not bound accesses is allowed, with a warning.
+enum class Lending : std::uint8_t { automatic, memory_window, registration };
 
 // Programming errors (checked by connect and listen, naming the caller's line):
 // max_message outside 1..2^30, receive_depth outside 4..32768 (4: one user message and
@@ -79,6 +96,10 @@ struct ConnectionOptions {
     Access access_ceiling = Access::local_write | Access::remote_read | Access::remote_write | Access::remote_atomic;
     std::uint64_t quota_bytes = 64ull << 20;
     std::chrono::milliseconds max_lease{60'000};
+    // The registered pool of the connection's context (alloc_local_mr, granted
+    // regions) and how its regions are lent.
+    PoolOptions pool{};
+    Lending lending = Lending::automatic;
 };
 
 // A region of the peer's memory we may access, and the lease under which we may.
@@ -133,14 +154,20 @@ public:
     Result<void> close(Timeout timeout = {});
 
     // --- memory ---
-    // A region of our own, registered in the connection's PD; `allocate` chooses
-    // zeroing, alignment and huge pages (AllocateOptions, rdmaxx/wrap/mr.hpp).
+    // A region of our own from the connection's pool (no registration once the pool
+    // has grown: rdmaxx/wrap/pool.hpp), zeroed unless `allocate.zeroed` is false;
+    // `access` is what it may be lent with. A pooled region has no rkey of its own:
+    // lend it (send_local_mr) to share it. An alignment above 4 KiB or
+    // HugePages::require in `allocate` gives a region registered on its own instead.
     Result<MemoryRegion> alloc_local_mr(std::size_t size, Access access = access_all, AllocateOptions allocate = {});
     // Registers memory the caller owns (it must outlive the region).
     Result<MemoryRegion> register_local_mr(std::span<std::byte> memory, Access access = access_all);
-    // Lends `mr` to the peer for `lease` (at most max_lease): the connection keeps it
-    // until the peer returns it (receive_local_mr hands it back) or the lease ends,
-    // when it is deregistered before its memory can be reused.
+    // Lends `mr` to the peer for `lease` (at most max_lease) with mr.access()'s remote
+    // rights: the connection keeps it until the peer returns it (receive_local_mr hands
+    // it back) or the lease ends. Then the peer's key is destroyed before the memory
+    // can be reused: a pooled region's window or registration (see Lending), or a
+    // region of its own registration, that registration; a late access fails at the
+    // NIC with a remote access error.
     // Programming error: a region not registered in this connection's PD.
     Result<void> send_local_mr(MemoryRegion mr, std::chrono::milliseconds lease = std::chrono::seconds(30),
                                std::source_location where = std::source_location::current());
@@ -187,6 +214,8 @@ public:
 
     // Bytes this side granted on the peer's requests and has not taken back.
     std::uint64_t pinned_for_peer(std::source_location where = std::source_location::current()) const;
+    // How pooled regions are lent here: memory_window or registration, never automatic.
+    Lending lending(std::source_location where = std::source_location::current()) const;
     const QueuePair& queue_pair(std::source_location where = std::source_location::current()) const;
     const ConnectionOptions& options(std::source_location where = std::source_location::current()) const;
 

@@ -33,7 +33,7 @@
 namespace rdmaxx {
 
 struct PoolOptions {
-    std::size_t arena_bytes = 16 << 20; // registered at a time as the pool grows
+    std::size_t arena_bytes = 8 << 20; // registered at a time as the pool grows
     HugePages huge_pages = HugePages::prefer;
 };
 
