@@ -77,7 +77,8 @@ Result<MemoryRegion> MemoryRegion::register_memory(const ProtectionDomain& pd, s
     auto mr = register_with(pd.handle(where), memory, access, nullptr);
     if (!mr)
         return std::unexpected(std::move(mr.error()));
-    return MemoryRegion(std::move(*mr), memory.data(), memory.size(), access);
+    ibv_mr* registration = mr->get();
+    return MemoryRegion(std::move(*mr), registration, memory.data(), memory.size(), access);
 }
 
 namespace {
@@ -175,22 +176,24 @@ Result<MemoryRegion> MemoryRegion::allocate(const ProtectionDomain& pd, std::siz
     auto mr = detail::allocate_registered(pd.handle(where), size, access, options, where);
     if (!mr)
         return std::unexpected(std::move(mr.error()));
-    auto* data = static_cast<std::byte*>((*mr)->addr);
-    return MemoryRegion(std::move(*mr), data, size, access);
+    ibv_mr* registration = mr->get();
+    return MemoryRegion(std::move(*mr), registration, static_cast<std::byte*>(registration->addr), size, access);
 }
 
 MemoryRegion::MemoryRegion(MemoryRegion&& other) noexcept
-    : mr_(std::move(other.mr_)), data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)),
-      access_(other.access_), pool_(std::move(other.pool_)), block_(other.block_) {}
+    : own_(std::move(other.own_)), raw_(std::exchange(other.raw_, nullptr)), data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)), access_(other.access_), pool_(std::exchange(other.pool_, nullptr)),
+      block_(other.block_) {}
 
 MemoryRegion& MemoryRegion::operator=(MemoryRegion&& other) noexcept {
     if (this != &other) {
         give_back();
-        mr_ = std::move(other.mr_);
+        own_ = std::move(other.own_);
+        raw_ = std::exchange(other.raw_, nullptr);
         data_ = std::exchange(other.data_, nullptr);
         size_ = std::exchange(other.size_, 0);
         access_ = other.access_;
-        pool_ = std::move(other.pool_);
+        pool_ = std::exchange(other.pool_, nullptr);
         block_ = other.block_;
     }
     return *this;

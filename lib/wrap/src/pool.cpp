@@ -4,14 +4,16 @@
 #include <array>
 #include <bit>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "registration.hpp"
 
 namespace rdmaxx::detail {
 
-// The pool's state, shared by the MemoryPool and every region it gave out: a region
-// gives its block back here, and the last of them frees the arenas.
+// The pool's state, counted by the MemoryPool and every region it gave out (not
+// atomically: a pool is used from one thread at a time): a region gives its block
+// back here, and the last of them frees the arenas.
 class PoolCore {
 public:
     static constexpr unsigned classes = std::countr_zero(MemoryPool::max_block / MemoryPool::min_block) + 1;
@@ -24,16 +26,17 @@ public:
     bool binds_windows() const noexcept { return has(arena_access_, Access::mw_bind); }
     PoolStats stats() const noexcept { return stats_; }
 
-    static Result<MemoryRegion> allocate(const std::shared_ptr<PoolCore>& self, std::size_t size, Access access,
-                                         bool zeroed, std::source_location where) {
-        PoolCore& pool = *self;
+    Result<MemoryRegion> allocate(std::size_t size, Access access, bool zeroed, std::source_location where) {
+        PoolCore& pool = *this;
         if (size > MemoryPool::max_block) {
             auto arena = pool.register_arena(size, where);
             if (!arena)
                 return std::unexpected(std::move(arena.error()));
             ++pool.stats_.regions;
-            auto* data = static_cast<std::byte*>((*arena)->addr); // fresh mappings are zero
-            return MemoryRegion(std::move(*arena), data, size, access, self, large);
+            ++refs_;
+            ibv_mr* registration = arena->get();
+            auto* data = static_cast<std::byte*>(registration->addr); // fresh mappings are zero
+            return MemoryRegion(std::move(*arena), registration, data, size, access, this, large);
         }
         const unsigned c = size <= MemoryPool::min_block
                                ? 0
@@ -45,16 +48,25 @@ public:
         const Block block = free.back();
         free.pop_back();
         ++pool.stats_.regions;
+        ++refs_;
         if (zeroed)
             std::memset(block.data, 0, size);
-        return MemoryRegion(pool.arenas_[block.arena].mr, block.data, size, access, self, block.arena << 8 | c);
+        return MemoryRegion(nullptr, pool.arenas_[block.arena].mr.get(), block.data, size, access, this,
+                            block.arena << 8 | c);
     }
 
+    // A region's block, back; may be the last reference.
     void release(std::byte* data, std::uint32_t block) noexcept {
         --stats_.regions;
         const std::uint32_t c = block & 0xff;
         if (c != large) // a large block's arena goes with its region
             free_[c].push_back({data, block >> 8});
+        drop();
+    }
+
+    void drop() noexcept {
+        if (--refs_ == 0)
+            delete this;
     }
 
 private:
@@ -103,7 +115,10 @@ private:
     std::vector<Arena> arenas_;
     std::array<std::vector<Block>, classes> free_;
     PoolStats stats_;
+    std::size_t refs_ = 1; // the MemoryPool's
 };
+
+void PoolDrop::operator()(PoolCore* core) const noexcept { core->drop(); }
 
 } // namespace rdmaxx::detail
 
@@ -112,8 +127,7 @@ namespace rdmaxx {
 // Here, where PoolCore is complete (MemoryRegion's other members are in mr.cpp).
 void MemoryRegion::give_back() noexcept {
     if (pool_)
-        pool_->release(data_, block_);
-    pool_.reset();
+        std::exchange(pool_, nullptr)->release(data_, block_);
 }
 
 Result<MemoryPool> MemoryPool::create(const ProtectionDomain& pd, PoolOptions options, std::source_location where) {
@@ -121,12 +135,12 @@ Result<MemoryPool> MemoryPool::create(const ProtectionDomain& pd, PoolOptions op
             options.arena_bytes, max_block);
     const bool windows = pd.device(where)->attributes.type2_windows;
     const Access access = windows ? Access::local_write | Access::mw_bind : Access::local_write;
-    return MemoryPool(std::make_shared<detail::PoolCore>(pd.handle(where), options, access));
+    return MemoryPool(new detail::PoolCore(pd.handle(where), options, access));
 }
 
 Result<MemoryRegion> MemoryPool::allocate(std::size_t size, Access access, bool zeroed, std::source_location where) {
     require(size > 0, where, "allocate of 0 bytes");
-    return detail::PoolCore::allocate(detail::live(core_, "MemoryPool", where), size, access, zeroed, where);
+    return detail::live(core_, "MemoryPool", where)->allocate(size, access, zeroed, where);
 }
 
 bool MemoryPool::binds_windows(std::source_location where) const {

@@ -174,22 +174,28 @@ public:
 
     // The registration (a pooled region's: its arena's, larger than the region).
     ibv_mr* get(std::source_location where = std::source_location::current()) const {
-        return detail::live(mr_, "MemoryRegion", where).get();
+        return detail::live(raw_, "MemoryRegion", where);
     }
 
 private:
     friend class detail::PoolCore;
-    MemoryRegion(std::shared_ptr<ibv_mr> mr, std::byte* data, std::size_t size, Access access,
-                 std::shared_ptr<detail::PoolCore> pool = nullptr, std::uint32_t block = 0) noexcept
-        : mr_(std::move(mr)), data_(data), size_(size), access_(access), pool_(std::move(pool)), block_(block) {}
+    MemoryRegion(std::shared_ptr<ibv_mr> own, ibv_mr* registration, std::byte* data, std::size_t size, Access access,
+                 detail::PoolCore* pool = nullptr, std::uint32_t block = 0) noexcept
+        : own_(std::move(own)), raw_(registration), data_(data), size_(size), access_(access), pool_(pool),
+          block_(block) {}
     void give_back() noexcept;
 
-    std::shared_ptr<ibv_mr> mr_; // keeps the PD alive and, if allocated, the memory
+    // A registration of its own (keeps the PD alive and, if allocated, the memory);
+    // empty for a block of a shared arena, which its pool keeps.
+    std::shared_ptr<ibv_mr> own_;
+    ibv_mr* raw_ = nullptr; // the registration: own_'s or the arena's
     std::byte* data_ = nullptr;
     std::size_t size_ = 0;
     Access access_ = Access::none;
-    std::shared_ptr<detail::PoolCore> pool_; // a pooled block goes back there
-    std::uint32_t block_ = 0;                // which block, in the pool's terms
+    // A pooled block goes back there; the pool lives while it has blocks out (no
+    // atomic count: a pool is used from one thread at a time).
+    detail::PoolCore* pool_ = nullptr;
+    std::uint32_t block_ = 0; // which block, in the pool's terms
 };
 
 } // namespace rdmaxx

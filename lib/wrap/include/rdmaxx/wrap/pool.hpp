@@ -44,6 +44,13 @@ struct PoolStats {
     std::uint64_t regions = 0;         // regions given out and not yet back
 };
 
+namespace detail {
+// Lets go of a pool's state (it lives on while regions from it are out).
+struct PoolDrop {
+    void operator()(PoolCore* core) const noexcept;
+};
+} // namespace detail
+
 class MemoryPool : detail::MoveOnly {
 public:
     static constexpr std::size_t min_block = 64;
@@ -66,8 +73,8 @@ public:
     PoolStats stats(std::source_location where = std::source_location::current()) const;
 
 private:
-    explicit MemoryPool(std::shared_ptr<detail::PoolCore> core) noexcept : core_(std::move(core)) {}
-    std::shared_ptr<detail::PoolCore> core_; // shared with every region given out
+    explicit MemoryPool(detail::PoolCore* core) noexcept : core_(core) {}
+    std::unique_ptr<detail::PoolCore, detail::PoolDrop> core_; // counted by every region given out, too
 };
 
 } // namespace rdmaxx
