@@ -2,7 +2,8 @@
 // process on one device (run it in the VM: scripts/vm/run.sh build/bench/rdmaxx-memory).
 //
 //   allocation: MemoryPool::allocate + free of 64 B, 4 KiB and 1 MiB (zeroed, and
-//     uninitialised) against ibv_reg_mr + ibv_dereg_mr of a buffer of that size;
+//     uninitialised; and under an uncontended mutex, the least a thread-safe pool
+//     would pay) against ibv_reg_mr + ibv_dereg_mr of a buffer of that size;
 //   lending: one lend/return round trip of a 4 KiB region between two Connections
 //     over loopback (alloc_local_mr, send_local_mr; the peer's receive_remote_mr and
 //     send_remote_mr; receive_local_mr, free) with Lending::memory_window,
@@ -23,6 +24,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -103,8 +105,9 @@ Comparison allocation(const ProtectionDomain& pd, std::size_t size, int rounds) 
     const int registered_n = size >= (1 << 20) ? 20 : 200;
     Comparison c{fmt::format("allocate + free, {} bytes ({} rounds)", size, rounds),
                  {"ibv_reg_mr + ibv_dereg_mr", "pool, uninitialised", "pool, zeroed (the default)",
-                  "memset alone (what zeroing adds)"},
-                 {{}, {}, {}, {}}};
+                  "memset alone (what zeroing adds)", "pool, uninitialised, under a mutex"},
+                 {{}, {}, {}, {}, {}}};
+    std::mutex lock; // uncontended: what a thread-safe pool would pay at least
     for (int round = 0; round < rounds; ++round) {
         c.ns[0].push_back(per_op(registered_n, [&] {
             ibv_mr* mr = ibv_reg_mr(pd.get(), buffer.data(), size,
@@ -119,6 +122,10 @@ Comparison allocation(const ProtectionDomain& pd, std::size_t size, int rounds) 
         c.ns[3].push_back(per_op(pooled_n, [&] {
             std::memset(buffer.data(), 0, size);
             asm volatile("" : : "r"(buffer.data()) : "memory"); // the stores happen
+        }));
+        c.ns[4].push_back(per_op(pooled_n, [&] {
+            const std::lock_guard guard(lock);
+            (void)must(pool.allocate(size, access_all, false), "allocate");
         }));
     }
     if (pool.stats().registrations != 1) {
