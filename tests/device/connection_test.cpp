@@ -322,10 +322,12 @@ TEST_CASE("the owner's access ceiling and quota bound what a peer may request") 
     ConnectionOptions strict = quick();
     strict.access_ceiling = Access::local_write | Access::remote_read;
     strict.quota_bytes = 8192;
+    strict.lending = Lending::memory_window; // a window cannot carry no remote right at all
     Listener listener = must(Listener::listen("127.0.0.1", 0, strict));
     test::Thread client([port = listener.port()] {
         Connection conn = must(Connection::connect("127.0.0.1", port, quick()));
         CHECK(must_fail(conn.request_remote_mr(64, Access::remote_write)).is_errno(EACCES));
+        CHECK(must_fail(conn.request_remote_mr(64, Access::local_write)).is_errno(EINVAL));
         const RemoteMr first = must(conn.request_remote_mr(8192, Access::remote_read));
         CHECK(must_fail(conn.request_remote_mr(1, Access::remote_read)).is_errno(EDQUOT));
         must(conn.send_remote_mr(first)); // given back, but pinned until the owner takes it
@@ -677,35 +679,39 @@ TEST_CASE("128 clients at once on each transport are all served") {
     }
 }
 
-TEST_CASE("the quota counts a region given back until its owner takes it") {
-    ConnectionOptions owner = quick();
-    owner.quota_bytes = 8192;
-    Listener listener = must(Listener::listen("127.0.0.1", 0, owner));
-    test::Thread client([port = listener.port()] {
-        auto conn = Connection::connect("127.0.0.1", port, quick());
-        REQUIRE(conn);
-        int granted = 0;
-        for (int i = 0; i < 10; ++i) {
-            auto region = conn->request_remote_mr(4096);
-            if (!region) {
-                CHECK(region.error().is_errno(EDQUOT));
-                break;
+TEST_CASE("the quota counts a region given back until its owner takes it, windows or registrations") {
+    for (Lending lending : {Lending::memory_window, Lending::registration}) {
+        CAPTURE(static_cast<int>(lending));
+        ConnectionOptions owner = quick();
+        owner.quota_bytes = 8192;
+        owner.lending = lending;
+        Listener listener = must(Listener::listen("127.0.0.1", 0, owner));
+        test::Thread client([port = listener.port()] {
+            auto conn = Connection::connect("127.0.0.1", port, quick());
+            REQUIRE(conn);
+            int granted = 0;
+            for (int i = 0; i < 10; ++i) {
+                auto region = conn->request_remote_mr(4096);
+                if (!region) {
+                    CHECK(region.error().is_errno(EDQUOT));
+                    break;
+                }
+                ++granted;
+                CHECK(conn->send_remote_mr(*region));
             }
-            ++granted;
-            CHECK(conn->send_remote_mr(*region));
-        }
-        CHECK(granted == 2); // the owner never took them back: still pinned
-        auto mr = conn->alloc_local_mr(8);
-        CHECK(conn->send(mr->slice(0, 1)));
-    });
-    Connection conn = must(listener.accept(5s));
-    std::array<std::byte, 8> done{};
-    must(conn.receive(done));
-    CHECK(conn.pinned_for_peer() == 8192);
-    must(conn.receive_local_mr());
-    must(conn.receive_local_mr());
-    CHECK(conn.pinned_for_peer() == 0);
-    client.join();
+            CHECK(granted == 2); // the owner never took them back: still pinned
+            auto mr = conn->alloc_local_mr(8);
+            CHECK(conn->send(mr->slice(0, 1)));
+        });
+        Connection conn = must(listener.accept(5s));
+        std::array<std::byte, 8> done{};
+        must(conn.receive(done));
+        CHECK(conn.pinned_for_peer() == 8192);
+        must(conn.receive_local_mr());
+        must(conn.receive_local_mr());
+        CHECK(conn.pinned_for_peer() == 0);
+        client.join();
+    }
 }
 
 TEST_CASE("close(): the peer gets every message, then 'closed'; later calls fail; the destructor closes too") {
