@@ -342,7 +342,7 @@ Result<void> Link::grant(const control::Request& request) {
             const auto lease = std::min(request.lease, options_.max_lease);
             const std::uint64_t token = random_token();
             const control::Region region{
-                .request = request.request, .token = token, .access = request.access, .lease = lease};
+                .request = request.request, .memory = {}, .token = token, .access = request.access, .lease = lease};
             return expose(std::move(*block), request.access, token, lease, control::Grant{region}, true);
         } else {
             logger()->warn("Connection: a requested region of {} bytes: {}", request.size, block.error());
@@ -553,7 +553,7 @@ Result<void> Link::lend(MemoryRegion mr, std::chrono::milliseconds lease) {
     lease = std::min(lease, options_.max_lease);
     const Access access = mr.access() & control::known_access;
     const std::uint64_t token = random_token();
-    const control::Region region{.request = 0, .token = token, .access = access, .lease = lease};
+    const control::Region region{.request = 0, .memory = {}, .token = token, .access = access, .lease = lease};
     if (auto ok = expose(std::move(mr), access, token, lease, control::Lend{region}, false); !ok)
         return ok;
     return progress();
