@@ -159,6 +159,8 @@ public:
     // `access` is what it may be lent with. A pooled region has no rkey of its own:
     // lend it (send_local_mr) to share it. An alignment above 4 KiB or
     // HugePages::require in `allocate` gives a region registered on its own instead.
+    // A pooled region goes back to the pool when destroyed: destroy it on the thread
+    // that uses the connection (the pool is not thread-safe: rdmaxx/wrap/pool.hpp).
     Result<MemoryRegion> alloc_local_mr(std::size_t size, Access access = access_all, AllocateOptions allocate = {});
     // Registers memory the caller owns (it must outlive the region).
     Result<MemoryRegion> register_local_mr(std::span<std::byte> memory, Access access = access_all);
