@@ -342,6 +342,23 @@ TEST_CASE("the owner's access ceiling and quota bound what a peer may request") 
     client.join();
 }
 
+TEST_CASE("a region its owner cannot allocate is denied ENOMEM, and the connection goes on") {
+    ConnectionOptions owner = quick();
+    owner.quota_bytes = std::uint64_t{1} << 50;
+    Listener listener = must(Listener::listen("127.0.0.1", 0, owner));
+    std::atomic<bool> client_done{false};
+    test::Thread client([port = listener.port(), &client_done] {
+        const SetOnExit done{client_done};
+        Connection conn = must(Connection::connect("127.0.0.1", port, quick()));
+        CHECK(must_fail(conn.request_remote_mr(std::size_t{1} << 46)).is_errno(ENOMEM)); // 64 TiB
+        const RemoteMr fine = must(conn.request_remote_mr(4096));
+        CHECK(fine.memory.length == 4096);
+    });
+    Connection conn = must(listener.accept(5s));
+    serve_until(conn, client_done);
+    client.join();
+}
+
 TEST_CASE("messages: size limits, and credits instead of endless RNR retries") {
     ConnectionOptions small = quick();
     small.receive_depth = 8;

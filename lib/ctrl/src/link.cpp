@@ -343,7 +343,10 @@ Result<void> Link::grant(const control::Request& request) {
             const std::uint64_t token = random_token();
             const control::Region region{
                 .request = request.request, .memory = {}, .token = token, .access = request.access, .lease = lease};
-            return expose(std::move(*block), request.access, token, lease, control::Grant{region}, true);
+            auto exposed = expose(std::move(*block), request.access, token, lease, control::Grant{region}, true);
+            if (exposed || broken_)
+                return exposed;
+            logger()->warn("Connection: a requested region of {} bytes: {}", request.size, exposed.error());
         } else {
             logger()->warn("Connection: a requested region of {} bytes: {}", request.size, block.error());
         }
@@ -362,15 +365,15 @@ Result<void> Link::expose(MemoryRegion region, Access rights, std::uint64_t toke
     }
     if (group_->lending == Lending::registration) {
         auto registration = MemoryRegion::register_memory(group_->pd, region.bytes(), rights);
-        if (!registration)
-            return std::unexpected(fail(std::move(registration.error())));
+        if (!registration) // out of pinnable memory, say: this loan's failure, not the connection's
+            return std::unexpected(std::move(registration.error()));
         const RemoteMemory key = registration->remote();
         start_loan(Loan(std::move(region), std::move(*registration)), key, token, lease, std::move(announce), granted);
         return {};
     }
     auto window = MemoryWindow::allocate(group_->pd);
     if (!window)
-        return std::unexpected(fail(std::move(window.error())));
+        return std::unexpected(std::move(window.error()));
     auto key = post_bind(qp_, *window, region, rights & remote_rights, {.wr_id = tag_bind});
     if (!key)
         return std::unexpected(fail(std::move(key.error())));

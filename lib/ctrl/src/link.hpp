@@ -148,7 +148,8 @@ private:
     // What the peer gets to see of `region` with `rights`: its own registration, or for
     // a pooled one a registration of its bytes or a window (whose bind is posted now;
     // the loan starts when it completes: on_bound). `announce` is the Lend or Grant
-    // that carries the key, sent once the key works.
+    // that carries the key, sent once the key works. Failing to register or to
+    // allocate the window is an Error for this loan only; a failed post ends the link.
     Result<void> expose(MemoryRegion region, Access rights, std::uint64_t token, std::chrono::milliseconds lease,
                         control::Message announce, bool granted);
     void on_bound();
