@@ -7,6 +7,7 @@
 #include <vector>
 
 #include <dlfcn.h>
+#include <malloc.h>
 
 #include <doctest/doctest.h>
 
@@ -168,6 +169,18 @@ TEST_CASE("pooled regions: zeroed unless asked otherwise, aligned to their class
         CHECK(registrations == registered + 1);
     }
     CHECK(pool.stats().regions == 1); // `mib`
+    // normal pages: a large region's memory is malloc's, maybe reused (mallopt makes
+    // glibc keep 5 MiB chunks on its heap, untrimmed): zeroed all the same
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_TRIM_THRESHOLD, 256 << 20);
+    MemoryPool plain = must(MemoryPool::create(rig.pd, {.huge_pages = HugePages::no}));
+    for (int i = 0; i < 3; ++i) {
+        MemoryRegion dirty = must(plain.allocate(5 << 20, access_all, /*zeroed=*/false));
+        std::memset(dirty.data(), 0xcd, dirty.size());
+    }
+    CHECK(all_equal(must(plain.allocate(5 << 20)).bytes(), std::byte{0}));
+    mallopt(M_MMAP_THRESHOLD, 128 << 10); // glibc's defaults
+    mallopt(M_TRIM_THRESHOLD, 128 << 10);
     RDMAXX_CHECK_DEATH((void)mib.remote(), "pooled region");
     RDMAXX_CHECK_DEATH((void)pool.allocate(0), "allocate of 0 bytes");
 }

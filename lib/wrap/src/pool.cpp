@@ -29,13 +29,13 @@ public:
     Result<MemoryRegion> allocate(std::size_t size, Access access, bool zeroed, std::source_location where) {
         PoolCore& pool = *this;
         if (size > MemoryPool::max_block) {
-            auto arena = pool.register_arena(size, where);
+            auto arena = pool.register_arena(size, zeroed, where);
             if (!arena)
                 return std::unexpected(std::move(arena.error()));
             ++pool.stats_.regions;
             ++refs_;
             ibv_mr* registration = arena->get();
-            auto* data = static_cast<std::byte*>(registration->addr); // fresh mappings are zero
+            auto* data = static_cast<std::byte*>(registration->addr);
             return MemoryRegion(std::move(*arena), registration, data, size, access, this, large);
         }
         const unsigned c = size <= MemoryPool::min_block
@@ -79,9 +79,10 @@ private:
         std::size_t used = 0; // bytes carved into runs, from the start
     };
 
-    Result<std::shared_ptr<ibv_mr>> register_arena(std::size_t bytes, std::source_location where) {
+    // `zeroed`: only normal pages need it (fresh mappings are zero already).
+    Result<std::shared_ptr<ibv_mr>> register_arena(std::size_t bytes, bool zeroed, std::source_location where) {
         auto mr = allocate_registered(pd_, bytes, arena_access_,
-                                      {.zeroed = false, .alignment = run_bytes, .huge_pages = options_.huge_pages},
+                                      {.zeroed = zeroed, .alignment = run_bytes, .huge_pages = options_.huge_pages},
                                       where);
         if (mr)
             ++stats_.registrations;
@@ -93,7 +94,7 @@ private:
         const std::size_t block = MemoryPool::min_block << c;
         const std::size_t run = std::max(block, run_bytes);
         if (arenas_.empty() || arenas_.back().mr->length - arenas_.back().used < run) {
-            auto mr = register_arena(options_.arena_bytes, where);
+            auto mr = register_arena(options_.arena_bytes, false, where); // blocks are zeroed as handed out
             if (!mr)
                 return std::unexpected(std::move(mr.error()));
             stats_.registered_bytes += (*mr)->length;
