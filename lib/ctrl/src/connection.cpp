@@ -98,7 +98,7 @@ Result<void> Connection::send_local_mr(MemoryRegion mr, std::chrono::millisecond
     detail::Link& l = link(where);
     require(mr.get(where)->pd == l.group().pd.get(where), where,
             "send_local_mr of a region registered in another protection domain");
-    require((mr.access() & (Access::remote_read | Access::remote_write | Access::remote_atomic)) != Access::none,
+    require((mr.access() & access_remote) != Access::none,
             where, "send_local_mr of a region with no remote rights ({})", mr.access());
     return l.lend(std::move(mr), lease);
 }

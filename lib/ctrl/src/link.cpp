@@ -30,8 +30,6 @@ constexpr std::uint32_t max_slots = 32;
 // Window binds a link keeps in flight (its QP's send queue has room for them).
 constexpr std::uint32_t max_binds = 16;
 
-constexpr Access remote_rights = Access::remote_read | Access::remote_write | Access::remote_atomic;
-
 // Whether windows on this device keep a peer inside them: probed once per device and
 // port in a process (window_bounds_enforced), since the probe costs two QPs.
 bool windows_bounded(const Context& context, const ProtectionDomain& pd, const ConnectionOptions& options) {
@@ -331,7 +329,7 @@ Result<void> Link::grant(const control::Request& request) {
     int refusal = 0;
     if (!has(options_.access_ceiling, request.access))
         refusal = EACCES;
-    else if (request.size == 0 || (request.access & remote_rights) == Access::none)
+    else if (request.size == 0 || (request.access & access_remote) == Access::none)
         refusal = EINVAL;
     else if (!leases_.fits(request.size + binding_bytes_))
         refusal = EDQUOT;
@@ -374,7 +372,7 @@ Result<void> Link::expose(MemoryRegion region, Access rights, std::uint64_t toke
     auto window = MemoryWindow::allocate(group_->pd);
     if (!window)
         return std::unexpected(std::move(window.error()));
-    auto key = post_bind(qp_, *window, region, rights & remote_rights, {.wr_id = tag_bind});
+    auto key = post_bind(qp_, *window, region, rights & access_remote, {.wr_id = tag_bind});
     if (!key)
         return std::unexpected(fail(std::move(key.error())));
     if (granted)

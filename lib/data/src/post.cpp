@@ -92,8 +92,7 @@ namespace rdmaxx {
 Result<RemoteMemory> post_bind(QueuePair& qp, MemoryWindow& window, const MemoryRegion& region, std::size_t offset,
                                std::size_t length, Access rights, const PostOptions& options,
                                std::source_location where) {
-    constexpr Access remote = Access::remote_read | Access::remote_write | Access::remote_atomic;
-    require(rights != Access::none && has(remote, rights), where,
+    require(rights != Access::none && has(access_remote, rights), where,
             "a window's rights must be remote ones, at least one (got {})", rights);
     require(offset <= region.size() && length <= region.size() - offset, where,
             "a window on [{}, +{}) of a {}-byte region", offset, length, region.size());

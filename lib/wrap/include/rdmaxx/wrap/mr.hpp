@@ -45,6 +45,8 @@ std::string to_string(Access access);
 
 inline constexpr Access access_all =
     Access::local_write | Access::remote_write | Access::remote_read | Access::remote_atomic;
+// Every remote right: what a memory window may carry.
+inline constexpr Access access_remote = Access::remote_write | Access::remote_read | Access::remote_atomic;
 
 // A view of bytes inside a registered memory region: what a work request's
 // scatter/gather entry names. It does not own the region; like std::span, it must
