@@ -8,6 +8,8 @@ PACKAGES=(
     # build
     g++ meson ninja-build pkg-config cmake
     libibverbs-dev librdmacm-dev libspdlog-dev libfmt-dev doctest-dev
+    # lib/async's runtime (standalone, header-only)
+    libasio-dev
     # the libFuzzer target of the endpoint parser (g++ has no libFuzzer; clang 14
     # cannot compile libstdc++ 12's <expected>, clang 19 can)
     clang-19 libclang-rt-19-dev

@@ -73,12 +73,15 @@ TEST_CASE("a completion Error carries the ibv_wc_status and its text") {
     CHECK(e.message().find("RDMA WRITE wr_id 7") != std::string::npos);
 }
 
-TEST_CASE("timeout, protocol and unsupported Errors say what they are") {
+TEST_CASE("timeout, protocol, unsupported and cancelled Errors say what they are") {
     CHECK(Error::timeout("wait_event").is_timeout());
     CHECK(Error::timeout("wait_event").code() == ETIMEDOUT);
     CHECK(Error::protocol("parse", "short").message() == "parse: protocol: short");
     CHECK(Error::unsupported("mlx5dv", "not mlx5").kind() == Error::Kind::unsupported);
     CHECK(rdmaxx::to_string(Error::Kind::completion) == "completion");
+    CHECK(Error::cancelled("async_read").is_cancelled());
+    CHECK(Error::cancelled("async_read").code() == ECANCELED);
+    CHECK(Error::cancelled("async_read", "flushed").message() == "async_read: cancelled: flushed");
 }
 
 TEST_CASE("a programming error aborts naming the caller's file") {

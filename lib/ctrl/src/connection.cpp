@@ -287,8 +287,8 @@ Result<void> Listener::State::sleep(Clock::time_point deadline) {
     if (n < 0 && errno != EINTR)
         return std::unexpected(Error::from_last_errno("poll", "listener"));
     if (n > 0 && fds[1].revents != 0)
-        if (auto ok = group->cq.wait_event(std::chrono::milliseconds(0)); !ok && !ok.error().is_timeout())
-            return ok;
+        if (auto taken = group->cq.take_events(); !taken)
+            return std::unexpected(std::move(taken.error()));
     return {};
 }
 

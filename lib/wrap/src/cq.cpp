@@ -103,25 +103,32 @@ Result<void> CompletionQueue::wait_event(std::chrono::milliseconds timeout, int 
     if (ready == 0)
         return std::unexpected(
             Error::timeout("wait_event", fmt::format("no completion event within {} ms", timeout.count())));
-    // drain: every event pending now is for this CQ (the channel is its own)
+    // every event pending now is for this CQ (the channel is its own)
+    auto taken = take_events(where);
+    if (!taken)
+        return std::unexpected(std::move(taken.error()));
+    if (*taken == 0 && fds[1].revents != 0) // woken by `also_watch`
+        return {};
+    if (*taken == 0) // readable but empty: another thread took the event
+        return std::unexpected(Error::from_errno("ibv_get_cq_event", EAGAIN, "the event was taken by another waiter"));
+    return {};
+}
+
+Result<unsigned> CompletionQueue::take_events(std::source_location where) {
+    require(channel_ != nullptr, where, "take_events() on a completion queue created without a channel");
     unsigned taken = 0;
     for (;;) {
         ibv_cq* cq = nullptr;
         void* context = nullptr;
         if (ibv_get_cq_event(channel_.get(), &cq, &context) != 0) {
             if (errno == EAGAIN)
-                break;
+                return taken;
             return std::unexpected(Error::from_last_errno("ibv_get_cq_event"));
         }
         ++taken;
         if (++unacked_events_ >= ack_batch)
             ack_events();
     }
-    if (taken == 0 && fds[1].revents != 0) // woken by `also_watch`
-        return {};
-    if (taken == 0) // readable but empty: another thread took the event
-        return std::unexpected(Error::from_errno("ibv_get_cq_event", EAGAIN, "the event was taken by another waiter"));
-    return {};
 }
 
 int CompletionQueue::channel_fd(std::source_location where) const {

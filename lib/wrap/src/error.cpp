@@ -16,6 +16,7 @@ std::string_view to_string(Error::Kind kind) noexcept {
     case Error::Kind::timeout: return "timeout";
     case Error::Kind::protocol: return "protocol";
     case Error::Kind::unsupported: return "unsupported";
+    case Error::Kind::cancelled: return "cancelled";
     }
     return "unknown";
 }

@@ -174,6 +174,7 @@ public:
     std::size_t size() const noexcept { return count_; }
     static constexpr std::size_t capacity() noexcept { return N; }
     void clear() noexcept { count_ = 0, atomics_ = false; }
+    const QueuePair& queue_pair() const noexcept { return *qp_; }
 
     SendBatch& write(Gather local, const RemoteMemory& remote, const PostOptions& options = {},
                      std::source_location where = std::source_location::current()) {

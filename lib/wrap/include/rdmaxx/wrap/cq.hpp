@@ -49,8 +49,12 @@ public:
     // Programming error: a CQ without a channel.
     Result<void> wait_event(std::chrono::milliseconds timeout, int also_watch = -1,
                             std::source_location where = std::source_location::current());
+    // Takes every event pending on the channel without waiting (an event loop calls
+    // this when channel_fd() is readable) and returns how many; acknowledges in batches
+    // as wait_event does. Programming error: a CQ without a channel.
+    Result<unsigned> take_events(std::source_location where = std::source_location::current());
     // The channel's file descriptor (non-blocking), for an application's own poll/epoll
-    // loop; follow readiness with wait_event(0ms). Programming error: no channel.
+    // loop; follow readiness with take_events(). Programming error: no channel.
     int channel_fd(std::source_location where = std::source_location::current()) const;
 
     ibv_cq* get(std::source_location where = std::source_location::current()) const {

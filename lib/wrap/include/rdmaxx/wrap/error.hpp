@@ -30,6 +30,7 @@ public:
         timeout,     // a bounded wait ran out; code is ETIMEDOUT
         protocol,    // the peer sent something malformed; code is EPROTO
         unsupported, // the device or the build lacks a feature; code is EOPNOTSUPP
+        cancelled,   // the caller cancelled the operation; code is ECANCELED
     };
 
     // `call` names the failing function (e.g. "ibv_create_qp"); it must be a string
@@ -63,6 +64,9 @@ public:
     static Error unsupported(const char* call, std::string detail) {
         return {Kind::unsupported, call, EOPNOTSUPP, std::move(detail)};
     }
+    static Error cancelled(const char* call, std::string detail = {}) {
+        return {Kind::cancelled, call, ECANCELED, std::move(detail)};
+    }
 
     Kind kind() const noexcept { return kind_; }
     const char* call() const noexcept { return call_; }
@@ -71,6 +75,7 @@ public:
 
     bool is_errno(int errnum) const noexcept { return kind_ == Kind::system && code_ == errnum; }
     bool is_timeout() const noexcept { return kind_ == Kind::timeout; }
+    bool is_cancelled() const noexcept { return kind_ == Kind::cancelled; }
 
     // "ibv_create_qp: Cannot allocate memory (errno 12): max_send_wr 1000000 ..."
     std::string message() const;

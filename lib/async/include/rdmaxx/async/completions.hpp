@@ -1,0 +1,159 @@
+// Completions on an Asio io_context: one service per io_context drives the completion
+// queues registered with it, and resumes the operation each completion belongs to.
+//
+//   asio::io_context io;
+//   auto cq = rdmaxx::async::CompletionQueue::create(io, context, {.depth = 4096},
+//                                                    {.mode = rdmaxx::async::CompletionMode::event});
+//
+// No background thread: completions are taken by handlers that run inside the
+// io_context's run(), beside the program's sockets and timers. The modes, per CQ:
+//  * event: the CQ's completion channel is watched by the io_context's reactor; on
+//    wake every pending event is taken, the CQ polled empty, armed, polled again (a
+//    completion that lands between poll and arm is never stranded), and events
+//    acknowledged in batches. Costs a system call per wake; no CPU while idle.
+//  * busy: a handler polls up to DriveOptions::busy_polls times, then yields to the
+//    io_context's other handlers and polls again. Lowest latency; a core while
+//    operations are in flight.
+//  * hybrid: busy for DriveOptions::spin after the last completion, then event.
+//  * manual: nothing is driven; the application calls poll() from its own loop.
+// A CQ is driven only while operations are in flight on it, so run() returns once
+// every operation has completed.
+//
+// Thread safety: an io_context with rdmaxx CQs is run by one thread (the objects here
+// keep counts without locks, and a handler of theirs never runs concurrently with
+// another). Distinct io_contexts on distinct threads are independent.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <source_location>
+#include <vector>
+
+#include <asio/io_context.hpp>
+#include <asio/posix/stream_descriptor.hpp>
+
+#include <rdmaxx/async/detail/op.hpp>
+#include <rdmaxx/wrap/context.hpp>
+#include <rdmaxx/wrap/cq.hpp>
+
+namespace rdmaxx::async {
+
+enum class CompletionMode : std::uint8_t { event, busy, hybrid, manual };
+
+struct DriveOptions {
+    CompletionMode mode = CompletionMode::event;
+    // busy, hybrid: polls per turn before the io_context's other handlers run
+    unsigned busy_polls = 64;
+    // hybrid: how long to spin without a completion before sleeping on the channel
+    std::chrono::microseconds spin{50};
+};
+
+class Completions;
+
+namespace detail {
+
+// A registered CQ and the state of its driver. Owned by the service; the handle
+// (async::CompletionQueue) and every pending driver handler pin it.
+struct CqCore {
+    Completions* service;
+    rdmaxx::CompletionQueue cq;
+    DriveOptions drive;
+    std::optional<asio::posix::stream_descriptor> channel; // event and hybrid
+    std::source_location created;
+    std::size_t outstanding = 0; // completions due (one per posted operation)
+    std::size_t reserved = 0;    // queue entries of the QPs attached: at most the CQ's depth
+    unsigned qps = 0;
+    unsigned pins = 0;           // the handle and pending driver handlers
+    bool driving = false;        // a poll turn or a channel wait is pending
+    std::chrono::steady_clock::time_point last_completion{};
+};
+
+} // namespace detail
+
+// The service. Reach it with Completions::of(io); it is created with the first CQ.
+class Completions : public asio::io_context::service {
+public:
+    static inline asio::io_context::id id;
+
+    explicit Completions(asio::io_context& io);
+    ~Completions() override;
+
+    static Completions& of(asio::io_context& io) { return asio::use_service<Completions>(io); }
+
+    // Polls every CQ of this io_context once, whatever its mode, and runs the
+    // handlers of what completed (inline, when their executor allows). Returns how
+    // many operations completed. For applications with their own loop (manual mode).
+    std::size_t poll();
+
+    // Operations posted or waiting for queue entries.
+    std::size_t in_flight() const noexcept { return slab_.in_use(); }
+    // Completions that named no operation in flight: late flushes of a batch's
+    // unsignaled WRs after it failed, or a WR posted on an async QP by other means.
+    std::uint64_t stale_completions() const noexcept { return stale_; }
+
+    // --- lib/async's own use --------------------------------------------------------
+    detail::OpSlab& slab() noexcept { return slab_; }
+    bool shut_down() const noexcept { return shut_down_; }
+    void add(detail::CqCore& cq) { cqs_.push_back(&cq); }
+    void add(detail::QpCore& qp) { qps_.push_back(&qp); }
+    void remove(detail::QpCore& qp) noexcept;
+    // An operation was posted whose completion will come to `cq`: drive it.
+    void posted(detail::CqCore& cq) {
+        ++cq.outstanding;
+        if (!cq.driving && cq.drive.mode != CompletionMode::manual)
+            start(cq);
+    }
+    // Takes what `cq` holds and completes it: handlers run inline unless `defer`.
+    std::size_t drain(detail::CqCore& cq, bool defer);
+    void unpin(detail::CqCore& cq) noexcept;
+
+private:
+    struct Turn;
+    struct Wake;
+    void shutdown() override;
+    void start(detail::CqCore& cq);
+    void spin(detail::CqCore& cq);
+    void sleep(detail::CqCore& cq);
+    void erase(detail::CqCore& cq) noexcept;
+
+    detail::OpSlab slab_;
+    std::vector<detail::CqCore*> cqs_;
+    std::vector<detail::QpCore*> qps_;
+    std::uint64_t stale_ = 0;
+    bool shut_down_ = false;
+};
+
+// A completion queue driven by its io_context's Completions service. Create QPs on
+// get(), then attach them (async::QueuePair). Destroy the QPs attached first, and this
+// object before its io_context (programming errors otherwise). Thread safety: as the
+// io_context (see the top of this file).
+class CompletionQueue : rdmaxx::detail::MoveOnly {
+public:
+    // `cq` as for rdmaxx::CompletionQueue::create; its channel is created for the
+    // event and hybrid modes. Programming error: a moved-from Context, depth 0.
+    static Result<CompletionQueue> create(asio::io_context& io, const Context& context, CqOptions cq = {},
+                                          DriveOptions drive = {},
+                                          std::source_location where = std::source_location::current());
+
+    CompletionQueue(CompletionQueue&& other) noexcept : state_(std::exchange(other.state_, nullptr)) {}
+    CompletionQueue& operator=(CompletionQueue&& other) noexcept;
+    ~CompletionQueue();
+
+    // The verbs CQ, to create QPs on (QpOptions::send_cq / recv_cq).
+    rdmaxx::CompletionQueue& get(std::source_location where = std::source_location::current()) const;
+    CompletionMode mode() const noexcept { return state_->drive.mode; }
+    // Takes this CQ's completions now and runs their handlers; returns how many.
+    std::size_t poll(std::source_location where = std::source_location::current());
+    // Completions due: operations posted and not yet completed.
+    std::size_t outstanding() const noexcept { return state_ ? state_->outstanding : 0; }
+
+    detail::CqCore& state(std::source_location where) const;
+
+private:
+    explicit CompletionQueue(detail::CqCore* state) : state_(state) {}
+    detail::CqCore* state_;
+};
+
+} // namespace rdmaxx::async

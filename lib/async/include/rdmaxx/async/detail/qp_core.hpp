@@ -1,0 +1,58 @@
+// The state of an async QueuePair, shared by its handle, its operations and the
+// service's poll loop. Internal to lib/async.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <source_location>
+
+#include <asio/cancellation_type.hpp>
+
+#include <rdmaxx/async/detail/op.hpp>
+#include <rdmaxx/wrap/qp.hpp>
+
+namespace rdmaxx::async {
+class Completions;
+}
+
+namespace rdmaxx::async::detail {
+
+struct CqCore;
+
+struct QpCore {
+    Completions* service;
+    rdmaxx::QueuePair qp;
+    CqCore* send_cq;
+    CqCore* recv_cq;
+    std::uint32_t send_credits; // free send queue entries
+    std::uint32_t recv_credits; // free receive queue entries
+    OpQueue send_waiting;       // operations waiting for entries, in order
+    OpQueue recv_waiting;
+    std::size_t posted = 0;     // operations whose completion is due
+    // Set when the QP can complete nothing more (a failed completion, a cancelled
+    // operation, the handle destroyed): every later operation fails with it.
+    std::optional<Error> dead;
+    std::source_location created;
+};
+
+// Posts `op` (whose WR and handler are stored) or queues it for entries; an op that
+// cannot be posted completes, deferred, with why.
+void start(Op& op);
+// `op`'s completion `wc` was taken: returns its entries, posts the operations that
+// now fit, and gives the op's result.
+OpResult retire(Op& op, const WorkCompletion& wc);
+// Moves the QP to the error state (its posted operations then complete with flush
+// errors) and fails its waiting operations, deferred, with `why`.
+void kill(QpCore& qp, Error why);
+// An operation's cancellation slot fired.
+void cancel(Completions& service, std::uint32_t index, std::uint32_t generation, asio::cancellation_type_t type);
+
+// Installed in an operation's cancellation slot.
+struct CancelOp {
+    Completions* service;
+    std::uint32_t index;
+    std::uint32_t generation;
+    void operator()(asio::cancellation_type_t type) const { cancel(*service, index, generation, type); }
+};
+
+} // namespace rdmaxx::async::detail

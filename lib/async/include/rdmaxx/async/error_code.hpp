@@ -1,0 +1,19 @@
+// rdmaxx::Error as a std::error_code, for code that needs one (an Asio composition, a
+// library that reports std::error_code). Kinds whose code is an errno value map to
+// std::generic_category (so `code == std::errc::timed_out` works); a failed work
+// completion maps to completion_category(), whose values are ibv_wc_status values and
+// whose messages are ibv_wc_status_str's. The mapping drops the Error's call and
+// detail: keep the Error where a person will read it.
+#pragma once
+
+#include <system_error>
+
+#include <rdmaxx/wrap/error.hpp>
+
+namespace rdmaxx::async {
+
+const std::error_category& completion_category() noexcept;
+
+std::error_code to_error_code(const Error& error) noexcept;
+
+} // namespace rdmaxx::async

@@ -1,0 +1,270 @@
+#include <rdmaxx/async/completions.hpp>
+#include <rdmaxx/async/detail/qp_core.hpp>
+#include <rdmaxx/wrap/log.hpp>
+
+#include <algorithm>
+#include <array>
+#include <thread>
+
+#include <asio/post.hpp>
+
+namespace rdmaxx::async {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// How long quiescing waits for the flush completions of a dead QP: a device that
+// gives none in this time is broken, and its QP's memory is left to it (leaked)
+// rather than freed under a DMA.
+constexpr auto flush_bound = std::chrono::seconds(10);
+
+} // namespace
+
+// A pending driver handler pins its CQ: a CQ whose handle is gone lives until the
+// handlers that name it have run or been destroyed.
+struct Completions::Turn {
+    detail::CqCore* cq;
+    explicit Turn(detail::CqCore& c) : cq(&c) { ++c.pins; }
+    Turn(Turn&& other) noexcept : cq(std::exchange(other.cq, nullptr)) {}
+    Turn& operator=(Turn&&) = delete;
+    ~Turn() {
+        if (cq)
+            cq->service->unpin(*cq);
+    }
+    void operator()() {
+        detail::CqCore& c = *cq;
+        c.service->spin(c);
+    }
+};
+
+struct Completions::Wake {
+    Turn pin;
+    void operator()(const std::error_code& ec) {
+        detail::CqCore& c = *pin.cq;
+        if (ec || c.service->shut_down_) // cancelled: the handle is gone
+            return;
+        if (auto taken = c.cq.take_events(); !taken)
+            logger()->error("rdmaxx: completion channel: {}", taken.error());
+        if (c.drive.mode == CompletionMode::hybrid) {
+            c.last_completion = Clock::now();
+            c.service->spin(c);
+        } else {
+            c.service->drain(c, false);
+            c.service->sleep(c);
+        }
+    }
+};
+
+Completions::Completions(asio::io_context& io) : asio::io_context::service(io) {}
+
+Completions::~Completions() {
+    // every handle must be gone by now (their io_context is being destroyed)
+    for (detail::QpCore* qp : qps_)
+        rdmaxx::detail::programming_error("an async::QueuePair outlives its io_context", qp->created);
+    for (detail::CqCore* cq : cqs_)
+        if (cq->pins != 0)
+            rdmaxx::detail::programming_error("an async::CompletionQueue outlives its io_context", cq->created);
+}
+
+void Completions::start(detail::CqCore& cq) {
+    cq.driving = true;
+    if (cq.drive.mode == CompletionMode::event) {
+        sleep(cq);
+        return;
+    }
+    cq.last_completion = Clock::now();
+    asio::post(get_io_context(), Turn(cq));
+}
+
+// One turn of busy polling, then yield (or, hybrid, sleep once idle for `spin`).
+void Completions::spin(detail::CqCore& cq) {
+    for (unsigned polls = 0; polls < cq.drive.busy_polls; ++polls) {
+        if (drain(cq, false) != 0 && cq.drive.mode == CompletionMode::hybrid)
+            cq.last_completion = Clock::now();
+        if (cq.outstanding == 0) {
+            cq.driving = false;
+            return;
+        }
+    }
+    if (cq.drive.mode == CompletionMode::hybrid && Clock::now() - cq.last_completion > cq.drive.spin) {
+        sleep(cq);
+        return;
+    }
+    asio::post(get_io_context(), Turn(cq));
+}
+
+// Arms the CQ and waits on its channel, after one more poll: a completion that landed
+// before the arm raises no event.
+void Completions::sleep(detail::CqCore& cq) {
+    for (;;) {
+        if (cq.outstanding == 0 || shut_down_) {
+            cq.driving = false;
+            return;
+        }
+        if (auto armed = cq.cq.arm(); !armed)
+            logger()->error("rdmaxx: arming a completion queue: {}", armed.error());
+        if (drain(cq, false) == 0)
+            break;
+        if (cq.drive.mode == CompletionMode::hybrid) { // busy again
+            cq.last_completion = Clock::now();
+            asio::post(get_io_context(), Turn(cq));
+            return;
+        }
+    }
+    cq.channel->async_wait(asio::posix::stream_descriptor::wait_read, Wake{Turn(cq)});
+}
+
+std::size_t Completions::drain(detail::CqCore& cq, bool defer) {
+    constexpr int batch = 16;
+    std::array<WorkCompletion, batch> wcs;
+    std::size_t completed = 0;
+    for (;;) {
+        const int n = ibv_poll_cq(cq.cq.get(), batch, reinterpret_cast<ibv_wc*>(wcs.data()));
+        if (n < 0) [[unlikely]] {
+            // a CQ that cannot be polled completes nothing more: its QPs are dead, and
+            // their operations fail now (the device stopped reporting; nothing waits)
+            const Error why = rdmaxx::detail::poll_error(n);
+            logger()->error("rdmaxx: {}", why);
+            for (detail::QpCore* qp : qps_)
+                if (qp->send_cq == &cq || qp->recv_cq == &cq)
+                    detail::kill(*qp, why);
+            return completed;
+        }
+        // take every completion of the batch before running any handler: a handler
+        // may destroy a QP, whose quiescing must not wait for a completion taken here
+        std::array<detail::Op*, batch> ops;
+        std::array<std::optional<detail::OpResult>, batch> results;
+        int found = 0;
+        for (int i = 0; i < n; ++i) {
+            detail::Op* op = slab_.find(wcs[static_cast<std::size_t>(i)].wr_id());
+            if (op == nullptr || op->qp == nullptr) {
+                ++stale_;
+                continue;
+            }
+            --cq.outstanding;
+            ops[static_cast<std::size_t>(found)] = op;
+            results[static_cast<std::size_t>(found)].emplace(detail::retire(*op, wcs[static_cast<std::size_t>(i)]));
+            ++found;
+        }
+        for (int i = 0; i < found; ++i) {
+            detail::Op& op = *ops[static_cast<std::size_t>(i)];
+            if (shut_down_)
+                op.table->destroy(op), slab_.release(op);
+            else
+                op.table->complete(op, std::move(*results[static_cast<std::size_t>(i)]), defer, slab_);
+        }
+        completed += static_cast<std::size_t>(found);
+        if (n < batch)
+            return completed;
+    }
+}
+
+std::size_t Completions::poll() {
+    std::size_t completed = 0;
+    // by index: a handler may add CQs
+    for (std::size_t i = 0; i < cqs_.size(); ++i)
+        completed += drain(*cqs_[i], false);
+    return completed;
+}
+
+void Completions::remove(detail::QpCore& qp) noexcept { std::erase(qps_, &qp); }
+
+void Completions::unpin(detail::CqCore& cq) noexcept {
+    if (--cq.pins == 0)
+        erase(cq);
+}
+
+void Completions::erase(detail::CqCore& cq) noexcept {
+    std::erase(cqs_, &cq);
+    if (cq.channel)
+        cq.channel->release(); // the fd is the channel's: ibv_destroy_comp_channel closes it
+    delete &cq;
+}
+
+// The io_context is going away: no handler may run any more, and none may be
+// destroyed (with the memory it owns, such as a coroutine frame a READ lands in)
+// while the NIC can still write for it. Every QP with operations in flight is moved
+// to the error state and its flush completions taken, then the handlers destroyed.
+void Completions::shutdown() {
+    shut_down_ = true;
+    for (detail::QpCore* qp : qps_)
+        if (qp->posted != 0 || !qp->send_waiting.empty() || !qp->recv_waiting.empty())
+            detail::kill(*qp, Error::cancelled("io_context", "the io_context was destroyed"));
+    const auto deadline = Clock::now() + flush_bound;
+    auto busy = [&] {
+        return std::any_of(qps_.begin(), qps_.end(), [](const detail::QpCore* qp) { return qp->posted != 0; });
+    };
+    while (busy() && Clock::now() < deadline) {
+        for (detail::CqCore* cq : cqs_)
+            drain(*cq, true);
+        std::this_thread::yield();
+    }
+    if (busy())
+        logger()->critical("rdmaxx: a device gave no flush completions within {} s: its QPs and their memory are "
+                           "leaked, not freed under a DMA",
+                           std::chrono::duration_cast<std::chrono::seconds>(flush_bound).count());
+    for (detail::CqCore* cq : cqs_)
+        if (cq->channel)
+            cq->channel->release(), cq->channel.reset();
+}
+
+Result<CompletionQueue> CompletionQueue::create(asio::io_context& io, const Context& context, CqOptions cq,
+                                                DriveOptions drive, std::source_location where) {
+    require(drive.busy_polls > 0 || drive.mode == CompletionMode::event || drive.mode == CompletionMode::manual,
+            where, "DriveOptions::busy_polls 0 for a {} CQ", drive.mode == CompletionMode::busy ? "busy" : "hybrid");
+    cq.channel = drive.mode == CompletionMode::event || drive.mode == CompletionMode::hybrid;
+    auto created = rdmaxx::CompletionQueue::create(context, cq, where);
+    if (!created)
+        return std::unexpected(std::move(created.error()));
+    Completions& service = Completions::of(io);
+    auto* state = new detail::CqCore{.service = &service, .cq = std::move(*created), .drive = drive, .channel = {},
+                                     .created = where};
+    state->pins = 1;
+    if (cq.channel) {
+        std::error_code ec;
+        state->channel.emplace(io);
+        state->channel->assign(state->cq.channel_fd(), ec);
+        if (ec) {
+            state->channel->release();
+            delete state;
+            return std::unexpected(Error::from_errno("epoll_ctl", ec.value(), "watching a completion channel"));
+        }
+    }
+    service.add(*state);
+    return CompletionQueue(state);
+}
+
+CompletionQueue& CompletionQueue::operator=(CompletionQueue&& other) noexcept {
+    if (this != &other) {
+        CompletionQueue old(std::move(*this));
+        state_ = std::exchange(other.state_, nullptr);
+    }
+    return *this;
+}
+
+CompletionQueue::~CompletionQueue() {
+    if (!state_)
+        return;
+    if (state_->qps != 0)
+        rdmaxx::detail::programming_error("an async::CompletionQueue destroyed before the QPs attached to it",
+                                          state_->created);
+    // a pending channel wait ends (cancelled) and unpins; a pending busy turn sees
+    // the handle gone and stops
+    if (state_->channel && !state_->service->shut_down()) {
+        std::error_code ignored;
+        state_->channel->cancel(ignored);
+    }
+    state_->service->unpin(*state_);
+}
+
+detail::CqCore& CompletionQueue::state(std::source_location where) const {
+    require(state_ != nullptr, where, "use of a moved-from async::CompletionQueue");
+    return *state_;
+}
+
+rdmaxx::CompletionQueue& CompletionQueue::get(std::source_location where) const { return state(where).cq; }
+
+std::size_t CompletionQueue::poll(std::source_location where) { return state(where).service->drain(state(where), false); }
+
+} // namespace rdmaxx::async

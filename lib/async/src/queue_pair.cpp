@@ -1,0 +1,272 @@
+#include <rdmaxx/async/queue_pair.hpp>
+#include <rdmaxx/wrap/log.hpp>
+
+#include <chrono>
+#include <thread>
+
+namespace rdmaxx::async {
+
+namespace detail {
+
+namespace {
+
+bool is_atomic(const Op& op) noexcept {
+    return op.kind == Op::Kind::send && (op.wr.send.wr.opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
+                                         op.wr.send.wr.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD);
+}
+
+// Completes an operation that was never posted (or whose post failed), deferred: an
+// initiating function never calls its handler inline.
+void fail(Op& op, Error why) {
+    Completions& service = *op.qp->service;
+    op.qp = nullptr;
+    if (service.shut_down()) {
+        op.table->destroy(op);
+        service.slab().release(op);
+        return;
+    }
+    op.table->complete(op, std::unexpected(std::move(why)), true, service.slab());
+}
+
+void post(Op& op) {
+    QpCore& qp = *op.qp;
+    const std::uint64_t wr_id = op.wr_id();
+    Result<void> posted;
+    switch (op.kind) {
+    case Op::Kind::send: {
+        ibv_send_wr& wr = op.wr.send.wr;
+        wr.wr_id = wr_id;
+        wr.next = nullptr;
+        wr.sg_list = op.wr.send.sge.data();
+        wr.send_flags |= IBV_SEND_SIGNALED;
+        std::size_t accepted = 0;
+        posted = rdmaxx::detail::submit(qp.qp, wr, 1, accepted, op.where);
+        break;
+    }
+    case Op::Kind::batch:
+        posted = op.wr.batch.post(op.wr.batch.batch, wr_id, op.where);
+        break;
+    case Op::Kind::recv: {
+        ibv_recv_wr& wr = op.wr.recv.wr;
+        wr.wr_id = wr_id;
+        wr.next = nullptr;
+        wr.sg_list = op.wr.recv.sge.data();
+        ibv_recv_wr* bad = nullptr;
+        if (const int rc = ibv_post_recv(qp.qp.get(op.where), &wr, &bad); rc != 0) [[unlikely]]
+            posted = std::unexpected(rdmaxx::detail::post_recv_error("ibv_post_recv", rc, wr, bad, 1));
+        break;
+    }
+    }
+    if (!posted) [[unlikely]] {
+        fail(op, std::move(posted.error()));
+        return;
+    }
+    const bool recv = op.kind == Op::Kind::recv;
+    (recv ? qp.recv_credits : qp.send_credits) -= op.credits;
+    op.state = Op::State::posted;
+    ++qp.posted;
+    qp.service->posted(recv ? *qp.recv_cq : *qp.send_cq);
+}
+
+// Posts the waiting operations that fit, in order; fails them all once the QP is dead.
+void pump(QpCore& qp, OpQueue& waiting, const std::uint32_t& credits) {
+    while (!waiting.empty()) {
+        Op& op = *waiting.front();
+        if (!qp.dead && op.credits > credits)
+            return;
+        waiting.remove(op);
+        if (qp.dead)
+            fail(op, *qp.dead);
+        else
+            post(op);
+    }
+}
+
+} // namespace
+
+void start(Op& op) {
+    QpCore& qp = *op.qp;
+    if (qp.dead) [[unlikely]] {
+        fail(op, *qp.dead);
+        return;
+    }
+    if (is_atomic(op) && !qp.qp.supports_atomics()) [[unlikely]] {
+        fail(op, Error::unsupported(op.call, "atomics on a device without atomic support"));
+        return;
+    }
+    const bool recv = op.kind == Op::Kind::recv;
+    OpQueue& waiting = recv ? qp.recv_waiting : qp.send_waiting;
+    if (waiting.empty() && op.credits <= (recv ? qp.recv_credits : qp.send_credits)) [[likely]] {
+        post(op);
+        return;
+    }
+    op.state = Op::State::waiting;
+    waiting.push_back(op);
+}
+
+OpResult retire(Op& op, const WorkCompletion& wc) {
+    QpCore& qp = *op.qp;
+    op.qp = nullptr; // a second completion naming it (a failed batch's flushes) is stale
+    const bool recv = op.kind == Op::Kind::recv;
+    (recv ? qp.recv_credits : qp.send_credits) += op.credits;
+    --qp.posted;
+    OpResult result = wc;
+    if (!wc.ok()) [[unlikely]] {
+        if (!qp.dead)
+            qp.dead = wc.error();
+        result = std::unexpected(op.cancelled ? Error::cancelled(op.call, "flushed after its cancellation: the QP is "
+                                                                          "in the error state")
+                                              : wc.error());
+    }
+    // a cancelled operation that completed before the QP reached the error state did
+    // happen: it reports its success
+    pump(qp, recv ? qp.recv_waiting : qp.send_waiting, recv ? qp.recv_credits : qp.send_credits);
+    if (qp.dead) // the other side's waiters fail too
+        pump(qp, recv ? qp.send_waiting : qp.recv_waiting, recv ? qp.send_credits : qp.recv_credits);
+    return result;
+}
+
+void kill(QpCore& qp, Error why) {
+    if (!qp.dead)
+        qp.dead = std::move(why);
+    if (qp.qp.state() != rdmaxx::QpState::error && qp.qp.state() != rdmaxx::QpState::reset)
+        if (auto moved = qp.qp.to_error(); !moved)
+            logger()->error("rdmaxx: moving QP {:#x} to the error state: {}", qp.qp.qpn(), moved.error());
+    pump(qp, qp.send_waiting, qp.send_credits);
+    pump(qp, qp.recv_waiting, qp.recv_credits);
+}
+
+void cancel(Completions& service, std::uint32_t index, std::uint32_t generation, asio::cancellation_type_t type) {
+    Op* op = service.slab().at(index, generation);
+    if (op == nullptr || op->qp == nullptr)
+        return;
+    QpCore& qp = *op->qp;
+    if (op->state == Op::State::waiting) {
+        (op->kind == Op::Kind::recv ? qp.recv_waiting : qp.send_waiting).remove(*op);
+        fail(*op, Error::cancelled(op->call, "before it was posted"));
+        return;
+    }
+    // posted: only the error state gets it back from the NIC, which a terminal
+    // cancellation allows (partial and total ones promise the QP survives)
+    if ((type & asio::cancellation_type::terminal) == asio::cancellation_type::none)
+        return;
+    op->cancelled = true;
+    kill(qp, Error::cancelled(op->call, "an operation on this QP was cancelled: the QP is in the error state"));
+}
+
+Claim::~Claim() {
+    if (op_)
+        op_->qp->service->slab().release(*op_);
+}
+
+asio::io_context::executor_type Initiate::io_executor(const Op& op) noexcept {
+    return op.qp->service->get_io_context().get_executor();
+}
+
+Completions* Initiate::service(const Op& op) noexcept { return op.qp->service; }
+
+} // namespace detail
+
+namespace {
+
+std::uint32_t entries(const rdmaxx::QueuePair& qp, bool send) {
+    return send ? qp.caps().max_send_wr : qp.caps().max_recv_wr;
+}
+
+} // namespace
+
+QueuePair QueuePair::attach(rdmaxx::QueuePair qp, CompletionQueue& send_cq, CompletionQueue& recv_cq,
+                            std::source_location where) {
+    detail::CqCore& scq = send_cq.state(where);
+    detail::CqCore& rcq = recv_cq.state(where);
+    ibv_qp* raw = qp.get(where);
+    require(raw->send_cq == scq.cq.get() && raw->recv_cq == rcq.cq.get(), where,
+            "QP {:#x} was not created on these CQs (QpOptions::send_cq / recv_cq = &cq.get())", qp.qpn());
+    require(scq.service == rcq.service, where, "a QP's send and receive CQs of two io_contexts");
+    require(!qp.has_srq(), where, "QP {:#x} receives from an SRQ: not supported by async::QueuePair", qp.qpn());
+    const std::size_t send = entries(qp, true), recv = entries(qp, false);
+    const auto room = [&](const detail::CqCore& cq, std::size_t more) {
+        require(cq.reserved + more <= cq.cq.depth(), where,
+                "a CQ of depth {} with {} entries of its QPs could overflow with {} more: QP {:#x}'s queues need "
+                "room for every completion they can have due",
+                cq.cq.depth(), cq.reserved, more, qp.qpn());
+    };
+    if (&scq == &rcq) {
+        room(scq, send + recv);
+    } else {
+        room(scq, send);
+        room(rcq, recv);
+    }
+    scq.reserved += send;
+    rcq.reserved += recv;
+    ++scq.qps;
+    ++rcq.qps;
+    auto* state = new detail::QpCore{.service = scq.service,
+                                      .qp = std::move(qp),
+                                      .send_cq = &scq,
+                                      .recv_cq = &rcq,
+                                      .send_credits = static_cast<std::uint32_t>(send),
+                                      .recv_credits = static_cast<std::uint32_t>(recv),
+                                      .send_waiting = {},
+                                      .recv_waiting = {},
+                                      .dead = {},
+                                      .created = where};
+    scq.service->add(*state);
+    return QueuePair(state);
+}
+
+QueuePair& QueuePair::operator=(QueuePair&& other) noexcept {
+    if (this != &other) {
+        QueuePair old(std::move(*this));
+        state_ = std::exchange(other.state_, nullptr);
+    }
+    return *this;
+}
+
+QueuePair::~QueuePair() {
+    if (!state_)
+        return;
+    detail::QpCore& qp = *state_;
+    Completions& service = *qp.service;
+    const std::size_t send = entries(qp.qp, true), recv = entries(qp.qp, false);
+    if (!service.shut_down()) {
+        if (qp.posted != 0 || !qp.send_waiting.empty() || !qp.recv_waiting.empty())
+            detail::kill(qp, Error::cancelled("async::QueuePair", "the QueuePair was destroyed"));
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while (qp.posted != 0 && std::chrono::steady_clock::now() < deadline) {
+            service.drain(*qp.send_cq, true);
+            if (qp.recv_cq != qp.send_cq)
+                service.drain(*qp.recv_cq, true);
+            if (qp.posted != 0)
+                std::this_thread::yield();
+        }
+        if (qp.posted != 0) {
+            // the NIC may still write for it: leak the QP (and what it keeps alive)
+            logger()->critical("rdmaxx: QP {:#x} gave no flush completions within 10 s: leaked, not destroyed under "
+                               "a DMA",
+                               qp.qp.qpn());
+            new rdmaxx::QueuePair(std::move(qp.qp)); // NOLINT: leaked on purpose
+        }
+    }
+    qp.send_cq->reserved -= send;
+    qp.recv_cq->reserved -= recv;
+    --qp.send_cq->qps;
+    --qp.recv_cq->qps;
+    service.remove(qp);
+    delete state_;
+}
+
+rdmaxx::QueuePair& QueuePair::get(std::source_location where) const { return state(where).qp; }
+
+detail::Claim QueuePair::claim_op(detail::Op::Kind kind, const char* call, std::source_location where) {
+    detail::QpCore& qp = state(where);
+    detail::Op& op = qp.service->slab().acquire();
+    op.qp = &qp;
+    op.kind = kind;
+    op.credits = 1;
+    op.call = call;
+    op.where = where;
+    return detail::Claim(op);
+}
+
+} // namespace rdmaxx::async
