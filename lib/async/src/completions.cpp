@@ -32,9 +32,13 @@ struct Completions::Turn {
         if (cq)
             cq->service->unpin(*cq);
     }
+    // busy and hybrid: a turn of polling; event: the first arm-poll-wait
     void operator()() {
         detail::CqCore& c = *cq;
-        c.service->spin(c);
+        if (c.drive.mode == CompletionMode::event)
+            c.service->sleep(c);
+        else
+            c.service->spin(c);
     }
 };
 
@@ -67,12 +71,10 @@ Completions::~Completions() {
             rdmaxx::detail::programming_error("an async::CompletionQueue outlives its io_context", cq->created);
 }
 
+// Posted, never run inline: start() runs inside an operation's initiating function,
+// whose handler must not be called before it returns (and a poll here could).
 void Completions::start(detail::CqCore& cq) {
     cq.driving = true;
-    if (cq.drive.mode == CompletionMode::event) {
-        sleep(cq);
-        return;
-    }
     cq.last_completion = Clock::now();
     asio::post(get_io_context(), Turn(cq));
 }

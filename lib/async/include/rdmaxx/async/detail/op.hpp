@@ -170,7 +170,7 @@ struct HandlerBox {
                                         alignof(HandlerBox) <= alignof(std::max_align_t) &&
                                         std::is_nothrow_move_constructible_v<Handler>;
 
-    static void store(Op& op, Handler&& h, const IoExecutor& io);
+    static void store(Op& op, Handler h, const IoExecutor& io);
     static void complete(Op& op, OpResult&& result, bool defer, OpSlab& slab);
     static void destroy(Op& op) noexcept;
     static constexpr HandlerTable table{&complete, &destroy};
@@ -188,7 +188,7 @@ private:
 };
 
 template <class Handler, class IoExecutor>
-void HandlerBox<Handler, IoExecutor>::store(Op& op, Handler&& h, const IoExecutor& io) {
+void HandlerBox<Handler, IoExecutor>::store(Op& op, Handler h, const IoExecutor& io) {
     void* memory = op.inline_.data();
     if constexpr (!fits_inline) {
         // Asio's thread-local recycling cache: no heap after the first operations
