@@ -1,0 +1,86 @@
+// lib/async's pure logic: the op slab's wr_ids (a stale or foreign completion never
+// names a live operation), the credit queue, and Error -> std::error_code.
+#include <set>
+#include <system_error>
+#include <vector>
+
+#include <doctest/doctest.h>
+
+#include <rdmaxx/async/detail/op.hpp>
+#include <rdmaxx/async/error_code.hpp>
+
+using namespace rdmaxx;
+using rdmaxx::async::detail::Op;
+using rdmaxx::async::detail::OpQueue;
+using rdmaxx::async::detail::OpSlab;
+
+TEST_CASE("a wr_id finds its operation only while it is posted and of its generation") {
+    OpSlab slab;
+    Op& op = slab.acquire();
+    const std::uint64_t first = op.wr_id();
+    CHECK(slab.find(first) == nullptr); // acquired, not posted yet
+    op.state = Op::State::posted;
+    CHECK(slab.find(first) == &op);
+    slab.release(op);
+    CHECK(slab.find(first) == nullptr); // a late completion of the released op
+    Op& again = slab.acquire();
+    CHECK(&again == &op); // the slot is reused ...
+    again.state = Op::State::posted;
+    CHECK(again.wr_id() != first); // ... under a new name
+    CHECK(slab.find(first) == nullptr);
+    CHECK(slab.find(again.wr_id()) == &again);
+    // foreign wr_ids: past the slab, or a user's small integers of another generation
+    CHECK(slab.find(std::uint64_t{1} << 40 | 5'000'000) == nullptr);
+    CHECK(slab.find(0) == nullptr);
+    CHECK(slab.at(again.index, again.generation) == &again);
+    CHECK(slab.at(again.index, again.generation - 1) == nullptr);
+}
+
+TEST_CASE("the slab grows in fixed chunks, never moves a slot, and counts what is in use") {
+    OpSlab slab;
+    std::vector<Op*> ops;
+    std::set<std::uint32_t> indices;
+    for (int i = 0; i < 1000; ++i) {
+        ops.push_back(&slab.acquire());
+        indices.insert(ops.back()->index);
+    }
+    CHECK(indices.size() == 1000);
+    CHECK(slab.in_use() == 1000);
+    CHECK(slab.capacity() >= 1000);
+    const std::set<Op*> slots(ops.begin(), ops.end());
+    const std::size_t capacity = slab.capacity();
+    for (Op* op : ops)
+        slab.release(*op);
+    CHECK(slab.in_use() == 0);
+    // as many again: the same slots, no growth
+    for (int i = 0; i < 1000; ++i)
+        CHECK(slots.count(&slab.acquire()) == 1);
+    CHECK(slab.capacity() == capacity);
+}
+
+TEST_CASE("the credit queue is FIFO and removes from anywhere") {
+    OpSlab slab;
+    Op& a = slab.acquire();
+    Op& b = slab.acquire();
+    Op& c = slab.acquire();
+    OpQueue queue;
+    queue.push_back(a);
+    queue.push_back(b);
+    queue.push_back(c);
+    queue.remove(b); // a cancelled waiter
+    CHECK(queue.front() == &a);
+    queue.remove(a);
+    CHECK(queue.front() == &c);
+    queue.remove(c);
+    CHECK(queue.empty());
+}
+
+TEST_CASE("an Error maps to a std::error_code a caller can compare") {
+    CHECK(async::to_error_code(Error::timeout("x")) == std::errc::timed_out);
+    CHECK(async::to_error_code(Error::cancelled("x")) == std::errc::operation_canceled);
+    CHECK(async::to_error_code(Error::from_errno("x", ENOMEM)) == std::errc::not_enough_memory);
+    const std::error_code flushed = async::to_error_code(Error::completion(IBV_WC_WR_FLUSH_ERR));
+    CHECK(flushed.category() == async::completion_category());
+    CHECK(flushed.value() == IBV_WC_WR_FLUSH_ERR);
+    CHECK(flushed.message() == ibv_wc_status_str(IBV_WC_WR_FLUSH_ERR));
+}
