@@ -83,6 +83,16 @@ std::uint32_t default_inline(Test test, bool mlx5, std::uint32_t device_limit) {
     return std::min(device_limit, test.verb == Verb::send ? 236u : 220u);
 }
 
+std::string_view async_mode_name(AsyncMode mode) noexcept {
+    switch (mode) {
+    case AsyncMode::off: return "off";
+    case AsyncMode::busy: return "busy";
+    case AsyncMode::event: return "event";
+    case AsyncMode::hybrid: return "hybrid";
+    }
+    return "?";
+}
+
 std::string usage() {
     return "usage: rdmaxx-perf TEST [HOST] [options]\n"
            "  TEST: write_lat write_bw read_lat read_bw send_lat send_bw write_imm_lat write_imm_bw\n"
@@ -106,6 +116,8 @@ std::string usage() {
            "  -m, --mtu N             path MTU 256..4096 (default: both ports' active MTU)\n"
            "  -q, --qp N              QPs, bandwidth (1)\n"
            "  -A, --atomic_type T     FETCH_AND_ADD (default) or CMP_AND_SWAP\n"
+           "      --async MODE        the client's loop on lib/async: busy, event or hybrid (read_lat,\n"
+           "                          atomic_lat, write_bw, read_bw, atomic_bw; every WR signaled)\n"
            "      --timeout MS        longest the peer may stay silent (10000)\n"
            "      --json              one JSON object per result line\n";
 }
@@ -186,6 +198,16 @@ Result<Options> parse_options(std::span<const std::string_view> args) {
             if (!mtu)
                 return std::unexpected(mtu.error());
             o.mtu = *mtu;
+        } else if (is("", "--async")) {
+            const std::string_view text = value();
+            if (text == "busy")
+                o.async = AsyncMode::busy;
+            else if (text == "event")
+                o.async = AsyncMode::event;
+            else if (text == "hybrid")
+                o.async = AsyncMode::hybrid;
+            else
+                return std::unexpected(invalid(fmt::format("--async takes busy, event or hybrid, not '{}'", text)));
         } else if (is("-A", "--atomic_type")) {
             const std::string_view text = value();
             if (text == "FETCH_AND_ADD")
@@ -232,6 +254,15 @@ Result<Options> parse_options(std::span<const std::string_view> args) {
     if (o.post_list > o.tx_depth || o.tx_depth % o.post_list != 0)
         return std::unexpected(
             invalid(fmt::format("--post_list {} must divide --tx-depth {}", o.post_list, o.tx_depth)));
+    // the async loop awaits its own completions: the ping-pong and two-sided tests
+    // wait on the peer's data or receives, which is the data layer's loop
+    const bool one_sided = o.test.verb == Verb::read || o.test.verb == Verb::atomic ||
+                           (o.test.verb == Verb::write && !latency);
+    if (o.async != AsyncMode::off && !one_sided)
+        return std::unexpected(invalid(fmt::format(
+            "--async runs read_lat, atomic_lat, write_bw, read_bw and atomic_bw, not {}", test_name(o.test))));
+    if (o.async != AsyncMode::off && o.post_list != 1)
+        return std::unexpected(invalid("--async posts one operation at a time (--post_list 1)"));
     if (o.inline_size && *o.inline_size != 0 && (o.test.verb == Verb::read || o.test.verb == Verb::atomic))
         return std::unexpected(invalid("READ and atomics cannot be inline: --inline_size 0 or absent"));
     return o;

@@ -18,6 +18,10 @@ namespace rdmaxx::perf {
 enum class Verb : std::uint8_t { write, read, send, write_imm, atomic };
 enum class Measure : std::uint8_t { latency, bandwidth };
 enum class AtomicOp : std::uint8_t { fetch_add, compare_swap };
+// The client's loop through lib/async (co_await per operation, every operation
+// signaled) in one of its completion modes, or the data layer's own loop (off).
+enum class AsyncMode : std::uint8_t { off, busy, event, hybrid };
+std::string_view async_mode_name(AsyncMode mode) noexcept;
 
 // "write_lat", "atomic_bw", ...
 struct Test {
@@ -57,6 +61,7 @@ struct Options {
     std::optional<Mtu> mtu;                  // default: min of both ports' active MTU
     std::uint32_t qps = 1;
     AtomicOp atomic = AtomicOp::fetch_add;
+    AsyncMode async = AsyncMode::off;         // client only: one-sided tests (READ, atomics; WRITE bandwidth)
     bool json = false;
     std::chrono::milliseconds timeout{10'000}; // longest silence of the peer before an Error
     bool help = false;

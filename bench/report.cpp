@@ -29,6 +29,13 @@ std::string json_prefix(const Setup& s, std::uint32_t size, std::uint64_t iters)
                        s.mtu_bytes, size, iters);
 }
 
+// A run through lib/async says so, with its CPU time per operation.
+std::string async_suffix(const Setup& s, double cpu_us_per_op) {
+    if (s.async == AsyncMode::off)
+        return {};
+    return fmt::format(",\"async\":\"{}\",\"cpu_us_per_op\":{:.3f}", async_mode_name(s.async), cpu_us_per_op);
+}
+
 } // namespace
 
 std::string table_head(const Setup& s) {
@@ -62,13 +69,14 @@ std::string bandwidth_row(std::uint32_t size, std::uint64_t iters, const Bandwid
 
 std::string latency_json(const Setup& s, std::uint32_t size, std::uint32_t iters, const Latency& l) {
     return fmt::format("{},\"t_min\":{:.3f},\"t_max\":{:.3f},\"t_typical\":{:.3f},\"t_avg\":{:.3f},"
-                       "\"t_stdev\":{:.3f},\"p99\":{:.3f},\"p99_9\":{:.3f}}}\n",
-                       json_prefix(s, size, iters), l.t_min, l.t_max, l.t_typical, l.t_avg, l.t_stdev, l.p99, l.p999);
+                       "\"t_stdev\":{:.3f},\"p99\":{:.3f},\"p99_9\":{:.3f}{}}}\n",
+                       json_prefix(s, size, iters), l.t_min, l.t_max, l.t_typical, l.t_avg, l.t_stdev, l.p99, l.p999,
+                       async_suffix(s, l.cpu_us_per_op));
 }
 
 std::string bandwidth_json(const Setup& s, std::uint32_t size, std::uint64_t iters, const Bandwidth& b) {
-    return fmt::format("{},\"gbit_per_s\":{:.6f},\"mib_per_s\":{:.4f},\"mpps\":{:.6f}}}\n", json_prefix(s, size, iters),
-                       b.gbit_per_s, b.mib_per_s, b.mpps);
+    return fmt::format("{},\"gbit_per_s\":{:.6f},\"mib_per_s\":{:.4f},\"mpps\":{:.6f}{}}}\n",
+                       json_prefix(s, size, iters), b.gbit_per_s, b.mib_per_s, b.mpps, async_suffix(s, b.cpu_us_per_op));
 }
 
 } // namespace rdmaxx::perf

@@ -22,6 +22,7 @@ struct Setup {
     std::uint32_t cq_mod = 0;
     std::uint32_t inline_size = 0;
     std::uint32_t mtu_bytes = 0;
+    AsyncMode async = AsyncMode::off; // the client's loop
 };
 
 // The banner and the column heads, perftest's layout.

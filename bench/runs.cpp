@@ -7,6 +7,12 @@
 
 #include <fmt/format.h>
 
+#include <sys/resource.h>
+
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/use_awaitable.hpp>
+
 #include <rdmaxx/data/completion.hpp>
 #include <rdmaxx/data/post.hpp>
 #include <rdmaxx/data/signaling.hpp>
@@ -311,6 +317,100 @@ Result<void> absorb(Side& side, std::uint32_t size, std::uint32_t iters) {
     return {};
 }
 
+// --- the client's loops through lib/async (--async) ------------------------------
+
+// The CPU time (user + system) this process has used.
+Clock::duration cpu_time() {
+    rusage usage{};
+    getrusage(RUSAGE_SELF, &usage);
+    const auto us = [](const timeval& t) { return std::chrono::seconds(t.tv_sec) + std::chrono::microseconds(t.tv_usec); };
+    return us(usage.ru_utime) + us(usage.ru_stime);
+}
+
+// The run's WR number n on QP q's buffers, as one awaited operation.
+asio::awaitable<async::detail::OpResult> issue(async::QueuePair& qp, const Options& o, const Buffers& b,
+                                               std::uint32_t n) {
+    switch (o.test.verb) {
+    case Verb::read: return qp.read(b.in, b.peer_out);
+    case Verb::atomic:
+        return o.atomic == AtomicOp::fetch_add ? qp.fetch_add(b.result, b.target, 1)
+                                               : qp.compare_swap(b.result, b.target, n, n + 1);
+    default: return qp.write(b.out, b.peer_in);
+    }
+}
+
+// READ and atomic latency: one operation awaited at a time, stamped as latency_loop
+// stamps its posts.
+asio::awaitable<void> async_latency(Side& side, std::uint32_t size, std::uint32_t iters,
+                                    std::span<Clock::time_point> stamps, Result<void>& out) {
+    const Options& o = side.options();
+    const Buffers buffers(side, 0, size);
+    async::QueuePair& qp = side.async_qp(0);
+    for (std::uint32_t i = 0; i < iters; ++i) {
+        stamps[i] = Clock::now();
+        auto done = co_await issue(qp, o, buffers, i);
+        if (!done) {
+            out = std::unexpected(std::move(done.error()));
+            co_return;
+        }
+        if (o.test.verb == Verb::atomic && load_u64(buffers.result) != i) {
+            out = std::unexpected(Error::protocol(
+                "peer", fmt::format("atomic {} returned {}, expected {}", i, load_u64(buffers.result), i)));
+            co_return;
+        }
+    }
+    stamps[iters] = Clock::now();
+}
+
+// Bandwidth: `window` of these per QP keep that many operations in flight; each takes
+// the QP's next WR number (in order: a CAS compares with the number before it).
+asio::awaitable<void> async_stream_worker(Side& side, std::size_t q, std::uint32_t size, std::uint32_t iters,
+                                          std::uint32_t& next, Result<void>& out) {
+    const Buffers buffers(side, q, size);
+    async::QueuePair& qp = side.async_qp(q);
+    while (next < iters && out) {
+        auto done = co_await issue(qp, side.options(), buffers, next++);
+        if (!done && out)
+            out = std::unexpected(std::move(done.error()));
+    }
+}
+
+Result<Latency> async_latency_run(Side& side, std::uint32_t size, std::uint32_t iters) {
+    std::vector<Clock::time_point> stamps(std::size_t{iters} + 1);
+    Result<void> out;
+    asio::co_spawn(side.io(), async_latency(side, size, iters, stamps, out), asio::detached);
+    const auto cpu = cpu_time();
+    side.io().restart();
+    side.io().run();
+    const auto used = cpu_time() - cpu;
+    if (!out)
+        return std::unexpected(std::move(out.error()));
+    Latency latency = summarize_latency(stamps, 1);
+    latency.cpu_us_per_op = std::chrono::duration<double, std::micro>(used).count() / iters;
+    return latency;
+}
+
+Result<Bandwidth> async_stream(Side& side, std::uint32_t size, std::uint32_t iters) {
+    const std::uint32_t window = std::min(side.options().tx_depth, iters);
+    std::vector<std::uint32_t> next(side.qp_count(), 0);
+    Result<void> out;
+    for (std::size_t q = 0; q < side.qp_count(); ++q)
+        for (std::uint32_t w = 0; w < window; ++w)
+            asio::co_spawn(side.io(), async_stream_worker(side, q, size, iters, next[q], out), asio::detached);
+    const auto cpu = cpu_time();
+    const auto start = Clock::now();
+    side.io().restart();
+    side.io().run();
+    const auto elapsed = Clock::now() - start;
+    const auto used = cpu_time() - cpu;
+    if (!out)
+        return std::unexpected(std::move(out.error()));
+    const std::uint64_t messages = std::uint64_t{iters} * side.qp_count();
+    Bandwidth figures = bandwidth(size, messages, elapsed);
+    figures.cpu_us_per_op = std::chrono::duration<double, std::micro>(used).count() / static_cast<double>(messages);
+    return figures;
+}
+
 Result<Command> receive_command(Side& side, Clock::time_point deadline) {
     protocol::CommandWire wire;
     if (auto ok = side.receive(wire, deadline); !ok)
@@ -341,7 +441,17 @@ Result<Figures> run_client(Side& side, std::uint32_t size, std::uint32_t iters) 
     if (auto ok = expect_reply(side, ReplyKind::ready); !ok)
         return std::unexpected(std::move(ok.error()));
     Figures figures;
-    if (test.measure == Measure::latency) {
+    if (side.options().async != AsyncMode::off && test.measure == Measure::latency) {
+        auto latency = async_latency_run(side, size, iters);
+        if (!latency)
+            return std::unexpected(std::move(latency.error()));
+        figures = *latency;
+    } else if (side.options().async != AsyncMode::off) {
+        auto bw = async_stream(side, size, iters);
+        if (!bw)
+            return std::unexpected(std::move(bw.error()));
+        figures = *bw;
+    } else if (test.measure == Measure::latency) {
         std::vector<Clock::time_point> stamps(std::size_t{iters} + 1);
         if (auto ok = latency_loop(side, size, iters, stamps); !ok)
             return std::unexpected(std::move(ok.error()));

@@ -60,19 +60,44 @@ Result<void> Side::build() {
     // its send queue holds a whole interval, whatever the TX depth.
     const std::uint32_t send_depth =
         o.test.measure == Measure::latency && two_sided ? std::max(o.tx_depth, o.cq_mod) : o.tx_depth;
+    const bool on_async = role_ == Role::client && o.async != AsyncMode::off;
+    if (on_async) {
+        io_ = std::make_unique<asio::io_context>(1);
+        async_cqs_.reserve(2 * o.qps);
+    }
+    const auto drive = [&]() -> async::DriveOptions {
+        switch (o.async) {
+        case AsyncMode::busy: return {.mode = async::CompletionMode::busy};
+        case AsyncMode::hybrid: return {.mode = async::CompletionMode::hybrid};
+        default: return {.mode = async::CompletionMode::event};
+        }
+    };
     for (std::uint32_t i = 0; i < o.qps; ++i) {
-        auto send_cq = CompletionQueue::create(*context_, {.depth = send_depth});
-        if (!send_cq)
-            return std::unexpected(std::move(send_cq.error()));
-        auto recv_cq = CompletionQueue::create(*context_, {.depth = two_sided ? o.rx_depth : 1});
-        if (!recv_cq)
-            return std::unexpected(std::move(recv_cq.error()));
-        send_cqs_.push_back(std::move(*send_cq));
-        recv_cqs_.push_back(std::move(*recv_cq));
+        const CqOptions send_options{.depth = send_depth}, recv_options{.depth = two_sided ? o.rx_depth : 1};
+        if (on_async) {
+            // room for every completion the QP can have due, whatever the device rounds to
+            for (const CqOptions& options : {send_options, recv_options}) {
+                auto cq = async::CompletionQueue::create(*io_, *context_, {.depth = 2 * options.depth}, drive());
+                if (!cq)
+                    return std::unexpected(std::move(cq.error()));
+                async_cqs_.push_back(std::move(*cq));
+            }
+        } else {
+            auto send_cq = CompletionQueue::create(*context_, send_options);
+            if (!send_cq)
+                return std::unexpected(std::move(send_cq.error()));
+            auto recv_cq = CompletionQueue::create(*context_, recv_options);
+            if (!recv_cq)
+                return std::unexpected(std::move(recv_cq.error()));
+            send_cqs_.push_back(std::move(*send_cq));
+            recv_cqs_.push_back(std::move(*recv_cq));
+        }
+        const CompletionQueue& send_cq = on_async ? async_cqs_[2 * i].get() : send_cqs_.back();
+        const CompletionQueue& recv_cq = on_async ? async_cqs_[2 * i + 1].get() : recv_cqs_.back();
         Result<QueuePair> qp = std::unexpected(Error::unsupported("ibv_create_qp", "no inline size to try"));
         for (const std::uint32_t inline_bytes : inline_tries) {
-            qp = QueuePair::create(*pd_, {.send_cq = &send_cqs_.back(),
-                                          .recv_cq = &recv_cqs_.back(),
+            qp = QueuePair::create(*pd_, {.send_cq = &send_cq,
+                                          .recv_cq = &recv_cq,
                                           .caps = {.max_send_wr = send_depth,
                                                    .max_recv_wr = two_sided ? o.rx_depth : 1,
                                                    .max_inline_data = inline_bytes},
@@ -108,7 +133,8 @@ Result<void> Side::build() {
               .post_list = o.post_list,
               .cq_mod = o.cq_mod,
               .inline_size = inline_size,
-              .mtu_bytes = 0};
+              .mtu_bytes = 0,
+              .async = on_async ? o.async : AsyncMode::off};
     return {};
 }
 
@@ -209,6 +235,12 @@ Result<Side> Side::connect(const Options& options) {
     }
     if (auto ok = side.link(); !ok)
         return std::unexpected(std::move(ok.error()));
+    if (side.io_) { // connected and ready: from here the QPs are lib/async's
+        for (std::size_t i = 0; i < side.qps_.size(); ++i)
+            side.async_qps_.push_back(
+                async::QueuePair::attach(std::move(side.qps_[i]), side.async_cqs_[2 * i], side.async_cqs_[2 * i + 1]));
+        side.qps_.clear();
+    }
     return side;
 }
 

@@ -4,8 +4,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <vector>
+
+#include <asio/io_context.hpp>
+
+#include <rdmaxx/async/queue_pair.hpp>
 
 #include <rdmaxx/ctrl/cm.hpp>
 #include <rdmaxx/ctrl/tcp.hpp>
@@ -35,10 +40,13 @@ public:
     const Options& options() const noexcept { return options_; }
     const Setup& setup() const noexcept { return setup_; }
     Role role() const noexcept { return role_; }
-    std::size_t qp_count() const noexcept { return qps_.size(); }
-    QueuePair& qp(std::size_t i) noexcept { return qps_[i]; }
+    std::size_t qp_count() const noexcept { return qps_.size() + async_qps_.size(); }
+    QueuePair& qp(std::size_t i) noexcept { return async_qps_.empty() ? qps_[i] : async_qps_[i].get(); }
     CompletionQueue& send_cq(std::size_t i) noexcept { return send_cqs_[i]; }
     CompletionQueue& recv_cq(std::size_t i) noexcept { return recv_cqs_[i]; }
+    // --async (client): the io_context its loop runs on, and QP i attached to it.
+    asio::io_context& io() noexcept { return *io_; }
+    async::QueuePair& async_qp(std::size_t i) noexcept { return async_qps_[i]; }
     // QP i's buffers: what it sends or reads from (out), what the peer writes or sends
     // into, and where READ and atomic results land (in); each `slot` bytes.
     LocalSlice out(std::size_t i, std::uint32_t size) const { return mr_->slice(2 * i * slot_, size); }
@@ -76,6 +84,10 @@ private:
     std::optional<ProtectionDomain> pd_;
     std::vector<CompletionQueue> send_cqs_, recv_cqs_;
     std::vector<QueuePair> qps_;
+    // --async: the QPs on CQs driven by io_ (created before them: destroyed after)
+    std::unique_ptr<asio::io_context> io_;
+    std::vector<async::CompletionQueue> async_cqs_; // QP i's send CQ at 2i, receive CQ at 2i + 1
+    std::vector<async::QueuePair> async_qps_;
     std::vector<CmConnection> cm_;   // RDMA CM: one per QP
     Mtu peer_mtu_ = Mtu::unknown;
     std::optional<MemoryRegion> mr_;

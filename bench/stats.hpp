@@ -14,6 +14,7 @@ using Clock = std::chrono::steady_clock;
 // In microseconds.
 struct Latency {
     double t_min = 0, t_max = 0, t_typical = 0, t_avg = 0, t_stdev = 0, p99 = 0, p999 = 0;
+    double cpu_us_per_op = 0; // the client's CPU time (user + system) per operation; 0: not measured
 };
 
 // From the initiator's timestamps, one per post plus one after the last: each sample is
@@ -26,6 +27,7 @@ Latency summarize_latency(std::span<const Clock::time_point> stamps, double divi
 
 struct Bandwidth {
     double gbit_per_s = 0, mib_per_s = 0, mpps = 0;
+    double cpu_us_per_op = 0; // as in Latency
 };
 
 // `messages` of `size` bytes moved between the first post and the last completion.

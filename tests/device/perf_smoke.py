@@ -86,6 +86,20 @@ for verb in ["write", "read", "send", "write_imm", "atomic"]:
             if rc == 0:
                 check_json(name, out, test, [size], int(extra[extra.index("-q") + 1]) if "-q" in extra else 1)
 
+# the client's loop on lib/async, in each completion mode (the server is the same)
+for test, extra in [("read_lat", ["-s", "64"]), ("atomic_lat", ["-A", "CMP_AND_SWAP"]), ("write_bw", ["-s", "4096", "-q", "2"]),
+                    ("read_bw", ["-s", "4096", "-t", "16"]), ("atomic_bw", ["-A", "CMP_AND_SWAP"])]:
+    for mode in ["busy", "event", "hybrid"]:
+        name = f"{test} --async {mode} {' '.join(extra)}"
+        rc, out, err, src = pair(test, ["--async", mode, "-n", "20", "--json", *extra])
+        check(f"{name}: client and server exit 0", rc == 0 and src == 0, err.strip())
+        if rc == 0:
+            check_json(name, out, test, [8 if test.startswith("atomic") else 64 if test.endswith("lat") else 4096],
+                       2 if "-q" in extra else 1)
+            rows = [json.loads(line) for line in out.splitlines()]
+            check(f"{name}: says async {mode}, with its CPU time", all(
+                r.get("async") == mode and r.get("cpu_us_per_op", 0) > 0 for r in rows), out.strip())
+
 # QPs connected through RDMA CM (it needs an address on the RDMA device's netdev)
 cm_host = os.environ.get("RDMAXX_VM_ADDR") or subprocess.run(
     ["sh", "-c", "ip -4 -o addr show scope global | awk '{split($4, a, \"/\"); print a[1]; exit}'"],

@@ -81,6 +81,18 @@ TEST_CASE("perf options: perftest's letters and long names, attached or not") {
     CHECK(must(parse({"-h"})).help);
 }
 
+TEST_CASE("perf options: --async takes a mode, for the one-sided tests only") {
+    CHECK(must(parse({"read_lat", "h", "--async", "busy"})).async == AsyncMode::busy);
+    CHECK(must(parse({"write_bw", "h", "--async=event"})).async == AsyncMode::event);
+    CHECK(must(parse({"atomic_bw", "h", "--async", "hybrid"})).async == AsyncMode::hybrid);
+    CHECK(must(parse({"read_bw", "h"})).async == AsyncMode::off);
+    expect_invalid({"read_lat", "--async", "spin"}, "busy, event or hybrid, not 'spin'");
+    expect_invalid({"write_lat", "--async", "busy"}, "not write_lat");
+    expect_invalid({"send_bw", "--async", "busy"}, "not send_bw");
+    expect_invalid({"write_bw", "--async", "busy", "-l", "4", "-t", "128"}, "--post_list 1");
+    CHECK(async_mode_name(AsyncMode::hybrid) == "hybrid");
+}
+
 TEST_CASE("perf options: the sweep goes 2 B to 8 MiB, atomics stay at 8 B") {
     const Options o = must(parse({"write_lat", "-a"}));
     REQUIRE(o.sizes.size() == 23);
