@@ -6,6 +6,12 @@ writes it with the raw figures and a plot into OUT.
 
   compare.py --perf BUILD/bench/rdmaxx-perf [--out DIR] [--sizes 2,64,... | all]
              [--rounds N (5)] [--max-rounds M (10)] [--tests write_lat,...] [--keep]
+             [--async busy|event|hybrid]
+
+With --async MODE the two sides are rdmaxx-perf's own loop on the data layer ("sync",
+in perftest's column) and its loop on lib/async in MODE ("async"), for the tests
+--async runs; the table (with the async runs' CPU time per operation) goes to
+OUT/async-MODE.md and .json, and there is no plot.
 
 Latency compares t_typical (the median; ratio rdmaxx/perftest, lower is better),
 bandwidth the average MiB/s, read from whichever printed figure is more precise
@@ -45,6 +51,7 @@ TESTS = {
     "atomic_bw": ("ib_atomic_bw", ["-A", "FETCH_AND_ADD"]),
     "write_imm_bw": ("ib_write_bw", ["-I", "0"]),
 }
+ASYNC_TESTS = ["read_lat", "atomic_lat", "write_bw", "read_bw", "atomic_bw"]
 ATTEMPTS = 3  # a run that fails (perftest's clock calibration under emulation) is retried
 DEFAULT_SIZES = [2, 64, 1024, 16384, 262144, 1048576]
 PIN_CPUS = (os.cpu_count() or 1) >= 2
@@ -139,6 +146,11 @@ def rdmaxx_figure(output, latency, size):
     return row["t_typical"] if latency else mib_per_s(row["mib_per_s"], 4, row["mpps"], size)
 
 
+def rdmaxx_cpu(output):
+    """The async run's CPU time per operation, in us (0 for a run on the data layer)."""
+    return json.loads(output.strip().splitlines()[-1]).get("cpu_us_per_op", 0)
+
+
 def iterations(test, size):
     # enough samples for a stable median, few enough for software emulation
     if test.endswith("_lat"):
@@ -155,7 +167,11 @@ def main():
     ap.add_argument("--max-rounds", type=int, default=10)
     ap.add_argument("--tests", default=",".join(TESTS))
     ap.add_argument("--keep", action="store_true", help="keep the rows of OUT/compare.json not measured again")
+    ap.add_argument("--async", dest="async_mode", choices=["busy", "event", "hybrid"])
     args = ap.parse_args()
+    if args.async_mode and args.tests == ",".join(TESTS):
+        args.tests = ",".join(ASYNC_TESTS)
+    name = f"async-{args.async_mode}" if args.async_mode else "compare"
     sizes = [2 << i for i in range(20)] if args.sizes == "all" else [int(s) for s in args.sizes.split(",")]
     devices = sorted(os.path.basename(d) for d in glob.glob("/sys/class/infiniband/*"))
     if not devices:
@@ -169,7 +185,7 @@ def main():
     results = []
     if args.keep:  # the rows of the last run in OUT that this one does not measure again
         try:
-            with open(os.path.join(args.out, "compare.json")) as f:
+            with open(os.path.join(args.out, name + ".json")) as f:
                 results = kept(json.load(f)["results"], tests, sizes)
         except FileNotFoundError:
             pass
@@ -179,37 +195,48 @@ def main():
         for size in ([8] if test.startswith("atomic") else sizes):
             n = str(iterations(test, size))
             size_knobs = [] if test.startswith("atomic") else ["-s", str(size)]
-            perftest, rdmaxx = [], []
+            perftest, rdmaxx, cpu = [], [], []
             my_knobs = knobs
             for round in range(args.max_rounds):  # A B A B
                 if round >= args.rounds and not (scattered(perftest) or scattered(rdmaxx)):
                     break
-                base = [program, *common, *knobs, *size_knobs, "-n", n]
-                out = run_pair(base, base + [host])
-                if out is not None:
-                    inline = perftest_inline(out)
-                    if inline is not None and "-I" in knobs:
-                        my_knobs = ["-I", inline]
-                    if not test.startswith("write_imm"):
-                        perftest.append(perftest_figure(out, latency, size))
-                mine = [args.perf, test, *common, *my_knobs, *size_knobs, "-n", n]
-                out = run_pair(mine, mine[:2] + [host] + mine[2:] + ["--json"])
+                if args.async_mode:  # A: rdmaxx-perf's own loop, in perftest's place
+                    sync = [args.perf, test, *common, *size_knobs, "-n", n]
+                    out = run_pair(sync, sync[:2] + [host] + sync[2:] + ["--json"])
+                    if out is not None:
+                        perftest.append(rdmaxx_figure(out, latency, size))
+                else:
+                    base = [program, *common, *knobs, *size_knobs, "-n", n]
+                    out = run_pair(base, base + [host])
+                    if out is not None:
+                        inline = perftest_inline(out)
+                        if inline is not None and "-I" in knobs:
+                            my_knobs = ["-I", inline]
+                        if not test.startswith("write_imm"):
+                            perftest.append(perftest_figure(out, latency, size))
+                mine = [args.perf, test, *common, *([] if args.async_mode else my_knobs), *size_knobs, "-n", n]
+                async_knobs = ["--async", args.async_mode] if args.async_mode else []
+                out = run_pair(mine, mine[:2] + [host] + mine[2:] + async_knobs + ["--json"])
                 if out is not None:
                     rdmaxx.append(rdmaxx_figure(out, latency, size))
+                    cpu.append(rdmaxx_cpu(out))
             if not rdmaxx:
                 print(f"compare: {test} {size} B: rdmaxx-perf failed every time", file=sys.stderr)
                 continue
             row = summarize(test, size, int(n), perftest, rdmaxx)
+            if args.async_mode:
+                row["cpu_us_per_op"] = statistics.median(cpu)
             results.append(row)
             print(format_row(row), flush=True)
-            save(args.out, device, args.rounds, results)  # as we go: a long run keeps what it measured
+            save(args.out, name, device, args.rounds, results)  # as we go: a long run keeps what it measured
 
-    table = format_table(results, device, args.rounds)
+    table = format_table(results, device, args.rounds, args.async_mode)
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "compare.md"), "w") as f:
+    with open(os.path.join(args.out, name + ".md"), "w") as f:
         f.write(table)
     print(table)
-    plot(results, device, os.path.join(args.out, "compare.png"))
+    if not args.async_mode:
+        plot(results, device, os.path.join(args.out, "compare.png"))
 
 
 def kept(results, tests, sizes):
@@ -223,9 +250,9 @@ def in_order(results):
     return sorted(results, key=lambda r: (list(TESTS).index(r["test"]), r["size"]))
 
 
-def save(out, device, rounds, results):
+def save(out, name, device, rounds, results):
     os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "compare.json"), "w") as f:
+    with open(os.path.join(out, name + ".json"), "w") as f:
         json.dump({"device": device, "rounds": rounds, "results": in_order(results)}, f, indent=1)
 
 
@@ -255,18 +282,24 @@ def format_row(r):
     perftest = figure(r["perftest"]) if r["perftest"] is not None else "-"
     ratio = f"{r['ratio']:.2f}" if r["ratio"] is not None else "-"
     median_ratio = f"{r['median_ratio']:.2f}" if r.get("median_ratio") is not None else "-"
+    cpu = f" {figure(r['cpu_us_per_op'])} |" if "cpu_us_per_op" in r else ""
     return (f"| {r['test']} | {r['size']} | {perftest} | {figure(r['rdmaxx'])} | {ratio} | {median_ratio} | "
-            f"{spread(r['perftest_runs'])} | {spread(r['rdmaxx_runs'])} |")
+            f"{spread(r['perftest_runs'])} | {spread(r['rdmaxx_runs'])} |{cpu}")
 
 
-def format_table(results, device, rounds):
+def format_table(results, device, rounds, async_mode=None):
+    a, b = ("sync", f"async {async_mode}") if async_mode else ("perftest", "rdmaxx")
+    cpu_head, cpu_rule = (" async CPU us/op |", " ---: |") if async_mode else ("", "")
     head = (f"Device {device}; at least {rounds} alternating runs per tool (more where a tool's runs spread over "
             "10 %: the count is in the range columns); "
             "each tool's best run (latency: lowest "
-            "t_typical in us, ratio rdmaxx/perftest, lower is better; bandwidth: highest average MiB/s, ratio "
-            "rdmaxx/perftest, higher is better), the ratio of the medians, and every run's range (and count)\n\n"
-            "| test | bytes | perftest | rdmaxx | ratio | median ratio | perftest runs | rdmaxx runs |\n"
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+            f"t_typical in us, ratio {b}/{a}, lower is better; bandwidth: highest average MiB/s, ratio "
+            f"{b}/{a}, higher is better), the ratio of the medians, and every run's range (and count)"
+            + ("; sync is rdmaxx-perf's loop on the data layer (bandwidth: one WR in 100 signaled), async its loop "
+               "on lib/async (every operation signaled and awaited), and the async runs' median CPU time (user + "
+               "system) per operation" if async_mode else "") + "\n\n"
+            f"| test | bytes | {a} | {b} | ratio | median ratio | {a} runs | {b} runs |{cpu_head}\n"
+            f"| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |{cpu_rule}\n")
     return head + "\n".join(format_row(r) for r in in_order(results)) + "\n"
 
 

@@ -35,10 +35,11 @@ struct Completions::Turn {
     // busy and hybrid: a turn of polling; event: the first arm-poll-wait
     void operator()() {
         detail::CqCore& c = *cq;
-        if (c.drive.mode == CompletionMode::event)
-            c.service->sleep(c);
-        else
+        if (c.drive.mode == CompletionMode::busy ||
+            (c.drive.mode == CompletionMode::hybrid && Clock::now() - c.last_completion <= c.drive.spin))
             c.service->spin(c);
+        else
+            c.service->sleep(c);
     }
 };
 
@@ -54,7 +55,6 @@ struct Completions::Wake {
             c.last_completion = Clock::now();
             c.service->spin(c);
         } else {
-            c.service->drain(c, false);
             c.service->sleep(c);
         }
     }
@@ -82,7 +82,7 @@ void Completions::start(detail::CqCore& cq) {
 // One turn of busy polling, then yield (or, hybrid, sleep once idle for `spin`).
 void Completions::spin(detail::CqCore& cq) {
     for (unsigned polls = 0; polls < cq.drive.busy_polls; ++polls) {
-        if (drain(cq, false) != 0 && cq.drive.mode == CompletionMode::hybrid)
+        if (drain(cq, false, poll_batch) != 0 && cq.drive.mode == CompletionMode::hybrid)
             cq.last_completion = Clock::now();
         if (cq.outstanding == 0) {
             cq.driving = false;
@@ -96,29 +96,28 @@ void Completions::spin(detail::CqCore& cq) {
     asio::post(get_io_context(), Turn(cq));
 }
 
-// Arms the CQ and waits on its channel, after one more poll: a completion that landed
-// before the arm raises no event.
+// Arms the CQ and polls it once more (a completion that landed before the arm raises
+// no event): what that poll finds is handled, and the CQ is polled again in a later
+// turn, so that a CQ that never runs dry still lets the io_context's other handlers
+// run; once a poll finds nothing, waits on the channel.
 void Completions::sleep(detail::CqCore& cq) {
-    for (;;) {
-        if (cq.outstanding == 0 || shut_down_) {
-            cq.driving = false;
-            return;
-        }
-        if (auto armed = cq.cq.arm(); !armed)
-            logger()->error("rdmaxx: arming a completion queue: {}", armed.error());
-        if (drain(cq, false) == 0)
-            break;
-        if (cq.drive.mode == CompletionMode::hybrid) { // busy again
+    if (cq.outstanding == 0 || shut_down_) {
+        cq.driving = false;
+        return;
+    }
+    if (auto armed = cq.cq.arm(); !armed)
+        logger()->error("rdmaxx: arming a completion queue: {}", armed.error());
+    if (drain(cq, false, turn_budget) != 0) {
+        if (cq.drive.mode == CompletionMode::hybrid) // busy again
             cq.last_completion = Clock::now();
-            asio::post(get_io_context(), Turn(cq));
-            return;
-        }
+        asio::post(get_io_context(), Turn(cq));
+        return;
     }
     cq.channel->async_wait(asio::posix::stream_descriptor::wait_read, Wake{Turn(cq)});
 }
 
-std::size_t Completions::drain(detail::CqCore& cq, bool defer) {
-    constexpr int batch = 16;
+std::size_t Completions::drain(detail::CqCore& cq, bool defer, std::size_t limit) {
+    constexpr int batch = poll_batch;
     std::array<WorkCompletion, batch> wcs;
     std::size_t completed = 0;
     for (;;) {
@@ -157,7 +156,7 @@ std::size_t Completions::drain(detail::CqCore& cq, bool defer) {
                 op.table->complete(op, std::move(*results[static_cast<std::size_t>(i)]), defer, slab_);
         }
         completed += static_cast<std::size_t>(found);
-        if (n < batch)
+        if (n < batch || completed >= limit)
             return completed;
     }
 }
@@ -166,7 +165,7 @@ std::size_t Completions::poll() {
     std::size_t completed = 0;
     // by index: a handler may add CQs
     for (std::size_t i = 0; i < cqs_.size(); ++i)
-        completed += drain(*cqs_[i], false);
+        completed += drain(*cqs_[i], false, turn_budget);
     return completed;
 }
 
@@ -199,7 +198,7 @@ void Completions::shutdown() {
     };
     while (busy() && Clock::now() < deadline) {
         for (detail::CqCore* cq : cqs_)
-            drain(*cq, true);
+            drain(*cq, true, unlimited);
         std::this_thread::yield();
     }
     if (busy())
@@ -267,6 +266,8 @@ detail::CqCore& CompletionQueue::state(std::source_location where) const {
 
 rdmaxx::CompletionQueue& CompletionQueue::get(std::source_location where) const { return state(where).cq; }
 
-std::size_t CompletionQueue::poll(std::source_location where) { return state(where).service->drain(state(where), false); }
+std::size_t CompletionQueue::poll(std::source_location where) {
+    return state(where).service->drain(state(where), false, Completions::turn_budget);
+}
 
 } // namespace rdmaxx::async

@@ -234,9 +234,9 @@ QueuePair::~QueuePair() {
             detail::kill(qp, Error::cancelled("async::QueuePair", "the QueuePair was destroyed"));
         const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
         while (qp.posted != 0 && std::chrono::steady_clock::now() < deadline) {
-            service.drain(*qp.send_cq, true);
+            service.drain(*qp.send_cq, true, Completions::unlimited);
             if (qp.recv_cq != qp.send_cq)
-                service.drain(*qp.recv_cq, true);
+                service.drain(*qp.recv_cq, true, Completions::unlimited);
             if (qp.posted != 0)
                 std::this_thread::yield();
         }

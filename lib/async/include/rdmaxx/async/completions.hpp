@@ -82,9 +82,10 @@ public:
 
     static Completions& of(asio::io_context& io) { return asio::use_service<Completions>(io); }
 
-    // Polls every CQ of this io_context once, whatever its mode, and runs the
-    // handlers of what completed (inline, when their executor allows). Returns how
-    // many operations completed. For applications with their own loop (manual mode).
+    // Polls every CQ of this io_context once, whatever its mode (up to turn_budget
+    // completions each), and runs the handlers of what completed (inline, when their
+    // executor allows). Returns how many operations completed. For applications with
+    // their own loop (manual mode).
     std::size_t poll();
 
     // Operations posted or waiting for queue entries.
@@ -105,8 +106,14 @@ public:
         if (!cq.driving && cq.drive.mode != CompletionMode::manual)
             start(cq);
     }
-    // Takes what `cq` holds and completes it: handlers run inline unless `defer`.
-    std::size_t drain(detail::CqCore& cq, bool defer);
+    // Takes what `cq` holds, up to about `limit` completions (whole polls of
+    // poll_batch), and completes it: handlers run inline unless `defer`.
+    std::size_t drain(detail::CqCore& cq, bool defer, std::size_t limit);
+    static constexpr int poll_batch = 16;
+    // What one turn (a wake, a manual poll) takes before the io_context's other
+    // handlers get theirs: a CQ that never runs dry must not starve a socket.
+    static constexpr std::size_t turn_budget = 64;
+    static constexpr std::size_t unlimited = ~std::size_t{0};
     void unpin(detail::CqCore& cq) noexcept;
 
 private:
