@@ -306,11 +306,22 @@ struct Owned {
     async::QueuePair qp;
 };
 
+// Or, with `await_last`, it awaits its 100th write itself: then the io_context's
+// service destroys the frame (and the QP and CQ in it) while it takes the flushes.
 asio::awaitable<void> hundred_in_flight(std::unique_ptr<Owned> owned, RemoteMemory target, const MemoryRegion& mem,
-                                        int& started, int& handlers_run) {
-    for (int i = 0; i < 100; ++i)
+                                        bool await_last, int& started, int& handlers_run) {
+    for (int i = 0; i < 99; ++i)
         owned->qp.write(mem.slice(static_cast<std::size_t>(i) * 64, 64), target.slice(static_cast<std::size_t>(i) * 64, 64),
                         [&handlers_run](Result<WorkCompletion>) { ++handlers_run; });
+    if (await_last) {
+        auto last = owned->qp.write(mem.slice(99 * 64, 64), target.slice(99 * 64, 64));
+        started = static_cast<int>(owned->qp.posted()) + 1; // the last is posted when awaited
+        (void)co_await std::move(last);
+        ++handlers_run;
+        co_return;
+    }
+    owned->qp.write(mem.slice(99 * 64, 64), target.slice(99 * 64, 64),
+                    [&handlers_run](Result<WorkCompletion>) { ++handlers_run; });
     started = static_cast<int>(owned->qp.posted());
     asio::steady_timer forever(co_await asio::this_coro::executor, 1h);
     co_await forever.async_wait(asio::use_awaitable);
@@ -319,8 +330,12 @@ asio::awaitable<void> hundred_in_flight(std::unique_ptr<Owned> owned, RemoteMemo
 } // namespace
 
 TEST_CASE("destroying the io_context with 100 operations in flight quiesces, calls no handler, and does not hang") {
-    for (const auto mode : {async::CompletionMode::event, async::CompletionMode::busy}) {
+    for (const auto& [mode, await_last] : {std::pair{async::CompletionMode::event, false},
+                                          std::pair{async::CompletionMode::busy, false},
+                                          std::pair{async::CompletionMode::event, true},
+                                          std::pair{async::CompletionMode::busy, true}}) {
         CAPTURE(name(mode));
+        CAPTURE(await_last);
         Context context = must(Context::open());
         ProtectionDomain pd = must(ProtectionDomain::create(context));
         MemoryRegion mem = must(MemoryRegion::allocate(pd, 1 << 16, access_all));
@@ -338,7 +353,7 @@ TEST_CASE("destroying the io_context with 100 operations in flight quiesces, cal
             must(peer.reset()); // stopped: the writes stay in flight
             auto qp = async::QueuePair::attach(std::move(raw), cq, cq);
             auto owned = std::make_unique<Owned>(Owned{std::move(cq), std::move(qp)});
-            asio::co_spawn(*io, hundred_in_flight(std::move(owned), mem.remote(), mem, started, handlers_run),
+            asio::co_spawn(*io, hundred_in_flight(std::move(owned), mem.remote(), mem, await_last, started, handlers_run),
                            asio::detached);
         }
         io->run_for(200ms);

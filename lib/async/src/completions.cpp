@@ -189,15 +189,22 @@ void Completions::erase(detail::CqCore& cq) noexcept {
 // to the error state and its flush completions taken, then the handlers destroyed.
 void Completions::shutdown() {
     shut_down_ = true;
-    for (detail::QpCore* qp : qps_)
-        if (qp->posted != 0 || !qp->send_waiting.empty() || !qp->recv_waiting.empty())
+    // Destroying a handler can destroy a coroutine frame that owns a QP or a CQ: the
+    // CQs are pinned meanwhile, and a QP is looked up again before it is touched.
+    const std::vector<detail::CqCore*> cqs = cqs_;
+    for (detail::CqCore* cq : cqs)
+        ++cq->pins;
+    const std::vector<detail::QpCore*> qps = qps_;
+    for (detail::QpCore* qp : qps)
+        if (std::find(qps_.begin(), qps_.end(), qp) != qps_.end() &&
+            (qp->posted != 0 || !qp->send_waiting.empty() || !qp->recv_waiting.empty()))
             detail::kill(*qp, Error::cancelled("io_context", "the io_context was destroyed"));
     const auto deadline = Clock::now() + flush_bound;
     auto busy = [&] {
         return std::any_of(qps_.begin(), qps_.end(), [](const detail::QpCore* qp) { return qp->posted != 0; });
     };
     while (busy() && Clock::now() < deadline) {
-        for (detail::CqCore* cq : cqs_)
+        for (detail::CqCore* cq : cqs)
             drain(*cq, true, unlimited);
         std::this_thread::yield();
     }
@@ -205,9 +212,11 @@ void Completions::shutdown() {
         logger()->critical("rdmaxx: a device gave no flush completions within {} s: its QPs and their memory are "
                            "leaked, not freed under a DMA",
                            std::chrono::duration_cast<std::chrono::seconds>(flush_bound).count());
-    for (detail::CqCore* cq : cqs_)
+    for (detail::CqCore* cq : cqs)
         if (cq->channel)
             cq->channel->release(), cq->channel.reset();
+    for (detail::CqCore* cq : cqs)
+        unpin(*cq);
 }
 
 Result<CompletionQueue> CompletionQueue::create(asio::io_context& io, const Context& context, CqOptions cq,

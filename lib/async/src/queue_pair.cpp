@@ -229,24 +229,25 @@ QueuePair::~QueuePair() {
     detail::QpCore& qp = *state_;
     Completions& service = *qp.service;
     const std::size_t send = entries(qp.qp, true), recv = entries(qp.qp, false);
-    if (!service.shut_down()) {
-        if (qp.posted != 0 || !qp.send_waiting.empty() || !qp.recv_waiting.empty())
-            detail::kill(qp, Error::cancelled("async::QueuePair", "the QueuePair was destroyed"));
-        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-        while (qp.posted != 0 && std::chrono::steady_clock::now() < deadline) {
-            service.drain(*qp.send_cq, true, Completions::unlimited);
-            if (qp.recv_cq != qp.send_cq)
-                service.drain(*qp.recv_cq, true, Completions::unlimited);
-            if (qp.posted != 0)
-                std::this_thread::yield();
-        }
-        if (qp.posted != 0) {
-            // the NIC may still write for it: leak the QP (and what it keeps alive)
-            logger()->critical("rdmaxx: QP {:#x} gave no flush completions within 10 s: leaked, not destroyed under "
-                               "a DMA",
-                               qp.qp.qpn());
-            new rdmaxx::QueuePair(std::move(qp.qp)); // NOLINT: leaked on purpose
-        }
+    // also while the io_context shuts down (a coroutine frame that owned this object
+    // is being destroyed): its completions are then taken and their handlers dropped
+    if (qp.posted != 0 || !qp.send_waiting.empty() || !qp.recv_waiting.empty())
+        detail::kill(qp, Error::cancelled("async::QueuePair", "the QueuePair was destroyed"));
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (qp.posted != 0 && std::chrono::steady_clock::now() < deadline) {
+        service.drain(*qp.send_cq, true, Completions::unlimited);
+        if (qp.recv_cq != qp.send_cq)
+            service.drain(*qp.recv_cq, true, Completions::unlimited);
+        if (qp.posted != 0)
+            std::this_thread::yield();
+    }
+    if (qp.posted != 0) {
+        // the NIC may still write for it: leak the QP and its operations (their
+        // handlers and what they keep alive), detached from everything else
+        logger()->critical("rdmaxx: QP {:#x} gave no flush completions within 10 s: leaked, not destroyed under a DMA",
+                           qp.qp.qpn());
+        service.remove(qp);
+        return;
     }
     qp.send_cq->reserved -= send;
     qp.recv_cq->reserved -= recv;
