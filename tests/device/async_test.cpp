@@ -17,7 +17,10 @@
 #include <asio/detached.hpp>
 #include <asio/post.hpp>
 #include <asio/this_coro.hpp>
+#include <asio/experimental/as_tuple.hpp>
 #include <asio/experimental/awaitable_operators.hpp>
+#include <asio/ip/tcp.hpp>
+#include <asio/write.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
 
@@ -26,6 +29,7 @@
 #include <rdmaxx/async/completions.hpp>
 #include <rdmaxx/async/error_code.hpp>
 #include <rdmaxx/async/queue_pair.hpp>
+#include <rdmaxx/async/tcp.hpp>
 
 #include "../support/device.hpp"
 
@@ -431,4 +435,118 @@ TEST_CASE("10,000 awaited writes allocate nothing once warm, in busy and event m
         CHECK(failures == 0);
         CHECK(counted == 0);
     }
+}
+
+// --- setup over TCP through Asio (rdmaxx/async/tcp.hpp) ---------------------------
+
+namespace {
+
+struct TcpSides {
+    asio::io_context io;
+    Context context = must(Context::open());
+    ProtectionDomain pd = must(ProtectionDomain::create(context));
+    async::CompletionQueue cq = must(async::CompletionQueue::create(io, context, {.depth = 512}, {.mode = async::CompletionMode::event}));
+    MemoryRegion mem = must(MemoryRegion::allocate(pd, 1 << 16, access_all));
+    async::QueuePair make() {
+        return async::QueuePair::attach(
+            must(QueuePair::create(pd, {.send_cq = &cq.get(), .recv_cq = &cq.get(), .caps = {.max_send_wr = 16, .max_recv_wr = 16}})),
+            cq, cq);
+    }
+};
+
+// The server's side: the next client, a receive posted, ready confirmed, one SEND
+// taken. Records the accept's result (an Error for a bad client) in `outcome`.
+asio::awaitable<void> serve_one(asio::ip::tcp::acceptor& acceptor, async::QueuePair& qp, const MemoryRegion& mem,
+                                std::optional<Error>& outcome, std::string& received) {
+    async::QueuePair* qps[] = {&qp};
+    auto link = co_await async::accept(acceptor, qps, {.timeout = 500ms});
+    if (!link) {
+        outcome = link.error();
+        co_return;
+    }
+    std::optional<Result<WorkCompletion>> message;
+    qp.receive(mem.slice(0, 64), [&message](Result<WorkCompletion> r) { message = std::move(r); });
+    if (auto ready = co_await async::confirm_ready(link->socket, 2s); !ready) {
+        outcome = ready.error();
+        co_return;
+    }
+    while (!message)
+        co_await asio::post(co_await asio::this_coro::executor, asio::use_awaitable);
+    if (*message && (*message)->byte_len() == 5)
+        received.assign(reinterpret_cast<const char*>(mem.data()), 5);
+}
+
+asio::awaitable<void> client_sends(std::uint16_t port, async::QueuePair& qp, const MemoryRegion& mem, bool& sent) {
+    async::QueuePair* qps[] = {&qp};
+    auto link = co_await async::connect(co_await asio::this_coro::executor, "127.0.0.1", port, qps, {.timeout = 2s});
+    if (!link || !co_await async::confirm_ready(link->socket, 2s))
+        co_return;
+    std::memcpy(mem.data() + 1024, "hello", 5);
+    sent = (co_await qp.send(mem.slice(1024, 5))).has_value();
+}
+
+// A peer that connects and then stays silent, or sends `junk`.
+asio::awaitable<void> bad_client(std::uint16_t port, std::string junk, std::chrono::milliseconds stay) {
+    asio::ip::tcp::socket socket(co_await asio::this_coro::executor);
+    auto [ec] = co_await socket.async_connect({asio::ip::address_v4::loopback(), port},
+                                              asio::experimental::as_tuple(asio::use_awaitable));
+    if (ec)
+        co_return;
+    if (!junk.empty())
+        co_await asio::async_write(socket, asio::buffer(junk), asio::experimental::as_tuple(asio::use_awaitable));
+    asio::steady_timer hold(socket.get_executor(), stay);
+    co_await hold.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+}
+
+} // namespace
+
+TEST_CASE("async TCP setup: two coroutines on one thread connect QPs, confirm readiness and exchange a SEND") {
+    TcpSides s;
+    auto server_qp = s.make(), client_qp = s.make();
+    asio::ip::tcp::acceptor acceptor(s.io, {asio::ip::address_v4::loopback(), 0});
+    std::optional<Error> outcome;
+    std::string received;
+    bool sent = false;
+    asio::co_spawn(s.io, serve_one(acceptor, server_qp, s.mem, outcome, received), asio::detached);
+    asio::co_spawn(s.io, client_sends(acceptor.local_endpoint().port(), client_qp, s.mem, sent), asio::detached);
+    s.io.run();
+    CHECK_FALSE(outcome.has_value());
+    CHECK(sent);
+    CHECK(received == "hello");
+}
+
+TEST_CASE("async TCP setup: a silent client and a garbage one get an Error each, and the next client is served") {
+    TcpSides s;
+    asio::ip::tcp::acceptor acceptor(s.io, {asio::ip::address_v4::loopback(), 0});
+    const std::uint16_t port = acceptor.local_endpoint().port();
+    struct Case {
+        std::string junk;
+        Error::Kind kind;
+    };
+    for (const Case& c : {Case{"", Error::Kind::timeout}, Case{std::string(12, 'x'), Error::Kind::protocol}}) {
+        auto qp = s.make();
+        std::optional<Error> outcome;
+        std::string received;
+        asio::co_spawn(s.io, serve_one(acceptor, qp, s.mem, outcome, received), asio::detached);
+        asio::co_spawn(s.io, bad_client(port, c.junk, 2s), asio::detached);
+        const auto start = std::chrono::steady_clock::now();
+        while (!outcome && std::chrono::steady_clock::now() - start < 10s)
+            s.io.run_one_for(100ms);
+        REQUIRE(outcome.has_value());
+        CHECK(outcome->kind() == c.kind);
+        s.io.stop(); // the bad client's hold ends with the io_context's next restart
+        s.io.restart();
+    }
+    // the listener serves the next, well-behaved client
+    auto server_qp = s.make(), client_qp = s.make();
+    std::optional<Error> outcome;
+    std::string received;
+    bool sent = false;
+    asio::co_spawn(s.io, serve_one(acceptor, server_qp, s.mem, outcome, received), asio::detached);
+    asio::co_spawn(s.io, client_sends(port, client_qp, s.mem, sent), asio::detached);
+    const auto start = std::chrono::steady_clock::now();
+    while (received.empty() && std::chrono::steady_clock::now() - start < 10s)
+        s.io.run_one_for(100ms);
+    CHECK_FALSE(outcome.has_value());
+    CHECK(received == "hello");
 }
