@@ -161,10 +161,12 @@ struct HandlerBox {
 
     HandlerBox(Handler&& h, const IoExecutor& io)
         : handler(std::move(h)),
-          work(asio::prefer(asio::get_associated_executor(handler, io), asio::execution::outstanding_work.tracked)) {}
+          work(asio::prefer(asio::get_associated_executor(handler, io), asio::execution::outstanding_work.tracked)),
+          io(io) {}
 
     Handler handler;
     WorkExecutor work;
+    IoExecutor io; // the service's io_context
 
     static constexpr bool fits_inline = sizeof(HandlerBox) <= sizeof(Op::inline_) &&
                                         alignof(HandlerBox) <= alignof(std::max_align_t) &&
@@ -206,9 +208,17 @@ void HandlerBox<Handler, IoExecutor>::complete(Op& op, OpResult&& result, bool d
     // start the next operation in the same slot)
     Handler handler(std::move(box->handler));
     WorkExecutor work(std::move(box->work));
+    const IoExecutor io = box->io;
     release(op, box);
     slab.release(op);
     asio::get_associated_cancellation_slot(handler).clear();
+    // What dispatch() would do, without wrapping the call for a type-erased executor:
+    // on the io_context's own thread, a handler bound to that io_context runs inline.
+    if (!defer && io.running_in_this_thread() &&
+        &asio::query(work, asio::execution::context) == &asio::query(io, asio::execution::context)) {
+        std::move(handler)(std::move(result));
+        return;
+    }
     struct Call {
         Handler handler;
         OpResult result;
