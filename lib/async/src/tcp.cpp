@@ -1,4 +1,5 @@
 #include <rdmaxx/async/tcp.hpp>
+#include "exchange.hpp"
 #include <rdmaxx/ctrl/tcp.hpp>
 
 #include <tuple>
@@ -55,14 +56,12 @@ std::string describe(const tcp::socket& socket) {
 
 // Our endpoints out, the peer's in (checked by the codec), then each QP connected.
 asio::awaitable<Result<EndpointMessage>> exchange(tcp::socket& socket, asio::steady_timer& timer,
-                                                  std::span<QueuePair* const> qps, const ExchangeOptions& options,
+                                                  std::vector<rdmaxx::QueuePair*> qps, const ExchangeOptions& options,
                                                   const char* call) {
     const std::string peer = describe(socket);
     EndpointMessage mine;
-    for (QueuePair* qp : qps) {
-        require(qp != nullptr, std::source_location::current(), "a null async::QueuePair to connect");
-        mine.qps.push_back({.endpoint = qp->get().endpoint(), .type = qp->get().type()});
-    }
+    for (rdmaxx::QueuePair* qp : qps)
+        mine.qps.push_back({.endpoint = qp->endpoint(), .type = qp->type()});
     mine.metadata.assign(options.metadata.begin(), options.metadata.end());
     const std::vector<std::byte> out = endpoint_codec::encode(mine);
     if (auto [ec, n] = co_await bounded(asio::async_write(socket, asio::buffer(out), no_throw), timer); ec)
@@ -87,7 +86,7 @@ asio::awaitable<Result<EndpointMessage>> exchange(tcp::socket& socket, asio::ste
         co_return std::unexpected(Error::protocol(
             call, fmt::format("peer {} offers {} QPs, we have {}", peer, theirs->qps.size(), qps.size())));
     for (std::size_t i = 0; i < qps.size(); ++i) {
-        rdmaxx::QueuePair& qp = qps[i]->get();
+        rdmaxx::QueuePair& qp = *qps[i];
         if (theirs->qps[i].type != qp.type())
             co_return std::unexpected(Error::protocol(call, fmt::format("QP {}: peer {}'s is {}, ours is {}", i, peer,
                                                                         to_string(theirs->qps[i].type),
@@ -99,10 +98,27 @@ asio::awaitable<Result<EndpointMessage>> exchange(tcp::socket& socket, asio::ste
     co_return std::move(*theirs);
 }
 
+std::vector<rdmaxx::QueuePair*> verbs_qps(std::span<QueuePair* const> qps) {
+    std::vector<rdmaxx::QueuePair*> raw;
+    for (QueuePair* qp : qps) {
+        require(qp != nullptr, std::source_location::current(), "a null async::QueuePair to connect");
+        raw.push_back(&qp->get());
+    }
+    return raw;
+}
+
 } // namespace
+
+std::string detail::peer_name(const asio::ip::tcp::socket& socket) { return describe(socket); }
 
 asio::awaitable<Result<Exchanged>> connect(asio::any_io_executor executor, std::string host, std::uint16_t port,
                                            std::span<QueuePair* const> qps, ExchangeOptions options) {
+    return detail::connect_verbs(std::move(executor), std::move(host), port, verbs_qps(qps), options);
+}
+
+asio::awaitable<Result<Exchanged>> detail::connect_verbs(asio::any_io_executor executor, std::string host,
+                                                         std::uint16_t port, std::vector<rdmaxx::QueuePair*> qps,
+                                                         ExchangeOptions options) {
     asio::steady_timer timer(executor, options.timeout);
     const std::string where = fmt::format("{}:{}", host, port);
     tcp::resolver resolver(executor);
@@ -116,7 +132,7 @@ asio::awaitable<Result<Exchanged>> connect(asio::any_io_executor executor, std::
         co_return std::unexpected(error_of(ec, "connect", "connecting to", where));
     std::error_code ignored;
     socket.set_option(tcp::no_delay(true), ignored);
-    auto peer = co_await exchange(socket, timer, qps, options, "async::connect");
+    auto peer = co_await exchange(socket, timer, std::move(qps), options, "async::connect");
     if (!peer)
         co_return std::unexpected(std::move(peer.error()));
     co_return Exchanged{std::move(socket), std::move(*peer)};
@@ -130,7 +146,7 @@ asio::awaitable<Result<Exchanged>> accept(tcp::acceptor& acceptor, std::span<Que
     asio::steady_timer timer(acceptor.get_executor(), options.timeout);
     std::error_code ignored;
     socket.set_option(tcp::no_delay(true), ignored);
-    auto peer = co_await exchange(socket, timer, qps, options, "async::accept");
+    auto peer = co_await exchange(socket, timer, verbs_qps(qps), options, "async::accept");
     if (!peer)
         co_return std::unexpected(std::move(peer.error()));
     co_return Exchanged{std::move(socket), std::move(*peer)};

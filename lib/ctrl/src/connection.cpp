@@ -16,11 +16,12 @@
 
 #include "handshake.hpp"
 #include "link.hpp"
+#include "listener_core.hpp"
 
 namespace rdmaxx {
-namespace {
+namespace detail {
 
-void validate(const ConnectionOptions& o, std::source_location where) {
+void check_options(const ConnectionOptions& o, std::source_location where) {
     require(o.max_message >= 1 && o.max_message <= detail::max_message_limit, where,
             "ConnectionOptions::max_message {} outside 1..{}", o.max_message, detail::max_message_limit);
     require(o.receive_depth >= detail::CreditWindow::min_depth && o.receive_depth <= detail::CreditWindow::max_depth,
@@ -35,6 +36,10 @@ void validate(const ConnectionOptions& o, std::source_location where) {
             o.max_pending_handshakes);
 }
 
+} // namespace detail
+
+namespace {
+void validate(const ConnectionOptions& options, std::source_location where) { detail::check_options(options, where); }
 } // namespace
 
 // --- Connection ----------------------------------------------------------------
@@ -100,7 +105,7 @@ Result<void> Connection::send_local_mr(MemoryRegion mr, std::chrono::millisecond
             "send_local_mr of a region registered in another protection domain");
     require((mr.access() & access_remote) != Access::none,
             where, "send_local_mr of a region with no remote rights ({})", mr.access());
-    return l.lend(std::move(mr), lease);
+    return l.send_local_mr(std::move(mr), lease);
 }
 
 Result<RemoteMr> Connection::receive_remote_mr(Timeout timeout) {
@@ -140,7 +145,7 @@ Result<void> Connection::write_with_imm(const LocalSlice& local, const RemoteMem
                                         Timeout timeout) {
     detail::Link& l = link(std::source_location::current());
     const auto deadline = l.deadline(timeout, local.size());
-    if (auto ok = l.take_user_credit(deadline); !ok)
+    if (auto ok = l.wait_user_credit(deadline); !ok)
         return ok;
     bool posted = false;
     auto done = l.one_sided(
@@ -191,23 +196,12 @@ Result<std::uint32_t> Connection::receive_write_imm(Timeout timeout) {
 
 // --- Listener ------------------------------------------------------------------
 
-struct Listener::State {
-    ConnectionOptions options;
-    std::optional<TcpListener> tcp;
-    std::optional<CmListener> cm;
-    std::shared_ptr<detail::Group> group;
-    std::list<detail::ServerHandshake> pending;
-    std::deque<std::unique_ptr<detail::Link>> ready;
-    ListenerStats stats;
-
-    int knock_fd() const { return tcp ? tcp->fd() : cm->fd(); }
-    void admit();
-    void advance();
+struct Listener::State : detail::ListenerCore {
     Result<void> sleep(Clock::time_point deadline);
 };
 
 // Takes every client that knocked, without waiting.
-void Listener::State::admit() {
+void detail::ListenerCore::admit() {
     for (;;) {
         const auto deadline = Clock::now() + options.timeout;
         std::optional<detail::ServerHandshake> handshake;
@@ -247,7 +241,7 @@ void Listener::State::admit() {
 }
 
 // Moves every handshake on as far as it goes; finished ones queue for accept().
-void Listener::State::advance() {
+void detail::ListenerCore::advance() {
     const auto now = Clock::now();
     for (auto it = pending.begin(); it != pending.end();) {
         auto step = it->advance(group, options);
@@ -278,10 +272,7 @@ Result<void> Listener::State::sleep(Clock::time_point deadline) {
     auto wake = deadline;
     std::vector<pollfd> fds{{.fd = knock_fd(), .events = POLLIN, .revents = 0},
                             {.fd = group->cq.channel_fd(), .events = POLLIN, .revents = 0}};
-    for (const auto& handshake : pending) {
-        fds.push_back(handshake.wanted());
-        wake = std::min(wake, handshake.deadline());
-    }
+    wanted(fds, wake);
     const auto left = std::chrono::ceil<std::chrono::milliseconds>(wake - Clock::now());
     const int n = ::poll(fds.data(), fds.size(), static_cast<int>(std::clamp<long long>(left.count(), 0, 1 << 30)));
     if (n < 0 && errno != EINTR)
@@ -297,27 +288,56 @@ Listener::Listener(Listener&&) noexcept = default;
 Listener& Listener::operator=(Listener&&) noexcept = default;
 Listener::~Listener() = default;
 
+Result<void> detail::ListenerCore::open(std::string_view host, std::uint16_t port, const ConnectionOptions& o) {
+    options = o;
+    if (o.transport == Transport::rdma_cm) {
+        auto listener = CmListener::listen(host, port, o.backlog);
+        if (!listener)
+            return std::unexpected(std::move(listener.error()));
+        options = detail::on_device_of(*listener, o);
+        cm.emplace(std::move(*listener));
+    } else {
+        auto listener = TcpListener::listen(host, port, o.backlog);
+        if (!listener)
+            return std::unexpected(std::move(listener.error()));
+        tcp.emplace(std::move(*listener));
+    }
+    auto created = detail::Group::create(options);
+    if (!created)
+        return std::unexpected(std::move(created.error()));
+    group = std::move(*created);
+    return {};
+}
+
+void detail::ListenerCore::wanted(std::vector<pollfd>& fds, Clock::time_point& wake) const {
+    for (const auto& handshake : pending) {
+        fds.push_back(handshake.wanted());
+        wake = std::min(wake, handshake.deadline());
+    }
+}
+
+std::unique_ptr<detail::Link> detail::ListenerCore::take_ready() {
+    if (ready.empty())
+        return nullptr;
+    auto link = std::move(ready.front());
+    ready.pop_front();
+    ++stats.accepted;
+    return link;
+}
+
+ListenerStats detail::ListenerCore::current_stats() const {
+    ListenerStats now = stats;
+    now.pending = pending.size();
+    now.ready = ready.size();
+    return now;
+}
+
 Result<Listener> Listener::listen(std::string_view host, std::uint16_t port, const ConnectionOptions& options,
                                   std::source_location where) {
     validate(options, where);
     auto state = std::make_unique<State>();
-    state->options = options;
-    if (options.transport == Transport::rdma_cm) {
-        auto cm = CmListener::listen(host, port, options.backlog);
-        if (!cm)
-            return std::unexpected(std::move(cm.error()));
-        state->options = detail::on_device_of(*cm, options);
-        state->cm.emplace(std::move(*cm));
-    } else {
-        auto tcp = TcpListener::listen(host, port, options.backlog);
-        if (!tcp)
-            return std::unexpected(std::move(tcp.error()));
-        state->tcp.emplace(std::move(*tcp));
-    }
-    auto group = detail::Group::create(state->options);
-    if (!group)
-        return std::unexpected(std::move(group.error()));
-    state->group = std::move(*group);
+    if (auto ok = state->open(host, port, options); !ok)
+        return std::unexpected(std::move(ok.error()));
     return Listener(std::move(state));
 }
 
@@ -327,11 +347,7 @@ std::uint16_t Listener::port(std::source_location where) const {
 }
 
 ListenerStats Listener::stats(std::source_location where) const {
-    const State& s = *detail::live(state_, "Listener", where);
-    ListenerStats stats = s.stats;
-    stats.pending = s.pending.size();
-    stats.ready = s.ready.size();
-    return stats;
+    return detail::live(state_, "Listener", where)->current_stats();
 }
 
 Result<Connection> Listener::accept(std::chrono::milliseconds timeout, std::source_location where) {
@@ -343,12 +359,8 @@ Result<Connection> Listener::accept(std::chrono::milliseconds timeout, std::sour
             return std::unexpected(std::move(ok.error()));
         s.admit();
         s.advance();
-        if (!s.ready.empty()) {
-            Connection connection(std::move(s.ready.front()));
-            s.ready.pop_front();
-            ++s.stats.accepted;
-            return connection;
-        }
+        if (auto link = s.take_ready())
+            return Connection(std::move(link));
         if (Clock::now() >= deadline)
             return std::unexpected(Error::timeout("Listener::accept", "no client connected in time"));
         if (auto ok = s.sleep(deadline); !ok)

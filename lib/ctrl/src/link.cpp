@@ -174,14 +174,17 @@ Link::Link(std::shared_ptr<Group> group, const ConnectionOptions& options, Memor
            QueuePair qp)
     : group_(std::move(group)), options_(options), receive_mr_(std::move(receive)), slots_(std::move(slots)),
       qp_(std::move(qp)), buffer_bytes_(static_cast<std::uint32_t>(control::header_bytes) + options.max_message),
-      leases_(options.quota_bytes) {}
+      leases_(options.quota_bytes), ops_(options.max_send_wr) {
+    for (std::uint32_t op = options.max_send_wr; op-- > 0;)
+        free_ops_.push_back(op);
+}
 
 Result<std::unique_ptr<Link>> Link::create(std::shared_ptr<Group> group, const ConnectionOptions& options) {
     const std::uint32_t slots = std::min(options.max_send_wr, max_slots);
-    // each send slot, one one-sided operation, and the window binds in flight
+    // each send slot, max_send_wr one-sided operations, and the window binds in flight
     auto qp = QueuePair::create(group->pd, {.send_cq = &group->cq,
                                             .recv_cq = &group->cq,
-                                            .caps = {.max_send_wr = slots + 1 + max_binds,
+                                            .caps = {.max_send_wr = slots + options.max_send_wr + max_binds,
                                                      .max_recv_wr = options.receive_depth,
                                                      .max_send_sge = 2,
                                                      .max_recv_sge = 1},
@@ -258,8 +261,7 @@ void Link::on_completion(const WorkCompletion& wc) {
         if (!wc.ok())
             slots_.error[id] = fail(wc.error());
     } else if (tag == tag_op) {
-        if (id == op_awaited_)
-            op_done_ = wc;
+        ops_[id] = wc;
         if (!wc.ok())
             fail(wc.error());
     } else if (tag == tag_bind) {
@@ -469,39 +471,55 @@ Result<void> Link::flush() {
     return {};
 }
 
-Result<void> Link::send(const LocalSlice& message, std::optional<std::uint32_t> imm, Clock::time_point deadline) {
+Result<void> Link::check_sendable(const LocalSlice& message) const {
     if (broken_)
         return std::unexpected(*broken_);
     if (message.size() > peer_max_message_)
         return std::unexpected(Error::from_errno(
             "Connection::send", EMSGSIZE,
             fmt::format("{} bytes: the peer receives at most {} per message", message.size(), peer_max_message_)));
-    std::optional<std::uint32_t> slot;
-    if (auto ok = wait([&] { return credits_->can_send(CreditWindow::Use::user) && (slot = slots_.free()); },
-                       "send: waiting for a credit", deadline);
-        !ok)
-        return ok;
-    const std::uint16_t report = credits_->spend();
-    const auto header = control::encode_user_header(static_cast<std::uint32_t>(message.size()), report);
-    if (auto ok = post_message(*slot, header, &message, imm); !ok) {
-        credits_->unspend(report);
-        return ok;
-    }
-    const std::uint32_t s = *slot;
-    auto delivered = [&] { return !slots_.busy[s]; };
-    if (auto ok = wait(delivered, "send: waiting for its completion", deadline); !ok) {
-        if (!delivered())
-            abandon(ok.error(), delivered); // the NIC may still read the caller's bytes
-        return ok;
-    }
-    if (slots_.error[s])
-        return std::unexpected(*slots_.error[s]);
     return {};
 }
 
-Result<Received> Link::receive(std::span<std::byte> into, Clock::time_point deadline) {
-    if (auto ok = wait([&] { return !inbox_.empty(); }, "receive", deadline); !ok)
+bool Link::can_send() const { return credits_->can_send(CreditWindow::Use::user) && slots_.free().has_value(); }
+
+Result<std::uint32_t> Link::post_user_message(const LocalSlice& message, std::optional<std::uint32_t> imm) {
+    if (broken_)
+        return std::unexpected(*broken_);
+    const std::uint32_t slot = *slots_.free();
+    const std::uint16_t report = credits_->spend();
+    const auto header = control::encode_user_header(static_cast<std::uint32_t>(message.size()), report);
+    if (auto ok = post_message(slot, header, &message, imm); !ok) {
+        credits_->unspend(report);
         return std::unexpected(std::move(ok.error()));
+    }
+    return slot;
+}
+
+Result<void> Link::send_result(std::uint32_t slot) const {
+    if (slots_.error[slot])
+        return std::unexpected(*slots_.error[slot]);
+    return {};
+}
+
+Result<void> Link::send(const LocalSlice& message, std::optional<std::uint32_t> imm, Clock::time_point deadline) {
+    if (auto ok = check_sendable(message); !ok)
+        return ok;
+    if (auto ok = wait([&] { return can_send(); }, "send: waiting for a credit", deadline); !ok)
+        return ok;
+    auto slot = post_user_message(message, imm);
+    if (!slot)
+        return std::unexpected(std::move(slot.error()));
+    auto delivered = [&] { return sent(*slot); };
+    if (auto ok = wait(delivered, "send: waiting for its completion", deadline); !ok) {
+        if (!delivered())
+            abandon_and_drain(ok.error(), delivered); // the NIC may still read the caller's bytes
+        return ok;
+    }
+    return send_result(*slot);
+}
+
+Result<Received> Link::take_message(std::span<std::byte> into) {
     const Incoming next = inbox_.front();
     if (next.length > into.size())
         return std::unexpected(Error::from_errno(
@@ -520,83 +538,134 @@ Result<Received> Link::receive(std::span<std::byte> into, Clock::time_point dead
     return Received{.size = next.length, .imm = next.imm};
 }
 
-Result<std::uint32_t> Link::receive_write_imm(Clock::time_point deadline) {
-    if (auto ok = wait([&] { return !write_imms_.empty(); }, "receive_write_imm", deadline); !ok)
+Result<Received> Link::receive(std::span<std::byte> into, Clock::time_point deadline) {
+    if (auto ok = wait([&] { return has_message(); }, "receive", deadline); !ok)
         return std::unexpected(std::move(ok.error()));
+    return take_message(into);
+}
+
+std::uint32_t Link::take_write_imm() {
     const std::uint32_t imm = write_imms_.front();
     write_imms_.pop_front();
     return imm;
 }
 
-Result<void> Link::take_user_credit(Clock::time_point deadline) {
+Result<std::uint32_t> Link::receive_write_imm(Clock::time_point deadline) {
+    if (auto ok = wait([&] { return has_write_imm(); }, "receive_write_imm", deadline); !ok)
+        return std::unexpected(std::move(ok.error()));
+    return take_write_imm();
+}
+
+Result<void> Link::take_op(std::uint32_t op) {
+    const WorkCompletion wc = *ops_[op];
+    ops_[op].reset();
+    free_ops_.push_back(op);
+    return wc.check();
+}
+
+bool Link::can_take_user_credit() const { return credits_->can_send(CreditWindow::Use::user); }
+void Link::take_user_credit() { (void)credits_->spend(); } // a WRITE_WITH_IMM carries no header: it reports nothing
+void Link::give_back_user_credit() { credits_->unspend(0); }
+
+Result<void> Link::wait_user_credit(Clock::time_point deadline) {
     if (broken_)
         return std::unexpected(*broken_);
-    if (auto ok = wait([&] { return credits_->can_send(CreditWindow::Use::user); }, "write_with_imm: waiting for a credit",
-                       deadline);
-        !ok)
+    if (auto ok = wait([&] { return can_take_user_credit(); }, "write_with_imm: waiting for a credit", deadline); !ok)
         return ok;
-    (void)credits_->spend(); // a WRITE_WITH_IMM carries no header: it reports nothing
+    take_user_credit();
     return {};
 }
 
-void Link::give_back_user_credit() { credits_->unspend(0); }
+void Link::abandon(const Error& why) {
+    fail(why);
+    if (auto ok = qp_.to_error(); !ok)
+        logger()->error("Connection: {} (the QP could not be moved to the error state)", ok.error());
+}
 
 // --- Link: memory lent, requested, returned --------------------------------------------
+
+bool Link::can_lend(const MemoryRegion& mr) const {
+    return !mr.pooled() || group_->lending != Lending::memory_window || binding_.size() < max_binds;
+}
 
 Result<void> Link::lend(MemoryRegion mr, std::chrono::milliseconds lease) {
     if (broken_)
         return std::unexpected(*broken_);
-    if (mr.pooled() && group_->lending == Lending::memory_window)
-        if (auto ok = wait([&] { return binding_.size() < max_binds; }, "send_local_mr: a window bind",
-                           deadline(std::nullopt));
-            !ok)
-            return ok;
     lease = std::min(lease, options_.max_lease);
     const Access access = mr.access() & control::known_access;
     const std::uint64_t token = random_token();
     const control::Region region{.request = 0, .memory = {}, .token = token, .access = access, .lease = lease};
-    if (auto ok = expose(std::move(mr), access, token, lease, control::Lend{region}, false); !ok)
+    return expose(std::move(mr), access, token, lease, control::Lend{region}, false);
+}
+
+Result<void> Link::send_local_mr(MemoryRegion mr, std::chrono::milliseconds lease) {
+    if (broken_)
+        return std::unexpected(*broken_);
+    if (auto ok = wait([&] { return can_lend(mr); }, "send_local_mr: a window bind", deadline(std::nullopt)); !ok)
+        return ok;
+    if (auto ok = lend(std::move(mr), lease); !ok)
         return ok;
     return progress();
 }
 
-Result<RemoteMr> Link::receive_remote_mr(Clock::time_point deadline) {
-    if (auto ok = wait([&] { return !lent_to_us_.empty(); }, "receive_remote_mr", deadline); !ok)
-        return std::unexpected(std::move(ok.error()));
+RemoteMr Link::take_lent_to_us() {
     RemoteMr mr = lent_to_us_.front();
     lent_to_us_.pop_front();
     return mr;
 }
 
+Result<RemoteMr> Link::receive_remote_mr(Clock::time_point deadline) {
+    if (auto ok = wait([&] { return has_lent_to_us(); }, "receive_remote_mr", deadline); !ok)
+        return std::unexpected(std::move(ok.error()));
+    return take_lent_to_us();
+}
+
+std::uint64_t Link::ask_for_region(std::size_t size, Access access, std::chrono::milliseconds lease) {
+    const std::uint64_t request = next_request_++;
+    queue(control::Request{.request = request, .size = size, .access = access, .lease = lease});
+    return request;
+}
+
+Result<RemoteMr> Link::take_answer(std::uint64_t request) { return std::move(grants_.extract(request).mapped()); }
+
 Result<RemoteMr> Link::request_remote_mr(std::size_t size, Access access, std::chrono::milliseconds lease,
                                          Clock::time_point deadline) {
     if (broken_)
         return std::unexpected(*broken_);
-    const std::uint64_t request = next_request_++;
-    queue(control::Request{.request = request, .size = size, .access = access, .lease = lease});
-    if (auto ok = wait([&] { return grants_.contains(request); }, "request_remote_mr", deadline); !ok)
+    const std::uint64_t request = ask_for_region(size, access, lease);
+    if (auto ok = wait([&] { return answered(request); }, "request_remote_mr", deadline); !ok)
         return std::unexpected(std::move(ok.error()));
-    return std::move(grants_.extract(request).mapped());
+    return take_answer(request);
 }
 
-Result<void> Link::send_remote_mr(const RemoteMr& mr, Clock::time_point deadline) {
-    if (broken_)
-        return std::unexpected(*broken_);
-    return_acks_.erase(mr.token);
-    queue(control::Return{.token = mr.token});
-    if (auto ok = wait([&] { return return_acks_.contains(mr.token); }, "send_remote_mr", deadline); !ok)
-        return ok;
-    const int status = return_acks_.extract(mr.token).mapped();
+void Link::give_back(std::uint64_t token) {
+    return_acks_.erase(token);
+    queue(control::Return{.token = token});
+}
+
+Result<void> Link::take_return_answer(std::uint64_t token) {
+    const int status = return_acks_.extract(token).mapped();
     if (status != 0)
         return std::unexpected(Error::from_errno("send_remote_mr", status,
                                                  "the owner refused the region: its lease ended or it was never lent"));
     return {};
 }
 
+Result<void> Link::send_remote_mr(const RemoteMr& mr, Clock::time_point deadline) {
+    if (broken_)
+        return std::unexpected(*broken_);
+    give_back(mr.token);
+    if (auto ok = wait([&] { return return_answered(mr.token); }, "send_remote_mr", deadline); !ok)
+        return ok;
+    return take_return_answer(mr.token);
+}
+
+MemoryRegion Link::take_returned() { return std::move(*leases_.take_returned()).take(); }
+
 Result<MemoryRegion> Link::receive_local_mr(Clock::time_point deadline) {
-    if (auto ok = wait([&] { return leases_.has_returned(); }, "receive_local_mr", deadline); !ok)
+    if (auto ok = wait([&] { return has_returned(); }, "receive_local_mr", deadline); !ok)
         return std::unexpected(std::move(ok.error()));
-    return std::move(*leases_.take_returned()).take();
+    return take_returned();
 }
 
 Result<void> Link::progress() {
@@ -608,19 +677,28 @@ Result<void> Link::progress() {
     return {};
 }
 
-Result<void> Link::close(Clock::time_point deadline) {
-    if (closed_)
-        return {};
+bool Link::begin_close() {
     closed_ = true;
-    Result<void> done{};
-    if (!broken_ && (tcp_ || cm_)) { // connected and handed out: the peer listens
-        queue(control::Goodbye{});
-        done = wait([&] { return outbox_.empty() && slots_.idle(); }, "close: sending what is queued", deadline);
-    }
+    if (broken_ || !(tcp_ || cm_)) // not connected or handed out: no one listens
+        return false;
+    queue(control::Goodbye{});
+    return true;
+}
+
+void Link::end_close() {
     if (tcp_)
         ::shutdown(tcp_->fd(), SHUT_WR); // the peer's side channel reads its end
     cm_.reset();                         // disconnects
     fail(Error::from_errno("Connection", ENOTCONN, "the connection was closed"));
+}
+
+Result<void> Link::close(Clock::time_point deadline) {
+    if (closed_)
+        return {};
+    Result<void> done{};
+    if (begin_close())
+        done = wait([&] { return flushed(); }, "close: sending what is queued", deadline);
+    end_close();
     return done;
 }
 

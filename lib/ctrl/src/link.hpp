@@ -90,7 +90,69 @@ public:
     void watch(TcpStream stream);
     void watch(CmConnection cm);
 
-    // --- what Connection offers ---
+    // --- steps: each call of Connection is steps separated by waits. Link's own calls
+    // below wait between them by blocking (wait()); async::Connection (lib/async) drives
+    // the same steps and awaits between them. A step never waits. ---
+    const std::optional<Error>& broken() const noexcept { return broken_; }
+    // Records the first failure: every later call fails with it.
+    Error fail(Error e);
+    // The side channel that reports the peer's death (-1: none), and reading it.
+    int watch_fd() const;
+    void check_peer_alive();
+    const std::string& peer() const;
+    // The earliest lease end, when a lease runs (Group::pump expires it).
+    std::optional<Clock::time_point> next_expiry() const { return leases_.next_expiry(); }
+
+    // send: size checked, then wait for can_send(), post, wait for sent(slot).
+    Result<void> check_sendable(const LocalSlice& message) const;
+    bool can_send() const; // a credit for a user message and a free send slot
+    Result<std::uint32_t> post_user_message(const LocalSlice& message, std::optional<std::uint32_t> imm);
+    bool sent(std::uint32_t slot) const noexcept { return !slots_.busy[slot]; }
+    Result<void> send_result(std::uint32_t slot) const;
+    // receive / receive_write_imm: wait for has_message() / has_write_imm().
+    bool has_message() const noexcept { return !inbox_.empty(); }
+    Result<Received> take_message(std::span<std::byte> into);
+    bool has_write_imm() const noexcept { return !write_imms_.empty(); }
+    std::uint32_t take_write_imm();
+    // one-sided: wait for can_post_op(), post_op(post), wait for op_done(op), take_op(op).
+    // Up to ConnectionOptions::max_send_wr operations are in flight at once.
+    bool can_post_op() const noexcept { return !free_ops_.empty(); }
+    template <class Post>
+    Result<std::uint32_t> post_op(Post&& post);
+    bool op_done(std::uint32_t op) const noexcept { return ops_[op].has_value(); }
+    Result<void> take_op(std::uint32_t op);
+    // write_with_imm: one of the peer's receives, so one credit (taken before the post,
+    // given back when the post fails).
+    bool can_take_user_credit() const;
+    void take_user_credit();
+    void give_back_user_credit();
+    // Moves the QP to the error state after `why` (an operation ran out of time or was
+    // cancelled): its posted work requests complete as flushed soon, and the caller
+    // waits for them (within options().timeout) before it gives up the memory.
+    void abandon(const Error& why);
+
+    // send_local_mr: wait for can_lend(mr), then lend.
+    bool can_lend(const MemoryRegion& mr) const;
+    Result<void> lend(MemoryRegion mr, std::chrono::milliseconds lease);
+    bool has_lent_to_us() const noexcept { return !lent_to_us_.empty(); }
+    RemoteMr take_lent_to_us();
+    // request_remote_mr: ask, wait for answered(request), take_answer(request).
+    std::uint64_t ask_for_region(std::size_t size, Access access, std::chrono::milliseconds lease);
+    bool answered(std::uint64_t request) const { return grants_.contains(request); }
+    Result<RemoteMr> take_answer(std::uint64_t request);
+    // send_remote_mr: give_back, wait for return_answered(token), take_return_answer(token).
+    void give_back(std::uint64_t token);
+    bool return_answered(std::uint64_t token) const { return return_acks_.contains(token); }
+    Result<void> take_return_answer(std::uint64_t token);
+    bool has_returned() const noexcept { return leases_.has_returned(); }
+    MemoryRegion take_returned();
+    // close: begin_close() (true: a goodbye is queued, wait for flushed()), end_close().
+    bool closed() const noexcept { return closed_; }
+    bool begin_close();
+    bool flushed() const { return outbox_.empty() && slots_.idle(); }
+    void end_close();
+
+    // --- what Connection offers: the steps, waiting by blocking ---
     Result<void> send(const LocalSlice& message, std::optional<std::uint32_t> imm, Clock::time_point deadline);
     Result<Received> receive(std::span<std::byte> into, Clock::time_point deadline);
     Result<std::uint32_t> receive_write_imm(Clock::time_point deadline);
@@ -100,11 +162,8 @@ public:
     // the NIC no longer touches the caller's memory.
     template <class Post>
     Result<void> one_sided(Post&& post, Clock::time_point deadline);
-    // write_with_imm: one of the peer's receives, so one credit.
-    Result<void> take_user_credit(Clock::time_point deadline);
-    void give_back_user_credit();
-
-    Result<void> lend(MemoryRegion mr, std::chrono::milliseconds lease);
+    Result<void> wait_user_credit(Clock::time_point deadline);
+    Result<void> send_local_mr(MemoryRegion mr, std::chrono::milliseconds lease);
     Result<RemoteMr> receive_remote_mr(Clock::time_point deadline);
     Result<RemoteMr> request_remote_mr(std::size_t size, Access access, std::chrono::milliseconds lease,
                                        Clock::time_point deadline);
@@ -140,7 +199,6 @@ private:
     Link(std::shared_ptr<Group> group, const ConnectionOptions& options, MemoryRegion receive, SendSlots slots,
          QueuePair qp);
 
-    Error fail(Error e);
     void on_completion(const WorkCompletion& wc);
     Result<void> on_receive(std::uint32_t buffer, const WorkCompletion& wc);
     Result<void> on_control(const control::Message& message);
@@ -164,17 +222,13 @@ private:
                               const LocalSlice* user, std::optional<std::uint32_t> imm);
     Result<void> flush();
 
-    const std::string& peer() const;
-    int watch_fd() const;
-    void check_peer_alive();
     // Waits until done() or the deadline. A peer seen gone is reported only after the
     // completions already in the CQ were taken: what it sent before it went counts.
     template <class Done>
     Result<void> wait(Done&& done, const char* what, Clock::time_point deadline);
-    // The end of a connection whose operation ran out of time: QP to error, and its
-    // flushed completions taken (done()) within the drain bound.
+    // abandon(why), then the flushed completions taken (done()) within the drain bound.
     template <class Done>
-    void abandon(const Error& why, Done&& done);
+    void abandon_and_drain(const Error& why, Done&& done);
 
     // A window whose bind is posted and not yet complete, with what starts on completion.
     struct Binding {
@@ -207,9 +261,8 @@ private:
     std::uint64_t next_request_ = 1;
     std::map<std::uint64_t, Result<RemoteMr>> grants_;   // request id -> answer
     std::map<std::uint64_t, int> return_acks_;           // token -> errno (0: taken back)
-    std::uint64_t next_op_ = 1;
-    std::uint64_t op_awaited_ = 0;
-    std::optional<WorkCompletion> op_done_;
+    std::vector<std::optional<WorkCompletion>> ops_; // by op slot: its completion, once there
+    std::vector<std::uint32_t> free_ops_;
     std::optional<Error> broken_;
     bool registered_ = false;         // in group_->links
     bool closed_ = false;
@@ -251,12 +304,8 @@ Result<void> Link::wait(Done&& done, const char* what, Clock::time_point deadlin
 }
 
 template <class Done>
-void Link::abandon(const Error& why, Done&& done) {
-    fail(why);
-    if (auto ok = qp_.to_error(); !ok) {
-        logger()->error("Connection: {} (the QP could not be moved to the error state)", ok.error());
-        return;
-    }
+void Link::abandon_and_drain(const Error& why, Done&& done) {
+    abandon(why);
     const auto until = Clock::now() + options_.timeout;
     while (!done() && Clock::now() < until)
         if (auto ok = group_->pump(); !ok)
@@ -267,20 +316,33 @@ void Link::abandon(const Error& why, Done&& done) {
 }
 
 template <class Post>
-Result<void> Link::one_sided(Post&& post, Clock::time_point deadline) {
+Result<std::uint32_t> Link::post_op(Post&& post) {
     if (broken_)
         return std::unexpected(*broken_);
-    op_awaited_ = next_op_++;
-    op_done_.reset();
-    if (auto ok = post(PostOptions{.wr_id = tag_op | op_awaited_}); !ok)
+    const std::uint32_t op = free_ops_.back();
+    if (auto ok = post(PostOptions{.wr_id = tag_op | op}); !ok)
+        return std::unexpected(std::move(ok.error()));
+    free_ops_.pop_back();
+    return op;
+}
+
+template <class Post>
+Result<void> Link::one_sided(Post&& post, Clock::time_point deadline) {
+    if (auto ok = wait([&] { return can_post_op(); }, "a one-sided operation: waiting for room", deadline); !ok)
         return ok;
-    auto done = [&] { return op_done_.has_value(); };
+    auto op = post_op(std::forward<Post>(post));
+    if (!op)
+        return std::unexpected(std::move(op.error()));
+    auto done = [&] { return op_done(*op); };
     if (auto ok = wait(done, "a one-sided operation", deadline); !ok) {
         if (!done())
-            abandon(ok.error(), done);
+            abandon_and_drain(ok.error(), done);
+        if (!done())
+            return ok; // its slot stays taken: the NIC may still complete it
+        (void)take_op(*op);
         return ok;
     }
-    return op_done_->check();
+    return take_op(*op);
 }
 
 } // namespace rdmaxx::detail

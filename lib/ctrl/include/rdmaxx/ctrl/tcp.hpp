@@ -22,6 +22,8 @@ class TcpStream : detail::MoveOnly {
 public:
     // Connects to host:port (a name or a numeric address) within `timeout`.
     static Result<TcpStream> connect(std::string_view host, std::uint16_t port, std::chrono::milliseconds timeout);
+    // Takes ownership of a connected socket made elsewhere (Asio's socket.release(), say).
+    static TcpStream adopt(int fd, std::string peer) noexcept { return TcpStream(fd, std::move(peer)); }
 
     TcpStream(TcpStream&& other) noexcept;
     TcpStream& operator=(TcpStream&& other) noexcept;

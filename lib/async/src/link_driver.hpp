@@ -1,0 +1,178 @@
+// What async::Connection and async::Listener stand on: the blocking Connection's engine
+// (lib/ctrl's Link, Group and ListenerCore: one protocol, one implementation) driven
+// by an io_context instead of blocking waits.
+//
+// One LinkDriver per Group (a listener's connections, or a client connection and those
+// made with connect_another). It watches, through one epoll fd in the io_context's
+// reactor, the group's CQ channel, each link's side channel and the listener's fds,
+// plus a timer for the nearest lease end or handshake deadline. On every wake it takes
+// the completions (Group::pump: which also answers MR requests, returns credits,
+// expires leases), moves handshakes on, and wakes the coroutines whose condition now
+// holds. A live Connection or Listener therefore keeps its io_context's run() going:
+// it serves the peer whether or not anyone awaits.
+//
+// A waiting coroutine parks on a steady_timer set to its deadline; waking it is
+// cancelling that timer. Asio cancellation of the awaiting coroutine (an `op || timer`,
+// a cancellation slot) ends a wait that has not posted anything with Error::cancelled;
+// once a work request is posted, until_completed() ends the connection (QP to error)
+// and still waits for the flushed completion before the caller's memory is released.
+//
+// Not thread-safe: the io_context that runs it is run by one thread.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include <asio/any_io_executor.hpp>
+#include <asio/awaitable.hpp>
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/posix/stream_descriptor.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <fmt/format.h>
+
+#include "../../ctrl/src/link.hpp"
+#include "../../ctrl/src/listener_core.hpp"
+
+namespace rdmaxx::async::detail {
+
+using rdmaxx::detail::Group;
+using rdmaxx::detail::Link;
+using rdmaxx::detail::ListenerCore;
+
+class LinkDriver : public std::enable_shared_from_this<LinkDriver> {
+public:
+    // Watches `group`'s CQ (armed here) on `executor`'s io_context.
+    static Result<std::shared_ptr<LinkDriver>> create(const asio::any_io_executor& executor,
+                                                      std::shared_ptr<Group> group);
+    LinkDriver(const LinkDriver&) = delete;
+    LinkDriver& operator=(const LinkDriver&) = delete;
+    ~LinkDriver();
+
+    const asio::any_io_executor& executor() const noexcept { return executor_; }
+    const std::shared_ptr<Group>& group() const noexcept { return group_; }
+
+    // A connected link to serve (its side channel watched) until remove().
+    void add(Link& link);
+    void remove(Link& link);
+    // The listener whose clients this group's connections are (at most one).
+    void serve(ListenerCore* listener);
+
+    // Takes completions and serves the peers now, then wakes whom it concerns. For a
+    // step that queued something to send (a request, a goodbye) or reposted a buffer.
+    void pump();
+    // Wakes the waiters whose condition holds (after a step freed something another
+    // waiter wants: an operation slot, say).
+    void wake();
+
+    // Until ready() holds, or `link` (when given) breaks (its Error), or the deadline
+    // passes (a timeout Error naming `what`), or the awaiting coroutine is cancelled
+    // (Error::cancelled).
+    template <class Ready>
+    asio::awaitable<Result<void>> until(Ready ready, const Link* link, const char* what, Clock::time_point deadline);
+    // The wait for a posted work request's completion (done()). When the wait fails
+    // first (deadline, cancellation, the link broken), the connection ends (QP to
+    // error) and the flushed completion is awaited anyway, within options().timeout
+    // and not cancellable: then the NIC no longer touches the caller's memory. Returns
+    // the wait's failure in that case; done() says whether the completion came.
+    template <class Done>
+    asio::awaitable<Result<void>> until_completed(Link& link, Done done, const char* what, Clock::time_point deadline);
+
+private:
+    struct Waiter {
+        bool (*ready)(const void*);
+        const void* state;
+        asio::steady_timer* timer;
+    };
+    LinkDriver(const asio::any_io_executor& executor, std::shared_ptr<Group> group, int epoll_fd);
+    void watch();
+    void on_ready();
+    // Brings the epoll set and the timer in line with what is to be watched now.
+    void refresh();
+    // `force`: registered again even where the same events are (the fd may be new).
+    void set_interest(int fd, std::uint32_t events, bool force);
+
+    asio::any_io_executor executor_;
+    std::shared_ptr<Group> group_;
+    asio::posix::stream_descriptor epoll_;   // owns the epoll fd
+    asio::steady_timer timer_;
+    bool watching_ = false;
+    std::vector<Link*> links_;
+    ListenerCore* listener_ = nullptr;
+    std::map<int, std::uint32_t> interest_;  // fd -> epoll events registered
+    std::vector<Waiter*> waiters_;
+};
+
+template <class Ready>
+asio::awaitable<Result<void>> LinkDriver::until(Ready ready, const Link* link, const char* what,
+                                                Clock::time_point deadline) {
+    // a cancelled wait reports Error::cancelled; Asio's default would throw into the caller
+    const bool throws = co_await asio::this_coro::throw_if_cancelled();
+    co_await asio::this_coro::throw_if_cancelled(false);
+    struct Condition {
+        Ready& ready;
+        const Link* link;
+    } condition{ready, link};
+    asio::steady_timer timer(executor_);
+    Waiter waiter{[](const void* state) {
+                      const auto& c = *static_cast<const Condition*>(state);
+                      return c.ready() || (c.link && c.link->broken());
+                  },
+                  &condition, &timer};
+    Result<void> outcome{};
+    // registered once, so that waiters woken together and not all served keep their
+    // places: credits and slots go to waiters in the order they came. Unregistered
+    // however the frame ends (destroyed while suspended, with its io_context, too).
+    struct Registration {
+        std::vector<Waiter*>& waiters;
+        Waiter* waiter;
+        ~Registration() { std::erase(waiters, waiter); }
+    } registration{waiters_, &waiter};
+    waiters_.push_back(&waiter);
+    for (;;) {
+        if (ready())
+            break;
+        if (link && link->broken()) {
+            outcome = std::unexpected(*link->broken());
+            break;
+        }
+        if (Clock::now() >= deadline) {
+            outcome = std::unexpected(Error::timeout(
+                "async::Connection", link ? fmt::format("{}: nothing from peer {} in time", what, link->peer())
+                                          : fmt::format("{}: not in time", what)));
+            break;
+        }
+        const asio::cancellation_state cancellation = co_await asio::this_coro::cancellation_state;
+        if (cancellation.cancelled() != asio::cancellation_type::none) {
+            outcome = std::unexpected(Error::cancelled("async::Connection", what));
+            break;
+        }
+        timer.expires_at(deadline);
+        (void)co_await timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+    }
+    co_await asio::this_coro::throw_if_cancelled(throws);
+    co_return outcome;
+}
+
+template <class Done>
+asio::awaitable<Result<void>> LinkDriver::until_completed(Link& link, Done done, const char* what,
+                                                          Clock::time_point deadline) {
+    auto waited = co_await until(done, &link, what, deadline);
+    if (waited || done())
+        co_return waited;
+    link.abandon(waited.error());
+    co_await asio::this_coro::reset_cancellation_state(); // the drain below is not cancellable
+    auto drained = co_await until(done, nullptr, "draining a flushed work request",
+                                  Clock::now() + link.options().timeout);
+    if (!drained)
+        logger()->error("async::Connection: peer {}: a flushed work request did not complete within {} ms: {}",
+                        link.peer(), link.options().timeout.count(), drained.error());
+    co_return waited;
+}
+
+} // namespace rdmaxx::async::detail

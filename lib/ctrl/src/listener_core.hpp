@@ -1,0 +1,56 @@
+// What a listener is, apart from how it waits: the socket clients knock on (TCP or
+// RDMA CM), the group their connections share, the handshakes running and those
+// finished. Listener (connection.cpp) waits with poll(); async::Listener (lib/async)
+// awaits the same fds on an io_context. Never waits itself.
+//
+// Not thread-safe: used from one thread at a time, with its group.
+#pragma once
+
+#include <deque>
+#include <list>
+#include <memory>
+#include <optional>
+#include <source_location>
+#include <string_view>
+#include <vector>
+
+#include <poll.h>
+
+#include <rdmaxx/ctrl/cm.hpp>
+#include <rdmaxx/ctrl/connection.hpp>
+#include <rdmaxx/ctrl/tcp.hpp>
+
+#include "handshake.hpp"
+#include "link.hpp"
+
+namespace rdmaxx::detail {
+
+// Programming error: options out of range (ConnectionOptions), naming `where`.
+void check_options(const ConnectionOptions& options, std::source_location where);
+
+struct ListenerCore {
+    ConnectionOptions options; // with the device RDMA CM resolved to
+    std::optional<TcpListener> tcp;
+    std::optional<CmListener> cm;
+    std::shared_ptr<Group> group;
+    std::list<ServerHandshake> pending;
+    std::deque<std::unique_ptr<Link>> ready;
+    ListenerStats stats;
+
+    // Listens on host:port and makes the group. Options checked by the caller.
+    Result<void> open(std::string_view host, std::uint16_t port, const ConnectionOptions& options);
+    int knock_fd() const { return tcp ? tcp->fd() : cm->fd(); }
+    // Takes every client that knocked (counting those turned away).
+    void admit();
+    // Moves every handshake on as far as it goes; finished ones queue in `ready`,
+    // failed and late ones are counted and dropped.
+    void advance();
+    // Adds what the running handshakes wait for, and lowers `wake` to the nearest of
+    // their deadlines.
+    void wanted(std::vector<pollfd>& fds, Clock::time_point& wake) const;
+    // The oldest finished handshake's link (counted as accepted), or null.
+    std::unique_ptr<Link> take_ready();
+    ListenerStats current_stats() const;
+};
+
+} // namespace rdmaxx::detail

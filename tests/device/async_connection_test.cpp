@@ -1,0 +1,446 @@
+// async::Connection and async::Listener on a real device: every call, many in flight
+// from one thread, 64 clients on one listener beside a silent one, a blocking peer,
+// cancellation before and after the post, and a peer that dies.
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/experimental/awaitable_operators.hpp>
+#include <asio/ip/tcp.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <doctest/doctest.h>
+
+#include <rdmaxx/async/connection.hpp>
+#include <rdmaxx/ctrl/connection.hpp>
+
+#include "../support/device.hpp"
+
+using namespace rdmaxx;
+using namespace std::chrono_literals;
+using namespace asio::experimental::awaitable_operators;
+using rdmaxx::test::must;
+
+namespace {
+
+ConnectionOptions options() {
+    ConnectionOptions o;
+    o.timeout = 10s;
+    o.receive_depth = 16;
+    return o;
+}
+
+// Runs `io` until `done` (at most `bound`); REQUIREs it.
+void run_until(asio::io_context& io, const bool& done, std::chrono::seconds bound = 60s) {
+    const auto deadline = std::chrono::steady_clock::now() + bound;
+    while (!done && std::chrono::steady_clock::now() < deadline) {
+        io.restart();
+        io.run_for(10ms);
+    }
+    REQUIRE(done);
+}
+
+// Counts what failed (a coroutine must not throw out of doctest's macros).
+struct Tally {
+    int failures = 0;
+    void check(bool ok, const char* what) {
+        if (!ok) {
+            MESSAGE("failed: ", what);
+            ++failures;
+        }
+    }
+    template <class T>
+    bool ok(const Result<T>& r, const char* what) {
+        if (!r)
+            MESSAGE(what, ": ", fmt::format("{}", r.error()));
+        check(r.has_value(), what);
+        return r.has_value();
+    }
+};
+
+// --- every call, many in flight --------------------------------------------------
+
+asio::awaitable<void> one_write(async::Connection& c, LocalSlice local, RemoteMemory remote, Tally& t, int& left) {
+    t.ok(co_await c.write(local, remote), "write");
+    --left;
+}
+
+asio::awaitable<void> one_add(async::Connection& c, LocalSlice result, RemoteMemory target, Tally& t, int& left) {
+    t.ok(co_await c.fetch_add(result, target, 1), "fetch_add");
+    --left;
+}
+
+asio::awaitable<void> one_send(async::Connection& c, LocalSlice message, Tally& t, int& left) {
+    t.ok(co_await c.send(message), "send");
+    --left;
+}
+
+asio::awaitable<void> wait_for(asio::any_io_executor ex, const int& left) {
+    asio::steady_timer timer(ex);
+    while (left > 0) {
+        timer.expires_after(1ms);
+        co_await timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+    }
+}
+
+// The server: serves the client's requests in the background (its driver does), and
+// answers what the client asks by message: echoes 64 messages, takes a write_with_imm,
+// lends a region and takes back what it granted.
+asio::awaitable<void> server(async::Listener& listener, Tally& t, bool& done) {
+    auto c = co_await listener.accept(10s);
+    if (t.ok(c, "accept")) {
+        std::array<std::byte, 64> buffer{};
+        auto echo = must(c->alloc_local_mr(64));
+        for (int i = 0; i < 64; ++i) {
+            auto got = co_await c->receive(buffer);
+            if (!t.ok(got, "receive"))
+                break;
+            std::memcpy(echo.data(), buffer.data(), got->size);
+            t.ok(co_await c->send(echo.slice(0, got->size)), "echo");
+        }
+        auto imm = co_await c->receive_write_imm();
+        t.check(imm && *imm == 0xabcd, "receive_write_imm");
+        auto lent = must(c->alloc_local_mr(4096, Access::local_write | Access::remote_read));
+        std::memset(lent.data(), 0x5a, 4096);
+        t.ok(co_await c->send_local_mr(std::move(lent)), "send_local_mr");
+        auto back = co_await c->receive_local_mr(); // the granted region, given back
+        t.check(back && back->size() == 1 << 16 && back->data()[100] == std::byte{7}, "receive_local_mr");
+        auto lent_back = co_await c->receive_local_mr(); // the lent one
+        t.check(lent_back && lent_back->size() == 4096, "receive_local_mr (lent)");
+        t.ok(co_await c->close(), "server close");
+    }
+    done = true;
+}
+
+asio::awaitable<void> client(asio::any_io_executor ex, std::uint16_t port, Tally& t, bool& done) {
+    auto c = co_await async::Connection::connect(ex, "127.0.0.1", port, options());
+    if (t.ok(c, "connect")) {
+        // 64 writes in flight (max_send_wr), then read back
+        auto remote = co_await c->request_remote_mr(1 << 16);
+        if (t.ok(remote, "request_remote_mr")) {
+            auto local = must(c->alloc_local_mr(1 << 16));
+            for (std::size_t i = 0; i < local.size(); ++i)
+                local.data()[i] = static_cast<std::byte>(i % 251);
+            int left = 64;
+            for (int i = 0; i < 64; ++i)
+                asio::co_spawn(ex, one_write(*c, local.slice(i * 1024, 1024), remote->slice(i * 1024, 1024), t, left),
+                               asio::detached);
+            co_await wait_for(ex, left);
+            auto check = must(c->alloc_local_mr(1 << 16));
+            t.ok(co_await c->read(check.all(), remote->memory), "read");
+            t.check(std::memcmp(check.data(), local.data(), 1 << 16) == 0, "bytes read back");
+            // 100 fetch_adds at once on one counter, then a compare_swap
+            auto results = must(c->alloc_local_mr(8 * 100));
+            left = 100;
+            for (int i = 0; i < 100; ++i)
+                asio::co_spawn(ex, one_add(*c, results.slice(8 * i, 8), remote->slice(0, 8), t, left), asio::detached);
+            co_await wait_for(ex, left);
+            std::uint64_t before = 0;
+            std::memcpy(&before, check.data(), 8); // what the first 8 bytes were
+            t.ok(co_await c->compare_swap(results.slice(0, 8), remote->slice(0, 8), before + 100, 42), "compare_swap");
+            std::uint64_t old = 0;
+            std::memcpy(&old, results.data(), 8);
+            t.check(old == before + 100, "100 fetch_adds counted");
+            check.data()[100] = std::byte{7};
+            t.ok(co_await c->write(check.slice(100, 1), remote->slice(100, 1)), "write one byte");
+            // 64 messages, 16 in flight at a time (the server's receive depth)
+            auto messages = must(c->alloc_local_mr(64 * 8));
+            std::array<std::byte, 8> echoed{};
+            for (int round = 0; round < 4; ++round) {
+                left = 16;
+                for (int i = 0; i < 16; ++i) {
+                    const int n = round * 16 + i;
+                    std::memcpy(messages.data() + 8 * n, &n, sizeof n);
+                    asio::co_spawn(ex, one_send(*c, messages.slice(8 * n, 8), t, left), asio::detached);
+                }
+                for (int i = 0; i < 16; ++i) {
+                    auto got = co_await c->receive(echoed);
+                    int n = -1;
+                    std::memcpy(&n, echoed.data(), sizeof n);
+                    t.check(got && got->size == 8 && n == round * 16 + i, "echo in order");
+                }
+                co_await wait_for(ex, left);
+            }
+            t.ok(co_await c->write_with_imm(check.slice(0, 8), remote->slice(0, 8), 0xabcd), "write_with_imm");
+            auto lent = co_await c->receive_remote_mr();
+            if (t.ok(lent, "receive_remote_mr")) {
+                auto into = must(c->alloc_local_mr(4096));
+                t.ok(co_await c->read(into.all(), lent->memory), "read the lent region");
+                t.check(into.data()[4095] == std::byte{0x5a}, "lent bytes");
+                t.ok(co_await c->send_remote_mr(*remote), "send_remote_mr (granted)");
+                t.ok(co_await c->send_remote_mr(*lent), "send_remote_mr (lent)");
+            }
+        }
+        auto closed = co_await c->receive(std::span<std::byte>{}, 10s);
+        t.check(!closed && closed.error().code() == ECONNRESET, "the server's goodbye");
+    }
+    done = true;
+}
+
+} // namespace
+
+TEST_CASE("async Connection: every call, many in flight on one connection, from one thread") {
+    asio::io_context io;
+    auto listener = must(async::Listener::listen(io.get_executor(), "127.0.0.1", 0, options()));
+    Tally t;
+    bool server_done = false, client_done = false;
+    asio::co_spawn(io, server(listener, t, server_done), asio::detached);
+    asio::co_spawn(io, client(io.get_executor(), listener.port(), t, client_done), asio::detached);
+    run_until(io, client_done);
+    run_until(io, server_done);
+    CHECK(t.failures == 0);
+    CHECK(listener.stats().accepted == 1);
+}
+
+// --- 64 clients and a silent one --------------------------------------------------
+
+namespace {
+
+asio::awaitable<void> echo_once(async::Connection c, Tally& t, int& served) {
+    std::array<std::byte, 8> in{};
+    auto got = co_await c.receive(in);
+    if (t.ok(got, "server receive")) {
+        auto out = must(c.alloc_local_mr(8));
+        std::memcpy(out.data(), in.data(), 8);
+        t.ok(co_await c.send(out.slice(0, got->size)), "server send");
+    }
+    auto bye = co_await c.receive(in); // until the client closes
+    t.check(!bye && bye.error().code() == ECONNRESET, "client's goodbye");
+    ++served;
+}
+
+asio::awaitable<void> accept_all(asio::any_io_executor ex, async::Listener& listener, int clients, Tally& t,
+                                 int& served) {
+    for (int i = 0; i < clients; ++i) {
+        auto c = co_await listener.accept(30s);
+        if (!t.ok(c, "accept"))
+            co_return;
+        asio::co_spawn(ex, echo_once(std::move(*c), t, served), asio::detached);
+    }
+}
+
+// One client's exchange: its id out, echoed back, then close.
+asio::awaitable<void> exchange_id(async::Connection& c, int id, Tally& t) {
+    auto mr = must(c.alloc_local_mr(16));
+    std::memcpy(mr.data(), &id, sizeof id);
+    t.ok(co_await c.send(mr.slice(0, 8)), "client send");
+    std::array<std::byte, 8> back{};
+    auto got = co_await c.receive(back);
+    int echoed = -1;
+    std::memcpy(&echoed, back.data(), sizeof echoed);
+    t.check(got && echoed == id, "echoed id");
+    t.ok(co_await c.close(), "client close");
+}
+
+asio::awaitable<void> another_client(asio::awaitable<Result<async::Connection>> connecting, int id, Tally& t,
+                                     int& finished) {
+    auto c = co_await std::move(connecting);
+    if (t.ok(c, "connect_another"))
+        co_await exchange_id(*c, id, t);
+    ++finished;
+}
+
+// The clients share one context, PD, CQ and pool (connect_another), as a program's
+// connections would: 64 processes' worth of pools would not fit the VM's memory.
+asio::awaitable<void> clients(asio::any_io_executor ex, std::uint16_t port, int n, Tally& t, int& finished) {
+    auto first = co_await async::Connection::connect(ex, "127.0.0.1", port, options());
+    if (t.ok(first, "connect")) {
+        for (int id = 1; id < n; ++id)
+            asio::co_spawn(ex, another_client(first->connect_another("127.0.0.1", port), id, t, finished),
+                           asio::detached);
+        co_await exchange_id(*first, 0, t);
+    }
+    ++finished;
+}
+
+} // namespace
+
+TEST_CASE("async Listener: 64 clients at once on one thread (sharing a group), and a silent client holds up no one") {
+    asio::io_context io;
+    ConnectionOptions o = options();
+    o.timeout = 3s; // the silent client's bound
+    auto listener = must(async::Listener::listen(io.get_executor(), "127.0.0.1", 0, o));
+    asio::ip::tcp::socket silent(io);
+    silent.connect({asio::ip::make_address("127.0.0.1"), listener.port()});
+    constexpr int n = 64;
+    Tally t;
+    int served = 0, finished = 0;
+    asio::co_spawn(io, accept_all(io.get_executor(), listener, n, t, served), asio::detached);
+    asio::co_spawn(io, clients(io.get_executor(), listener.port(), n, t, finished), asio::detached);
+    bool all = false;
+    const auto deadline = std::chrono::steady_clock::now() + 120s;
+    while (!all && std::chrono::steady_clock::now() < deadline) {
+        io.restart();
+        io.run_for(10ms);
+        all = finished == n && served == n && listener.stats().timed_out == 1;
+    }
+    CHECK(finished == n);
+    CHECK(served == n);
+    CHECK(t.failures == 0);
+    const ListenerStats stats = listener.stats();
+    CHECK(stats.accepted == n);
+    CHECK(stats.timed_out == 1);
+    CHECK(stats.pending == 0);
+}
+
+// --- a blocking peer --------------------------------------------------------------
+
+namespace {
+
+asio::awaitable<void> async_side(asio::any_io_executor ex, std::uint16_t port, Tally& t, bool& done) {
+    auto c = co_await async::Connection::connect(ex, "127.0.0.1", port, options());
+    if (t.ok(c, "connect to a blocking listener")) {
+        auto remote = co_await c->request_remote_mr(4096);
+        if (t.ok(remote, "request_remote_mr from a blocking peer")) {
+            auto mr = must(c->alloc_local_mr(4096));
+            std::memset(mr.data(), 0x33, 4096);
+            t.ok(co_await c->write(mr.all(), remote->memory), "write");
+            t.ok(co_await c->send(mr.slice(0, 16)), "send");
+            t.ok(co_await c->send_remote_mr(*remote), "send_remote_mr");
+        }
+        t.ok(co_await c->close(), "close");
+    }
+    done = true;
+}
+
+} // namespace
+
+TEST_CASE("async Connection: a blocking Listener on another thread is the same protocol") {
+    Listener listener = must(Listener::listen("127.0.0.1", 0, options()));
+    std::optional<Error> server_error;
+    bool checked = false;
+    std::thread server([&] {
+        auto run = [&]() -> Result<void> {
+            auto c = listener.accept(20s);
+            if (!c)
+                return std::unexpected(c.error());
+            std::array<std::byte, 16> in{};
+            auto got = c->receive(in);
+            if (!got)
+                return std::unexpected(got.error());
+            auto mr = c->receive_local_mr();
+            if (!mr)
+                return std::unexpected(mr.error());
+            checked = got->size == 16 && in[15] == std::byte{0x33} && mr->data()[4095] == std::byte{0x33};
+            return {};
+        };
+        if (auto ok = run(); !ok)
+            server_error = ok.error();
+    });
+    asio::io_context io;
+    Tally t;
+    bool done = false;
+    asio::co_spawn(io, async_side(io.get_executor(), listener.port(), t, done), asio::detached);
+    run_until(io, done);
+    server.join();
+    CHECK(t.failures == 0);
+    CHECK(!server_error.has_value());
+    CHECK(checked);
+}
+
+// --- cancellation -----------------------------------------------------------------
+
+namespace {
+
+asio::awaitable<void> cancel_then_use(async::Listener& listener, Tally& t, bool& done) {
+    auto ex = co_await asio::this_coro::executor;
+    auto c = co_await async::Connection::connect(ex, "127.0.0.1", listener.port(), options());
+    auto s = co_await listener.accept(10s);
+    if (t.ok(c, "connect") && t.ok(s, "accept")) {
+        // nothing posted: the receive ends cancelled and the connection lives on
+        std::array<std::byte, 8> in{};
+        asio::steady_timer timer(ex, 50ms);
+        auto raced = co_await (c->receive(in) || timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
+        t.check(raced.index() == 1, "the timer won");
+        auto mr = must(s->alloc_local_mr(8));
+        t.ok(co_await s->send(mr.slice(0, 8)), "send after the cancelled receive");
+        auto got = co_await c->receive(in);
+        t.check(got && got->size == 8, "the connection still works");
+        // a posted READ cancelled: the connection ends, and the call resumes only after
+        // its flushed completion (the granted region is large: the READ is in flight)
+        auto remote = co_await c->request_remote_mr(4 << 20);
+        if (t.ok(remote, "request_remote_mr")) {
+            auto local = must(c->alloc_local_mr(4 << 20));
+            asio::steady_timer soon(ex, 1ms);
+            auto read = co_await (c->read(local.all(), remote->memory) ||
+                                  soon.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
+            if (read.index() == 0) {
+                MESSAGE("the READ completed before the timer: nothing cancelled");
+            } else {
+                auto after = co_await c->write(local.slice(0, 8), remote->slice(0, 8));
+                t.check(!after, "the connection ended with the cancelled READ");
+            }
+        }
+    }
+    done = true;
+}
+
+} // namespace
+
+TEST_CASE("async Connection: a cancelled wait leaves the connection usable; a cancelled posted READ ends it safely") {
+    asio::io_context io;
+    auto listener = must(async::Listener::listen(io.get_executor(), "127.0.0.1", 0, options()));
+    Tally t;
+    bool done = false;
+    asio::co_spawn(io, cancel_then_use(listener, t, done), asio::detached);
+    run_until(io, done);
+    CHECK(t.failures == 0);
+}
+
+// --- a peer that dies -------------------------------------------------------------
+
+namespace {
+
+asio::awaitable<void> wait_on_dying_peer(async::Listener& listener, Tally& t, std::chrono::milliseconds& took,
+                                         bool& done) {
+    auto c = co_await listener.accept(20s);
+    if (t.ok(c, "accept the doomed client")) {
+        const auto start = std::chrono::steady_clock::now();
+        std::array<std::byte, 8> in{};
+        auto got = co_await c->receive(in, 30s);
+        took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+        t.check(!got && !got.error().is_timeout(), "the receive ended with an Error that is not a timeout");
+        auto imm = co_await c->receive_write_imm(30s);
+        t.check(!imm, "later calls fail at once");
+    }
+    done = true;
+}
+
+} // namespace
+
+TEST_CASE("async Connection: a peer process that dies ends the pending calls, well before their timeout") {
+    asio::io_context io;
+    auto listener = must(async::Listener::listen(io.get_executor(), "127.0.0.1", 0, options()));
+    const std::uint16_t port = listener.port();
+    const pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+        // a blocking client that connects, and dies without a goodbye
+        auto c = Connection::connect("127.0.0.1", port, options());
+        std::this_thread::sleep_for(200ms);
+        ::_exit(c ? 0 : 1);
+    }
+    Tally t;
+    bool done = false;
+    std::chrono::milliseconds took{};
+    asio::co_spawn(io, wait_on_dying_peer(listener, t, took, done), asio::detached);
+    run_until(io, done);
+    int status = 0;
+    ::waitpid(child, &status, 0);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+    CHECK(t.failures == 0);
+    CHECK(took < 10s);
+}
