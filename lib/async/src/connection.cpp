@@ -99,7 +99,8 @@ asio::awaitable<Result<void>> close_on(PeerPtr p, Timeout timeout) {
     const auto deadline = l.deadline(timeout);
     if (l.begin_close()) {
         p->driver->pump();
-        done = co_await p->driver->until([&] { return l.flushed(); }, &l, "close: sending what is queued", deadline);
+        done = co_await p->driver->until([&] { return l.goodbye_done(); }, &l, "close: sending what is queued",
+                                         deadline);
     }
     l.end_close();
     p->driver->wake(); // the calls still waiting see it closed

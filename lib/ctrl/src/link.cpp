@@ -321,6 +321,7 @@ Result<void> Link::on_control(const control::Message& message) {
     } else if (const auto* ack = std::get_if<control::ReturnAck>(&message)) {
         return_acks_.insert_or_assign(ack->token, ack->code);
     } else if (std::holds_alternative<control::Goodbye>(message)) {
+        peer_said_goodbye_ = true;
         fail(Error::from_errno("Connection", ECONNRESET, fmt::format("peer {} closed the connection", peer())));
     }
     return {}; // Credit: its header said it all
@@ -697,7 +698,7 @@ Result<void> Link::close(Clock::time_point deadline) {
         return {};
     Result<void> done{};
     if (begin_close())
-        done = wait([&] { return flushed(); }, "close: sending what is queued", deadline);
+        done = wait([&] { return goodbye_done(); }, "close: sending what is queued", deadline);
     end_close();
     return done;
 }

@@ -146,10 +146,12 @@ public:
     Result<void> take_return_answer(std::uint64_t token);
     bool has_returned() const noexcept { return leases_.has_returned(); }
     MemoryRegion take_returned();
-    // close: begin_close() (true: a goodbye is queued, wait for flushed()), end_close().
+    // close: begin_close() (true: a goodbye is queued, wait for goodbye_done()), end_close().
     bool closed() const noexcept { return closed_; }
     bool begin_close();
-    bool flushed() const { return outbox_.empty() && slots_.idle(); }
+    // Our sends and goodbye completed, or the peer's goodbye came (both closing at once:
+    // nothing of ours is owed to a peer that left).
+    bool goodbye_done() const { return peer_said_goodbye_ || (outbox_.empty() && slots_.idle()); }
     void end_close();
 
     // --- what Connection offers: the steps, waiting by blocking ---
@@ -266,6 +268,7 @@ private:
     std::optional<Error> broken_;
     bool registered_ = false;         // in group_->links
     bool closed_ = false;
+    bool peer_said_goodbye_ = false;
 };
 
 // --- templates ------------------------------------------------------------------

@@ -150,7 +150,8 @@ public:
 
     // Graceful end: sends what is queued and a goodbye, and waits until the peer's NIC
     // took all of it. The peer gets every message sent before, then "closed". Later
-    // calls fail (ENOTCONN). Closing twice is fine.
+    // calls fail (ENOTCONN). Closing twice is fine, and so is closing while the peer
+    // closes: once its goodbye is here, nothing more is waited for.
     Result<void> close(Timeout timeout = {});
 
     // --- memory ---
