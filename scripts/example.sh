@@ -2,8 +2,8 @@
 # example.sh - install what is needed, build, and run the examples on a real RDMA
 # device (this host's if it has one, else rxe0 in the project's Soft-RoCE VM): devinfo,
 # then the tutorial's server and client through their five scenarios, over TCP and
-# over RDMA CM, the same on lib/async (async_server with async_client over TCP, with the
-# blocking client over RDMA CM, and the blocking server with async_client), then
+# over RDMA CM, the same on lib/async (async_server with async_client over TCP and RDMA
+# CM, and each async side with a blocking one), then
 # async_mixed (one thread: RDMA, a TCP socket and a timer at once).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,6 +14,7 @@ ninja -C build examples/devinfo examples/server examples/client examples/async_s
     examples/async_mixed
 run=(bash -c 'build/examples/devinfo && examples/run-tutorial.sh build tcp && examples/run-tutorial.sh build cm &&
      examples/run-tutorial.sh build tcp async_server async_client &&
+     examples/run-tutorial.sh build cm async_server async_client &&
      examples/run-tutorial.sh build cm async_server client && examples/run-tutorial.sh build tcp server async_client &&
      build/examples/async_mixed --mode event && build/examples/async_mixed --mode busy')
 if compgen -G '/sys/class/infiniband/*' >/dev/null; then

@@ -1,6 +1,6 @@
 // The tutorial's client on lib/async: the five scenarios of examples/client, each call
 // co_awaited on one io_context, against examples/server or examples/async_server.
-//   async_client [--host ADDRESS] [--port PORT] [--transport tcp]
+//   async_client [--host ADDRESS] [--port PORT] [--transport tcp|cm]
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
 #include <asio/io_context.hpp>
@@ -58,10 +58,6 @@ asio::awaitable<void> run(asio::any_io_executor executor, tutorial::Address addr
 
 int main(int argc, char** argv) {
     const auto address = tutorial::parse_address(argc, argv);
-    if (address.options.transport != Transport::tcp) {
-        fmt::print(stderr, "async_client: async::Connection::connect speaks TCP only for now\n");
-        return 2;
-    }
     asio::io_context io;
     bool done = false;
     asio::co_spawn(io, run(io.get_executor(), address, done), asio::detached);

@@ -449,3 +449,62 @@ TEST_CASE("async Connection: a peer process that dies ends the pending calls, we
     CHECK(t.failures == 0);
     CHECK(took < 10s);
 }
+
+// --- RDMA CM ----------------------------------------------------------------------
+
+namespace {
+
+asio::awaitable<void> cm_server(async::Listener& listener, Tally& t, int& served) {
+    for (int i = 0; i < 2; ++i) {
+        auto c = co_await listener.accept(20s);
+        if (!t.ok(c, "accept over RDMA CM"))
+            break;
+        std::array<std::byte, 8> in{};
+        auto got = co_await c->receive(in);
+        t.check(got && got->size == 8, "a message over RDMA CM");
+        auto bye = co_await c->receive(in);
+        t.check(!bye && bye.error().code() == ECONNRESET, "the client's goodbye");
+        ++served;
+    }
+}
+
+asio::awaitable<void> cm_client(asio::any_io_executor ex, std::string host, std::uint16_t port, Tally& t,
+                                bool& done) {
+    ConnectionOptions o = options();
+    o.transport = Transport::rdma_cm;
+    auto first = co_await async::Connection::connect(ex, host, port, o);
+    if (t.ok(first, "connect over RDMA CM")) {
+        auto second = co_await first->connect_another(host, port);
+        if (t.ok(second, "connect_another over RDMA CM")) {
+            auto mr = must(first->alloc_local_mr(8));
+            t.ok(co_await first->send(mr.all()), "send (first)");
+            t.ok(co_await second->send(mr.all()), "send (second)");
+            t.ok(co_await second->close(), "close (second)");
+        }
+        t.ok(co_await first->close(), "close (first)");
+    }
+    done = true;
+}
+
+} // namespace
+
+TEST_CASE("async Connection over RDMA CM: connect and connect_another without blocking the io_context") {
+    asio::io_context io;
+    ConnectionOptions o = options();
+    o.transport = Transport::rdma_cm;
+    const std::string host = test::cm_address();
+    auto listener = must(async::Listener::listen(io.get_executor(), host, 0, o));
+    Tally t;
+    int served = 0;
+    bool done = false;
+    asio::co_spawn(io, cm_server(listener, t, served), asio::detached);
+    asio::co_spawn(io, cm_client(io.get_executor(), host, listener.port(), t, done), asio::detached);
+    run_until(io, done);
+    const auto deadline = std::chrono::steady_clock::now() + 20s;
+    while (served < 2 && std::chrono::steady_clock::now() < deadline) {
+        io.restart();
+        io.run_for(10ms);
+    }
+    CHECK(served == 2);
+    CHECK(t.failures == 0);
+}

@@ -7,10 +7,12 @@
 
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
+#include <asio/thread_pool.hpp>
 
 #include <rdmaxx/data/post.hpp>
 #include <rdmaxx/wrap/log.hpp>
 
+#include "../../ctrl/src/handshake.hpp"
 #include "exchange.hpp"
 #include "link_driver.hpp"
 
@@ -89,6 +91,47 @@ asio::awaitable<Result<Connection>> connect_on(std::shared_ptr<LinkDriver> drive
         co_return std::unexpected(Error::from_errno("async::Connection::connect", ec.value(), "taking the socket"));
     l.watch(TcpStream::adopt(fd, std::move(name)));
     co_return make(std::make_shared<Peer>(std::move(driver), std::move(*link)));
+}
+
+// RDMA CM's active side waits in librdmacm (address and route resolution, the connect
+// request's answer, getaddrinfo before them): like Asio's own resolver, those waits run
+// on a private thread, never on the io_context's. The link they make is started on
+// the io_context's thread.
+asio::thread_pool& cm_thread() {
+    static asio::thread_pool pool(1);
+    return pool;
+}
+
+asio::awaitable<Result<rdmaxx::detail::CmOffered>> offer_cm(std::shared_ptr<detail::Group> group, std::string host,
+                                                            std::uint16_t port, ConnectionOptions options,
+                                                            Clock::time_point deadline) {
+    co_return rdmaxx::detail::offer_cm(std::move(group), host, port, options, deadline);
+}
+
+// `driver` null: a new group, and its driver on `executor`.
+asio::awaitable<Result<Connection>> connect_cm_on(asio::any_io_executor executor, std::shared_ptr<LinkDriver> driver,
+                                                  std::string host, std::uint16_t port, ConnectionOptions options,
+                                                  Connection (*make)(PeerPtr)) {
+    const auto deadline = Clock::now() + options.timeout;
+    std::shared_ptr<detail::Group> group; // not a ?: inside the co_await: g++ 12 miscompiles that
+    if (driver)
+        group = driver->group();
+    auto [thrown, offered] = co_await asio::co_spawn(
+        cm_thread(), offer_cm(std::move(group), std::move(host), port, options, deadline),
+        asio::experimental::as_tuple(asio::use_awaitable));
+    if (thrown) // std::bad_alloc, say: the only exception that could come from there
+        co_return std::unexpected(Error::from_errno("async::Connection::connect", ENOMEM, "connecting over RDMA CM"));
+    if (!offered)
+        co_return std::unexpected(std::move(offered.error()));
+    if (!driver) {
+        auto created = LinkDriver::create(executor, offered->link->shared_group());
+        if (!created)
+            co_return std::unexpected(std::move(created.error()));
+        driver = std::move(*created);
+    }
+    if (auto ok = rdmaxx::detail::finish_cm(*offered); !ok)
+        co_return std::unexpected(std::move(ok.error()));
+    co_return make(std::make_shared<Peer>(std::move(driver), std::move(offered->link)));
 }
 
 asio::awaitable<Result<void>> close_on(PeerPtr p, Timeout timeout) {
@@ -279,8 +322,9 @@ asio::awaitable<Result<Connection>> Connection::connect(asio::any_io_executor ex
                                                         std::uint16_t port, ConnectionOptions options,
                                                         std::source_location where) {
     rdmaxx::detail::check_options(options, where);
-    require(options.transport == Transport::tcp, where,
-            "async::Connection::connect over RDMA CM is not there yet: use Transport::tcp (async::Listener accepts both)");
+    if (options.transport == Transport::rdma_cm)
+        co_return co_await connect_cm_on(executor, nullptr, std::move(host), port, std::move(options),
+                                         [](PeerPtr p) { return Connection(std::move(p)); });
     auto group = detail::Group::create(options);
     if (!group)
         co_return std::unexpected(std::move(group.error()));
@@ -294,6 +338,9 @@ asio::awaitable<Result<Connection>> Connection::connect(asio::any_io_executor ex
 asio::awaitable<Result<Connection>> Connection::connect_another(std::string host, std::uint16_t port,
                                                                 std::source_location where) {
     detail::Peer& p = peer(where);
+    if (p.link->options().transport == Transport::rdma_cm)
+        return connect_cm_on(p.driver->executor(), p.driver, std::move(host), port, p.link->options(),
+                             [](PeerPtr q) { return Connection(std::move(q)); });
     return connect_on(p.driver, std::move(host), port, p.link->options(),
                       [](PeerPtr q) { return Connection(std::move(q)); });
 }

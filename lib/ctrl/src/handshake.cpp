@@ -66,8 +66,8 @@ Result<std::unique_ptr<Link>> connect_tcp(std::shared_ptr<Group> group, std::str
     return link;
 }
 
-Result<std::unique_ptr<Link>> connect_cm(std::shared_ptr<Group> group, std::string_view host, std::uint16_t port,
-                                         const ConnectionOptions& options, Clock::time_point deadline) {
+Result<CmOffered> offer_cm(std::shared_ptr<Group> group, std::string_view host, std::uint16_t port,
+                           const ConnectionOptions& options, Clock::time_point deadline) {
     // each unanswered attempt waits twice as long as the one before, and offers a new
     // QP: the server's CM may still hold the old one's request (ib_cm refuses a QP
     // number it is already connecting)
@@ -83,7 +83,7 @@ Result<std::unique_ptr<Link>> connect_cm(std::shared_ptr<Group> group, std::stri
         group = *on;
         auto link = Link::create(std::move(*on), on_device);
         if (!link)
-            return link;
+            return std::unexpected(std::move(link.error()));
         const auto attempt_end = std::min(deadline, Clock::now() + attempt);
         auto peer = cm->connect((*link)->qp(), (*link)->describe().metadata, options.qp, remaining(attempt_end));
         if (!peer) {
@@ -95,13 +95,27 @@ Result<std::unique_ptr<Link>> connect_cm(std::shared_ptr<Group> group, std::stri
             }
             return std::unexpected(std::move(peer.error()));
         }
-        if (auto ok = (*link)->start(*peer); !ok)
-            return std::unexpected(std::move(ok.error()));
-        if (auto ok = cm->establish(); !ok)
-            return std::unexpected(std::move(ok.error()));
-        (*link)->watch(std::move(*cm));
-        return link;
+        return CmOffered{std::move(*link), std::move(*cm), std::move(*peer)};
     }
+}
+
+Result<std::unique_ptr<Link>> connect_cm(std::shared_ptr<Group> group, std::string_view host, std::uint16_t port,
+                                         const ConnectionOptions& options, Clock::time_point deadline) {
+    auto offered = offer_cm(std::move(group), host, port, options, deadline);
+    if (!offered)
+        return std::unexpected(std::move(offered.error()));
+    if (auto ok = finish_cm(*offered); !ok)
+        return std::unexpected(std::move(ok.error()));
+    return std::move(offered->link);
+}
+
+Result<void> finish_cm(CmOffered& offered) {
+    if (auto ok = offered.link->start(offered.peer); !ok)
+        return ok;
+    if (auto ok = offered.cm->establish(); !ok)
+        return ok;
+    offered.link->watch(std::move(*offered.cm));
+    return {};
 }
 
 // --- server side ---------------------------------------------------------------------------

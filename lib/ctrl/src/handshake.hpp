@@ -39,6 +39,19 @@ Result<std::unique_ptr<Link>> connect_tcp(std::shared_ptr<Group> group, std::str
 Result<std::unique_ptr<Link>> connect_cm(std::shared_ptr<Group> group, std::string_view host, std::uint16_t port,
                                          const ConnectionOptions& options, Clock::time_point deadline);
 
+// connect_cm in two halves. offer_cm waits (resolution, the connect request and its
+// answer) but touches no state shared with the group's other links (the new link is
+// not started), so it may run on another thread than the group's; finish_cm starts
+// the link (registering it in its group) and establishes, without waiting.
+struct CmOffered {
+    std::unique_ptr<Link> link; // connected QP, not started
+    std::optional<CmConnection> cm;
+    EndpointMessage peer;
+};
+Result<CmOffered> offer_cm(std::shared_ptr<Group> group, std::string_view host, std::uint16_t port,
+                           const ConnectionOptions& options, Clock::time_point deadline);
+Result<void> finish_cm(CmOffered& offered);
+
 // The options with the device and port RDMA CM resolved to, when it names one.
 template <class Cm>
 ConnectionOptions on_device_of(const Cm& cm, ConnectionOptions options) {

@@ -30,7 +30,9 @@
 //    NIC never touches the caller's memory after the coroutine resumes.
 //  * Arguments are taken by value; the memory a slice names must stay valid until the
 //    call completes (co_await guarantees it).
-//  * Transports: TCP both ways; RDMA CM for the Listener (accept), not yet for connect.
+//  * Transports: TCP and RDMA CM. RDMA CM's active side waits inside librdmacm
+//    (resolution, the connect request's answer): like Asio's resolver, connect runs
+//    those waits on a private thread and finishes on the io_context's.
 //
 // Lifetimes: a Connection or Listener must not outlive its io_context. Destroying a
 // Connection with calls in flight ends it (QP to error) and lets each call complete
@@ -64,8 +66,8 @@ struct ListenerState;
 
 class Connection {
 public:
-    // Connects to a (blocking or async) Listener at host:port over TCP. Programming
-    // error: options out of range (ConnectionOptions), or Transport::rdma_cm (not yet).
+    // Connects to a (blocking or async) Listener at host:port (over options.transport).
+    // Programming error: options out of range (ConnectionOptions).
     static asio::awaitable<Result<Connection>> connect(asio::any_io_executor executor, std::string host,
                                                        std::uint16_t port, ConnectionOptions options = {},
                                                        std::source_location where = std::source_location::current());
