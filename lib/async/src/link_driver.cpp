@@ -21,6 +21,10 @@ Result<std::shared_ptr<LinkDriver>> LinkDriver::create(const asio::any_io_execut
     if (auto armed = group->cq.arm(); !armed)
         return std::unexpected(std::move(armed.error()));
     std::shared_ptr<LinkDriver> driver(new LinkDriver(executor, std::move(group), fd));
+    if (auto events = AsyncEvents::open(driver->group_->context); events)
+        driver->events_.emplace(std::move(*events));
+    else
+        logger()->warn("async::Connection: the device's events will not be watched: {}", events.error());
     driver->refresh();
     driver->watch();
     return driver;
@@ -61,6 +65,8 @@ void LinkDriver::set_interest(int fd, std::uint32_t events, bool force) {
 
 void LinkDriver::refresh() {
     std::map<int, std::uint32_t> wanted{{group_->cq.channel_fd(), EPOLLIN}};
+    if (events_)
+        wanted[events_->fd()] = EPOLLIN;
     // a handshake's fd closes with it when it fails, and its number may come back as
     // the next client's: registered again every time (handshakes are few and short)
     std::vector<int> handshakes;
@@ -139,6 +145,10 @@ void LinkDriver::on_ready() {
                     logger()->error("async::Connection: arming the CQ: {}", armed.error());
                 continue;
             }
+            if (events_ && fd == events_->fd()) {
+                take_device_events();
+                continue;
+            }
             for (Link* link : links_)
                 if (link->watch_fd() == fd)
                     link->check_peer_alive();
@@ -154,6 +164,17 @@ void LinkDriver::on_ready() {
     }
     refresh();
     watch();
+}
+
+void LinkDriver::take_device_events() {
+    for (Link* link : links_)
+        if (auto ok = events_->check(&link->qp(), &group_->cq); !ok && !link->broken()) {
+            logger()->warn("async::Connection: peer {}: {}", link->peer(), ok.error());
+            link->fail(ok.error());
+        }
+    // check() read them all (and keeps them for next()); nobody else takes them here
+    for (auto event = events_->next(); event && *event; event = events_->next()) {
+    }
 }
 
 void LinkDriver::pump() {

@@ -4,8 +4,11 @@
 //
 // One LinkDriver per Group (a listener's connections, or a client connection and those
 // made with connect_another). It watches, through one epoll fd in the io_context's
-// reactor, the group's CQ channel, each link's side channel and the listener's fds,
-// plus a timer for the nearest lease end or handshake deadline. On every wake it takes
+// reactor, the group's CQ channel, the device's async events, each link's side channel
+// and the listener's fds, plus a timer for the nearest lease end or handshake
+// deadline. A device event that leaves a link's QP unable to complete work (QP fatal,
+// its port down, the CQ in error, the device fatal) ends that link: its waits end with
+// the event's Error. On every wake it takes
 // the completions (Group::pump: which also answers MR requests, returns credits,
 // expires leases), moves handshakes on, and wakes the coroutines whose condition now
 // holds. A live Connection or Listener therefore keeps its io_context's run() going:
@@ -35,6 +38,8 @@
 #include <asio/use_awaitable.hpp>
 
 #include <fmt/format.h>
+
+#include <rdmaxx/data/events.hpp>
 
 #include "../../ctrl/src/link.hpp"
 #include "../../ctrl/src/listener_core.hpp"
@@ -92,6 +97,8 @@ private:
     LinkDriver(const asio::any_io_executor& executor, std::shared_ptr<Group> group, int epoll_fd);
     void watch();
     void on_ready();
+    // Reads the device's events; fails each link one of them concerns.
+    void take_device_events();
     // Brings the epoll set and the timer in line with what is to be watched now.
     void refresh();
     // `force`: registered again even where the same events are (the fd may be new).
@@ -101,6 +108,7 @@ private:
     std::shared_ptr<Group> group_;
     asio::posix::stream_descriptor epoll_;   // owns the epoll fd
     asio::steady_timer timer_;
+    std::optional<AsyncEvents> events_; // the group's context's reader (none: not watched)
     bool watching_ = false;
     std::vector<Link*> links_;
     ListenerCore* listener_ = nullptr;

@@ -17,6 +17,10 @@
 //    memory requests, returning credits, expiring leases, noticing the peer's death)
 //    runs on the io_context whether or not anyone awaits. A live Connection or
 //    Listener therefore keeps run() going: close them to let it return.
+//  * The device's async events are watched too: one that leaves a connection's QP
+//    unable to complete work (QP fatal, its port down, the CQ in error, the device
+//    fatal) ends that connection, and its pending calls end with the event's Error
+//    (a port down: ENETDOWN) instead of waiting out their timeout.
 //  * Completions are event-driven (the CQ's channel in the io_context's reactor); the
 //    busy and hybrid modes are for the data layer's async::QueuePair, where latency is
 //    the point.

@@ -1,0 +1,113 @@
+// lib/async across a real (virtual) wire: a device event ends the calls it concerns.
+// Runs where scripts/vm/pair.sh made rxeA and rxeB; elsewhere every case is skipped.
+#include <array>
+#include <chrono>
+#include <cstdlib>
+#include <string>
+
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <rdmaxx/async/connection.hpp>
+
+#include "../support/device.hpp"
+#include "../support/pair.hpp"
+
+using namespace rdmaxx;
+using namespace std::chrono_literals;
+using rdmaxx::test::env;
+using rdmaxx::test::have_pair;
+using rdmaxx::test::must;
+
+namespace {
+
+struct Ended {
+    bool done = false;
+    std::optional<Error> error;
+    std::chrono::milliseconds took{};
+};
+
+// A receive that nothing will ever satisfy: it ends only by its 30 s timeout or an Error.
+asio::awaitable<void> receive_forever(async::Connection& c, Ended& ended) {
+    const auto start = std::chrono::steady_clock::now();
+    std::array<std::byte, 8> in{};
+    auto got = co_await c.receive(in, 30s);
+    ended.took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+    if (!got)
+        ended.error = got.error();
+    ended.done = true;
+}
+
+asio::awaitable<void> connect_both(async::Listener& listener, std::optional<async::Connection>& server,
+                                   std::optional<async::Connection>& client, ConnectionOptions options, bool& done) {
+    auto ex = co_await asio::this_coro::executor;
+    auto c = co_await async::Connection::connect(ex, env("RDMAXX_PAIR_A_ADDR"), listener.port(), options);
+    auto s = co_await listener.accept(20s);
+    if (c && s) {
+        client.emplace(std::move(*c));
+        server.emplace(std::move(*s));
+    } else {
+        MESSAGE("connect: ", (c ? std::string("ok") : fmt::format("{}", c.error())), ", accept: ",
+                (s ? std::string("ok") : fmt::format("{}", s.error())));
+    }
+    done = true;
+}
+
+void run_until(asio::io_context& io, const bool& done, std::chrono::seconds bound) {
+    const auto deadline = std::chrono::steady_clock::now() + bound;
+    while (!done && std::chrono::steady_clock::now() < deadline) {
+        io.restart();
+        io.run_for(10ms);
+    }
+}
+
+} // namespace
+
+TEST_CASE("async Connection: the port going down ends the pending calls with its Error, not their timeout" *
+          doctest::skip(!have_pair())) {
+    asio::io_context io;
+    ConnectionOptions options;
+    options.transport = Transport::rdma_cm;
+    options.timeout = 10s;
+    auto listener = must(async::Listener::listen(io.get_executor(), env("RDMAXX_PAIR_A_ADDR"), 0, options));
+    std::optional<async::Connection> server, client;
+    bool connected = false;
+    asio::co_spawn(io, connect_both(listener, server, client, options, connected), asio::detached);
+    run_until(io, connected, 30s);
+    REQUIRE(server);
+    REQUIRE(client);
+    Ended on_client, on_server;
+    asio::co_spawn(io, receive_forever(*client, on_client), asio::detached);
+    asio::co_spawn(io, receive_forever(*server, on_server), asio::detached);
+    io.restart();
+    io.run_for(100ms); // both receives are waiting
+    REQUIRE(!on_client.done);
+    const std::string down = fmt::format("ip link set dev {} down", env("RDMAXX_PAIR_B_IF"));
+    REQUIRE(std::system(down.c_str()) == 0);
+    bool both = false;
+    const auto deadline = std::chrono::steady_clock::now() + 20s;
+    while (!both && std::chrono::steady_clock::now() < deadline) {
+        io.restart();
+        io.run_for(10ms);
+        both = on_client.done && on_server.done;
+    }
+    const std::string up = fmt::format("ip link set dev {} up", env("RDMAXX_PAIR_B_IF"));
+    CHECK(std::system(up.c_str()) == 0);
+    REQUIRE(on_client.done);
+    REQUIRE(on_client.error);
+    CAPTURE(fmt::format("{}", *on_client.error));
+    CHECK(on_client.error->code() == ENETDOWN); // from the device's PORT_ERR event
+    CHECK(on_client.took < 10s);
+    // the server's side: its port went down with the wire (the peer's carrier), or its
+    // side channel reports the client gone; either way an Error, not the timeout
+    REQUIRE(on_server.done);
+    REQUIRE(on_server.error);
+    CAPTURE(fmt::format("{}", *on_server.error));
+    CHECK(!on_server.error->is_timeout());
+    CHECK(on_server.took < 10s);
+}
