@@ -2,7 +2,9 @@
 // one job and a file of its own: control_codec (the bytes), credit_window (credits),
 // lease_table (leases and quota), handshake (how a Link gets connected). Link itself
 // keeps the conversation: send slots, the inbox, completion routing, liveness and the
-// bounded waits. Connection (connection.cpp) is a facade over it.
+// bounded waits. Connection (connection.cpp) is a facade over it that blocks between a
+// call's steps; async::Connection (lib/async/src/connection.cpp) awaits between the
+// same steps, driven by lib/async/src/link_driver.cpp.
 //
 // Not thread-safe: a Group and every Link in it are used from one thread at a time.
 #pragma once
