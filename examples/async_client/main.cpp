@@ -1,6 +1,11 @@
 // The tutorial's client on lib/async: the five scenarios of examples/client, each call
 // co_awaited on one io_context, against examples/server or examples/async_server.
 //   async_client [--host ADDRESS] [--port PORT] [--transport tcp|cm]
+// The standard library before Asio: Asio picks its allocator (aligned_alloc or
+// operator new) by what the standard library has defined when Asio's config is read,
+// and lib/async, built that way, frees what this program allocates (ASan checks it).
+#include <cstdlib>
+
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
 #include <asio/io_context.hpp>

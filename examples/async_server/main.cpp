@@ -1,6 +1,11 @@
 // The tutorial's server on lib/async: the five scenarios of examples/server, each call
 // co_awaited on one io_context (the protocol is the same: either side may be blocking).
 //   async_server [--host ADDRESS] [--port PORT] [--transport tcp|cm]
+// The standard library before Asio: Asio picks its allocator (aligned_alloc or
+// operator new) by what the standard library has defined when Asio's config is read,
+// and lib/async, built that way, frees what this program allocates (ASan checks it).
+#include <cstdlib>
+
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
 #include <asio/io_context.hpp>
