@@ -6,12 +6,16 @@ writes it with the raw figures and a plot into OUT.
 
   compare.py --perf BUILD/bench/rdmaxx-perf [--out DIR] [--sizes 2,64,... | all]
              [--rounds N (5)] [--max-rounds M (10)] [--tests write_lat,...] [--keep]
-             [--async busy|event|hybrid]
+             [--async busy|event|hybrid [--post-list L (1)]]
 
 With --async MODE the two sides are rdmaxx-perf's own loop on the data layer ("sync",
 in perftest's column) and its loop on lib/async in MODE ("async"), for the tests
 --async runs; the table (with the async runs' CPU time per operation) goes to
-OUT/async-MODE.md and .json, and there is no plot.
+OUT/async-MODE.md and .json (async-MODE-lL.* for a post list L > 1), and there is no
+plot. Both sides of a bandwidth test issue the same verbs: post lists of L WRs, one
+doorbell each, the last WR of each signaled (sync: -l L -Q L; async: each list one
+awaited operation, tx_depth / L of them in flight), so that the ratio is the cost of
+awaiting, not a different signaling pattern.
 
 Latency compares t_typical (the median; ratio rdmaxx/perftest, lower is better),
 bandwidth the average MiB/s, read from whichever printed figure is more precise
@@ -168,10 +172,15 @@ def main():
     ap.add_argument("--tests", default=",".join(TESTS))
     ap.add_argument("--keep", action="store_true", help="keep the rows of OUT/compare.json not measured again")
     ap.add_argument("--async", dest="async_mode", choices=["busy", "event", "hybrid"])
+    ap.add_argument("--post-list", type=int, default=1, help="--async: WRs per post list and per signal (bandwidth)")
     args = ap.parse_args()
+    if args.post_list != 1 and not args.async_mode:
+        sys.exit("compare: --post-list goes with --async")
     if args.async_mode and args.tests == ",".join(TESTS):
-        args.tests = ",".join(ASYNC_TESTS)
+        args.tests = ",".join(t for t in ASYNC_TESTS if args.post_list == 1 or t.endswith("_bw"))
     name = f"async-{args.async_mode}" if args.async_mode else "compare"
+    if args.post_list != 1:
+        name += f"-l{args.post_list}"
     sizes = [2 << i for i in range(20)] if args.sizes == "all" else [int(s) for s in args.sizes.split(",")]
     devices = sorted(os.path.basename(d) for d in glob.glob("/sys/class/infiniband/*"))
     if not devices:
@@ -195,6 +204,8 @@ def main():
         for size in ([8] if test.startswith("atomic") else sizes):
             n = str(iterations(test, size))
             size_knobs = [] if test.startswith("atomic") else ["-s", str(size)]
+            if args.async_mode and not latency:  # the same verbs on both sides (see the top)
+                size_knobs += ["-l", str(args.post_list), "-Q", str(args.post_list)]
             perftest, rdmaxx, cpu = [], [], []
             my_knobs = knobs
             for round in range(args.max_rounds):  # A B A B
@@ -230,7 +241,7 @@ def main():
             print(format_row(row), flush=True)
             save(args.out, name, device, args.rounds, results)  # as we go: a long run keeps what it measured
 
-    table = format_table(results, device, args.rounds, args.async_mode)
+    table = format_table(results, device, args.rounds, args.async_mode, args.post_list)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, name + ".md"), "w") as f:
         f.write(table)
@@ -287,7 +298,7 @@ def format_row(r):
             f"{spread(r['perftest_runs'])} | {spread(r['rdmaxx_runs'])} |{cpu}")
 
 
-def format_table(results, device, rounds, async_mode=None):
+def format_table(results, device, rounds, async_mode=None, post_list=1):
     a, b = ("sync", f"async {async_mode}") if async_mode else ("perftest", "rdmaxx")
     cpu_head, cpu_rule = (" async CPU us/op |", " ---: |") if async_mode else ("", "")
     head = (f"Device {device}; at least {rounds} alternating runs per tool (more where a tool's runs spread over "
@@ -295,9 +306,10 @@ def format_table(results, device, rounds, async_mode=None):
             "each tool's best run (latency: lowest "
             f"t_typical in us, ratio {b}/{a}, lower is better; bandwidth: highest average MiB/s, ratio "
             f"{b}/{a}, higher is better), the ratio of the medians, and every run's range (and count)"
-            + ("; sync is rdmaxx-perf's loop on the data layer (bandwidth: one WR in 100 signaled), async its loop "
-               "on lib/async (every operation signaled and awaited), and the async runs' median CPU time (user + "
-               "system) per operation" if async_mode else "") + "\n\n"
+            + ("; sync is rdmaxx-perf's loop on the data layer, async its loop on lib/async; in bandwidth both "
+               f"post lists of {post_list} WR(s), one doorbell each and the last signaled (async: each list one "
+               "awaited operation, tx_depth / list of them in flight); the last column is the async runs' median "
+               "CPU time (user + system) per WR" if async_mode else "") + "\n\n"
             f"| test | bytes | {a} | {b} | ratio | median ratio | {a} runs | {b} runs |{cpu_head}\n"
             f"| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |{cpu_rule}\n")
     return head + "\n".join(format_row(r) for r in in_order(results)) + "\n"

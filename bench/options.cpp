@@ -117,7 +117,8 @@ std::string usage() {
            "  -q, --qp N              QPs, bandwidth (1)\n"
            "  -A, --atomic_type T     FETCH_AND_ADD (default) or CMP_AND_SWAP\n"
            "      --async MODE        the client's loop on lib/async: busy, event or hybrid (read_lat,\n"
-           "                          atomic_lat, write_bw, read_bw, atomic_bw; every WR signaled)\n"
+           "                          atomic_lat, write_bw, read_bw, atomic_bw): each post list one\n"
+           "                          awaited operation, its last WR signaled\n"
            "      --timeout MS        longest the peer may stay silent (10000)\n"
            "      --json              one JSON object per result line\n";
 }
@@ -261,8 +262,6 @@ Result<Options> parse_options(std::span<const std::string_view> args) {
     if (o.async != AsyncMode::off && !one_sided)
         return std::unexpected(invalid(fmt::format(
             "--async runs read_lat, atomic_lat, write_bw, read_bw and atomic_bw, not {}", test_name(o.test))));
-    if (o.async != AsyncMode::off && o.post_list != 1)
-        return std::unexpected(invalid("--async posts one operation at a time (--post_list 1)"));
     if (o.inline_size && *o.inline_size != 0 && (o.test.verb == Verb::read || o.test.verb == Verb::atomic))
         return std::unexpected(invalid("READ and atomics cannot be inline: --inline_size 0 or absent"));
     return o;

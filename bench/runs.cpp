@@ -362,14 +362,30 @@ asio::awaitable<void> async_latency(Side& side, std::uint32_t size, std::uint32_
     stamps[iters] = Clock::now();
 }
 
-// Bandwidth: `window` of these per QP keep that many operations in flight; each takes
-// the QP's next WR number (in order: a CAS compares with the number before it).
+// Bandwidth: tx_depth / post_list of these per QP keep that many post lists in flight.
+// Each awaits one post list at a time as one operation (one doorbell, its last WR
+// signaled: the verbs the data layer's loop issues with --cq-mod equal to the post
+// list), and takes the QP's next WR numbers in order (a CAS compares with the number
+// before it). The list is built once; each post renumbers it.
 asio::awaitable<void> async_stream_worker(Side& side, std::size_t q, std::uint32_t size, std::uint32_t iters,
                                           std::uint32_t& next, Result<void>& out) {
+    const Options& o = side.options();
     const Buffers buffers(side, q, size);
+    const bool inline_data = size <= side.inline_size();
     async::QueuePair& qp = side.async_qp(q);
+    SendBatch<max_post_list> batch(qp.get());
+    for (std::uint32_t k = 0; k < o.post_list; ++k)
+        add(batch, o, buffers, {.inline_data = inline_data});
     while (next < iters && out) {
-        auto done = co_await issue(qp, side.options(), buffers, next++);
+        const std::uint32_t count = std::min(o.post_list, iters - next);
+        if (count < batch.size()) { // the last list of a run that does not divide evenly
+            batch.clear();
+            for (std::uint32_t k = 0; k < count; ++k)
+                add(batch, o, buffers, {.inline_data = inline_data});
+        }
+        for (std::uint32_t k = 0; k < count; ++k)
+            renumber(batch, k, o, next++, false); // post() signals the last
+        auto done = co_await qp.post(batch);
         if (!done && out)
             out = std::unexpected(std::move(done.error()));
     }
@@ -391,7 +407,8 @@ Result<Latency> async_latency_run(Side& side, std::uint32_t size, std::uint32_t 
 }
 
 Result<Bandwidth> async_stream(Side& side, std::uint32_t size, std::uint32_t iters) {
-    const std::uint32_t window = std::min(side.options().tx_depth, iters);
+    const Options& o = side.options();
+    const std::uint32_t window = std::min(o.tx_depth / o.post_list, (iters + o.post_list - 1) / o.post_list);
     std::vector<std::uint32_t> next(side.qp_count(), 0);
     Result<void> out;
     for (std::size_t q = 0; q < side.qp_count(); ++q)
