@@ -135,7 +135,7 @@ std::size_t Completions::drain(detail::CqCore& cq, bool defer, std::size_t limit
         // take every completion of the batch before running any handler: a handler
         // may destroy a QP, whose quiescing must not wait for a completion taken here
         std::array<detail::Op*, batch> ops;
-        std::array<std::optional<detail::OpResult>, batch> results;
+        std::array<const WorkCompletion*, batch> taken; // ops[k]'s completion
         int found = 0;
         for (int i = 0; i < n; ++i) {
             detail::Op* op = slab_.find(wcs[static_cast<std::size_t>(i)].wr_id());
@@ -145,7 +145,8 @@ std::size_t Completions::drain(detail::CqCore& cq, bool defer, std::size_t limit
             }
             --cq.outstanding;
             ops[static_cast<std::size_t>(found)] = op;
-            results[static_cast<std::size_t>(found)].emplace(detail::retire(*op, wcs[static_cast<std::size_t>(i)]));
+            taken[static_cast<std::size_t>(found)] = &wcs[static_cast<std::size_t>(i)];
+            detail::retire(*op, *taken[static_cast<std::size_t>(found)]);
             ++found;
         }
         for (int i = 0; i < found; ++i) {
@@ -153,7 +154,7 @@ std::size_t Completions::drain(detail::CqCore& cq, bool defer, std::size_t limit
             if (shut_down_)
                 op.table->destroy(op), slab_.release(op);
             else
-                op.table->complete(op, std::move(*results[static_cast<std::size_t>(i)]), defer, slab_);
+                op.table->complete(op, detail::outcome(op, *taken[static_cast<std::size_t>(i)]), defer, slab_);
         }
         completed += static_cast<std::size_t>(found);
         if (n < batch || completed >= limit)
@@ -223,7 +224,8 @@ Result<CompletionQueue> CompletionQueue::create(asio::io_context& io, const Cont
                                                 DriveOptions drive, std::source_location where) {
     require(drive.busy_polls > 0 || drive.mode == CompletionMode::event || drive.mode == CompletionMode::manual,
             where, "DriveOptions::busy_polls 0 for a {} CQ", drive.mode == CompletionMode::busy ? "busy" : "hybrid");
-    cq.channel = drive.mode == CompletionMode::event || drive.mode == CompletionMode::hybrid;
+    const bool watched = drive.mode == CompletionMode::event || drive.mode == CompletionMode::hybrid;
+    cq.channel = cq.channel || watched;
     auto created = rdmaxx::CompletionQueue::create(context, cq, where);
     if (!created)
         return std::unexpected(std::move(created.error()));
@@ -231,7 +233,7 @@ Result<CompletionQueue> CompletionQueue::create(asio::io_context& io, const Cont
     auto* state = new detail::CqCore{.service = &service, .cq = std::move(*created), .drive = drive, .channel = {},
                                      .created = where};
     state->pins = 1;
-    if (cq.channel) {
+    if (watched) {
         std::error_code ec;
         state->channel.emplace(io);
         state->channel->assign(state->cq.channel_fd(), ec);

@@ -104,26 +104,27 @@ void start(Op& op) {
     waiting.push_back(op);
 }
 
-OpResult retire(Op& op, const WorkCompletion& wc) {
+void retire(Op& op, const WorkCompletion& wc) {
     QpCore& qp = *op.qp;
     op.qp = nullptr; // a second completion naming it (a failed batch's flushes) is stale
     const bool recv = op.kind == Op::Kind::recv;
     (recv ? qp.recv_credits : qp.send_credits) += op.credits;
     --qp.posted;
-    OpResult result = wc;
-    if (!wc.ok()) [[unlikely]] {
-        if (!qp.dead)
-            qp.dead = wc.error();
-        result = std::unexpected(op.cancelled ? Error::cancelled(op.call, "flushed after its cancellation: the QP is "
-                                                                          "in the error state")
-                                              : wc.error());
-    }
-    // a cancelled operation that completed before the QP reached the error state did
-    // happen: it reports its success
+    if (!wc.ok() && !qp.dead) [[unlikely]]
+        qp.dead = wc.error();
     pump(qp, recv ? qp.recv_waiting : qp.send_waiting, recv ? qp.recv_credits : qp.send_credits);
     if (qp.dead) // the other side's waiters fail too
         pump(qp, recv ? qp.send_waiting : qp.recv_waiting, recv ? qp.send_credits : qp.recv_credits);
-    return result;
+}
+
+OpResult outcome(const Op& op, const WorkCompletion& wc) {
+    if (wc.ok()) [[likely]]
+        return wc;
+    // a cancelled operation that completed before the QP reached the error state did
+    // happen: it reports its success
+    if (op.cancelled)
+        return std::unexpected(Error::cancelled(op.call, "flushed after its cancellation: the QP is in the error state"));
+    return std::unexpected(wc.error());
 }
 
 void kill(QpCore& qp, Error why) {

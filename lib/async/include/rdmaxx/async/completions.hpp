@@ -15,7 +15,10 @@
 //    io_context's other handlers and polls again. Lowest latency; a core while
 //    operations are in flight.
 //  * hybrid: busy for DriveOptions::spin after the last completion, then event.
-//  * manual: nothing is driven; the application calls poll() from its own loop.
+//  * manual: nothing is driven; the application calls poll() from its own loop (and
+//    the io_context's run() does not wait for these operations: nothing in it is). A
+//    channel asked for (CqOptions::channel) is created and left to the application:
+//    its loop may block on it (get().arm(), get().wait_event() or channel_fd()).
 // A CQ is driven only while operations are in flight on it, so run() returns once
 // every operation has completed.
 //
@@ -139,7 +142,7 @@ private:
 class CompletionQueue : rdmaxx::detail::MoveOnly {
 public:
     // `cq` as for rdmaxx::CompletionQueue::create; its channel is created for the
-    // event and hybrid modes. Programming error: a moved-from Context, depth 0.
+    // event and hybrid modes (and in manual mode if `cq.channel` asks for it). Programming error: a moved-from Context, depth 0.
     static Result<CompletionQueue> create(asio::io_context& io, const Context& context, CqOptions cq = {},
                                           DriveOptions drive = {},
                                           std::source_location where = std::source_location::current());

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <new>
+#include <optional>
 #include <source_location>
 #include <type_traits>
 #include <utility>
@@ -159,14 +160,24 @@ struct HandlerBox {
     using WorkExecutor = std::decay_t<decltype(asio::prefer(std::declval<Executor>(),
                                                             asio::execution::outstanding_work.tracked))>;
 
-    HandlerBox(Handler&& h, const IoExecutor& io)
-        : handler(std::move(h)),
-          work(asio::prefer(asio::get_associated_executor(handler, io), asio::execution::outstanding_work.tracked)),
-          io(io) {}
+    HandlerBox(Handler&& h, const IoExecutor& io) : handler(std::move(h)), io(io) {
+        const Executor executor = asio::get_associated_executor(handler, io);
+        if (!on_io(executor, io))
+            work.emplace(asio::prefer(executor, asio::execution::outstanding_work.tracked));
+    }
 
     Handler handler;
-    WorkExecutor work;
+    // Asio's rule: an operation keeps its handler's executor from running out of work
+    // until the handler is called. Needed only for a handler bound to another execution
+    // context: the service keeps its own io_context running while operations are in
+    // flight (a drive handler is pending), and skipping it saves an atomic count (and,
+    // for an any_io_executor, a type-erased call) per operation.
+    std::optional<WorkExecutor> work;
     IoExecutor io; // the service's io_context
+
+    static bool on_io(const Executor& executor, const IoExecutor& io) noexcept {
+        return &asio::query(executor, asio::execution::context) == &asio::query(io, asio::execution::context);
+    }
 
     static constexpr bool fits_inline = sizeof(HandlerBox) <= sizeof(Op::inline_) &&
                                         alignof(HandlerBox) <= alignof(std::max_align_t) &&
@@ -207,15 +218,14 @@ void HandlerBox<Handler, IoExecutor>::complete(Op& op, OpResult&& result, bool d
     // Asio's rule: the operation's memory is free before its handler runs (which may
     // start the next operation in the same slot)
     Handler handler(std::move(box->handler));
-    WorkExecutor work(std::move(box->work));
+    std::optional<WorkExecutor> work(std::move(box->work));
     const IoExecutor io = box->io;
     release(op, box);
     slab.release(op);
     asio::get_associated_cancellation_slot(handler).clear();
     // What dispatch() would do, without wrapping the call for a type-erased executor:
     // on the io_context's own thread, a handler bound to that io_context runs inline.
-    if (!defer && io.running_in_this_thread() &&
-        &asio::query(work, asio::execution::context) == &asio::query(io, asio::execution::context)) {
+    if (!defer && !work && io.running_in_this_thread()) {
         std::move(handler)(std::move(result));
         return;
     }
@@ -224,10 +234,11 @@ void HandlerBox<Handler, IoExecutor>::complete(Op& op, OpResult&& result, bool d
         OpResult result;
         void operator()() { std::move(handler)(std::move(result)); }
     };
+    const Executor executor = asio::get_associated_executor(handler, io); // `work` held until it has the call
     if (defer)
-        asio::post(work, Call{std::move(handler), std::move(result)});
+        asio::post(executor, Call{std::move(handler), std::move(result)});
     else
-        asio::dispatch(work, Call{std::move(handler), std::move(result)});
+        asio::dispatch(executor, Call{std::move(handler), std::move(result)});
 }
 
 template <class Handler, class IoExecutor>

@@ -38,9 +38,11 @@ struct QpCore {
 // Posts `op` (whose WR and handler are stored) or queues it for entries; an op that
 // cannot be posted completes, deferred, with why.
 void start(Op& op);
-// `op`'s completion `wc` was taken: returns its entries, posts the operations that
-// now fit, and gives the op's result.
-OpResult retire(Op& op, const WorkCompletion& wc);
+// `op`'s completion `wc` was taken: returns its entries and posts the operations that
+// now fit (a failure kills the QP).
+void retire(Op& op, const WorkCompletion& wc);
+// What a retired op completes with.
+OpResult outcome(const Op& op, const WorkCompletion& wc);
 // Moves the QP to the error state (its posted operations then complete with flush
 // errors) and fails its waiting operations, deferred, with `why`.
 void kill(QpCore& qp, Error why);
