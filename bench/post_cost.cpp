@@ -164,19 +164,24 @@ struct Device {
         must(b.connect(a.endpoint()), "connect");
         return {std::move(a), std::move(b)};
     }
+    // The raw verbs' WR: a signaled WRITE of `sge` (local) to remote.
+    ibv_send_wr raw_write(ibv_sge& sge) const {
+        ibv_send_wr wr{};
+        wr.sg_list = &sge;
+        wr.num_sge = 1;
+        wr.opcode = IBV_WR_RDMA_WRITE;
+        wr.send_flags = IBV_SEND_SIGNALED;
+        wr.wr.rdma.remote_addr = remote.addr;
+        wr.wr.rdma.rkey = remote.rkey;
+        return wr;
+    }
 };
 
 std::uint64_t run_raw(Device& d, std::uint64_t n) {
     CompletionQueue cq = must(CompletionQueue::create(d.context, {.depth = 256, .channel = true}), "cq");
     auto [a, b] = d.pair(cq);
     ibv_sge sge = d.local.sge();
-    ibv_send_wr wr{};
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    wr.opcode = IBV_WR_RDMA_WRITE;
-    wr.send_flags = IBV_SEND_SIGNALED;
-    wr.wr.rdma.remote_addr = d.remote.addr;
-    wr.wr.rdma.rkey = d.remote.rkey;
+    ibv_send_wr wr = d.raw_write(sge);
     ibv_send_wr* bad = nullptr;
     must(cq.arm(), "arm");
     if (ibv_post_send(a.get(), &wr, &bad) != 0)
@@ -226,13 +231,7 @@ std::uint64_t run_posts(Device& d, std::string_view variant, std::uint64_t n) {
     SendBatch<1> batch(a);
     batch.write(d.local, d.remote);
     ibv_sge sge = d.local.sge();
-    ibv_send_wr wr{};
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    wr.opcode = IBV_WR_RDMA_WRITE;
-    wr.send_flags = IBV_SEND_SIGNALED;
-    wr.wr.rdma.remote_addr = d.remote.addr;
-    wr.wr.rdma.rkey = d.remote.rkey;
+    ibv_send_wr wr = d.raw_write(sge);
 
     std::uint64_t ok = 0;
     for (std::uint64_t i = 0; i < n; ++i) {
