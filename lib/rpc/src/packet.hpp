@@ -1,0 +1,153 @@
+// The header every UD packet of the RPC engine starts with, built and parsed in one
+// place. A message (a request or a response) travels as one or more packets, each this
+// header followed by its share of the message's bytes:
+//
+//   offset  size  field (big-endian)
+//        0     2  magic 0x5258 ("RX")
+//        2     1  version (1)
+//        3     1  kind (Kind below)
+//        4     1  rpc type: the user's handler number
+//        5     1  status (Status below): responses and resets only, 0 in other kinds
+//        6     2  destination session number: an index in the receiver's session table
+//        8     4  session generation: the receiver's generation of that session (a
+//                 reused table slot gets a new one, so a stale packet is recognised)
+//       12     4  message size: the whole request or response, not this packet
+//       16     8  request number: per session, increasing (slot = request % window)
+//       24     2  packet index (what it means per kind: below)
+//       26     2  reserved, 0
+//       28     4  reserved, 0
+//       32     n  payload: packet `index` of the message, request and response only
+//
+// What each kind names (slots.hpp tells who sends which and when):
+//
+//   kind                  message size       index k                    payload
+//   request               the request's      0 <= k < packets           its share
+//   response              the response's     0 <= k < packets           its share
+//   credit_return         the request's      the request packet it      none
+//                                            answers, k < packets - 1
+//   request_for_response  the response's     the response packet it     none
+//                                            asks for, 1 <= k < packets
+//   reset                 0                  0                          none
+//
+// "packets" is packet_count(message size, payload_per_packet): every packet but the
+// last carries payload_per_packet bytes; a 0-byte message is one empty packet. A
+// response whose status is not ok carries an empty message. A response's status is
+// ok, no_handler, too_large or handler_dropped; a reset's is session_unknown or
+// server_busy.
+//
+// decode() takes untrusted bytes: it checks everything that needs no session state
+// and never reads outside the span. What the session state decides (is this the packet
+// expected next?) is the windows' (slots.hpp).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <expected>
+#include <source_location>
+#include <span>
+#include <string_view>
+
+namespace rdmaxx::rpc::detail {
+
+inline constexpr std::size_t header_bytes = 32;
+inline constexpr std::uint16_t magic = 0x5258;
+inline constexpr std::uint8_t version = 1;
+
+enum class Kind : std::uint8_t {
+    request = 1,
+    response = 2,
+    credit_return = 3,
+    request_for_response = 4,
+    reset = 5,
+};
+
+// The server's answer in a response or a reset, and what the client should do next.
+enum class Status : std::uint8_t {
+    ok = 0,              // response: the handler's message follows
+    no_handler = 1,      // response: no handler has this rpc type (a caller's mistake: do not retry)
+    too_large = 2,       // response: the handler's response exceeded max_message (do not retry)
+    handler_dropped = 3, // response: the handler ended without answering (retry if the call is idempotent)
+    session_unknown = 4, // reset: the server has no such session (connect again)
+    server_busy = 5,     // reset: the server cannot take the session now (connect again later)
+};
+
+// Why a packet was dropped: one enum, so that an endpoint counts its drops in one table.
+// decode() returns the first group; the windows (slots.hpp) the second.
+enum class DropReason : std::uint8_t {
+    // malformed: decode()
+    too_short,   // fewer bytes than a header
+    bad_magic,   // not an rdmaxx RPC packet
+    bad_version, // a protocol version this build does not speak
+    bad_kind,    // an unknown kind
+    bad_status,  // a status the kind cannot carry
+    reserved_set,
+    too_large,   // a message size above max_message
+    bad_index,   // an index the kind and message size do not allow (table above)
+    bad_length,  // a payload (or message size) other than the kind and index require
+    // unwanted in its session: ClientWindow and ServerWindow
+    stale_session,   // addressed to another session number or generation than this one
+    wrong_kind,      // a kind this side does not take (a client takes credit_return and
+                     // response, a server request and request_for_response; resets
+                     // are for the session layer)
+    stale_request,   // not the slot's current call (completed, abandoned, superseded)
+    too_far_ahead,   // a request number beyond what the window lets a client have issued
+    duplicate,       // already received
+    out_of_order,    // not the next packet expected: one before it is missing
+    unsolicited,     // answers nothing outstanding (a packet rolled back by go-back-N, a
+                     // response not made yet)
+    inconsistent,    // message size or rpc type differs from the message's other packets
+    handler_running, // the request's handler has not answered yet
+};
+
+std::string_view to_string(DropReason reason) noexcept;
+
+// What an endpoint accepts; valid by construction.
+class PacketLimits {
+public:
+    // `max_message`: the largest message (request or response) in bytes.
+    // `payload_per_packet`: the path MTU minus header_bytes.
+    // Programming error: payload_per_packet 0, or a max_message of more packets than an
+    // index can number (65,536).
+    PacketLimits(std::uint32_t max_message, std::uint32_t payload_per_packet,
+                 std::source_location where = std::source_location::current());
+
+    std::uint32_t max_message() const noexcept { return max_message_; }
+    std::uint32_t payload_per_packet() const noexcept { return payload_per_packet_; }
+
+private:
+    std::uint32_t max_message_;
+    std::uint32_t payload_per_packet_;
+};
+
+struct PacketHeader {
+    Kind kind = Kind::request;
+    std::uint8_t rpc_type = 0;
+    Status status = Status::ok;
+    std::uint16_t session = 0; // the receiver's session number
+    std::uint32_t generation = 0;
+    std::uint32_t message_size = 0;
+    std::uint64_t request = 0;
+    std::uint16_t index = 0;
+    friend bool operator==(const PacketHeader&, const PacketHeader&) = default;
+};
+
+// The packets of a message of `size` bytes (1 for 0 bytes). payload_per_packet > 0.
+constexpr std::uint32_t packet_count(std::uint32_t size, std::uint32_t payload_per_packet) noexcept {
+    return size == 0 ? 1 : static_cast<std::uint32_t>((std::uint64_t{size} + payload_per_packet - 1) / payload_per_packet);
+}
+// The bytes packet `index` of a message of `size` bytes carries (0 past the end).
+constexpr std::uint32_t payload_bytes(std::uint32_t size, std::uint32_t index, std::uint32_t payload_per_packet) noexcept {
+    const std::uint64_t offset = std::uint64_t{index} * payload_per_packet;
+    return offset >= size ? 0 : static_cast<std::uint32_t>(std::min<std::uint64_t>(payload_per_packet, size - offset));
+}
+
+// Writes `header` as it is (decode() judges what arrives, not encode()).
+void encode(const PacketHeader& header, std::span<std::byte, header_bytes> out) noexcept;
+
+// The header of a packet of packet.size() bytes (header and payload, as received).
+// A malformed packet is a DropReason, not an Error: the endpoint counts drops by reason
+// and goes on; nothing from the network ends a session by itself.
+std::expected<PacketHeader, DropReason> decode(std::span<const std::byte> packet, const PacketLimits& limits) noexcept;
+
+} // namespace rdmaxx::rpc::detail
