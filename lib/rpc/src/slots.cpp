@@ -1,0 +1,321 @@
+#include "slots.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include <rdmaxx/wrap/error.hpp>
+
+namespace rdmaxx::rpc::detail {
+namespace {
+
+bool addressed_to(const PacketHeader& header, const SessionId& session) noexcept {
+    return header.session == session.number && header.generation == session.generation;
+}
+
+// A packet of `kind` for the peer's end of the route, about message `size` of call `request`.
+PacketHeader header_for(const Route& route, Kind kind, std::uint64_t request, std::uint8_t rpc_type,
+                        std::uint32_t size, std::uint32_t index, Status status = Status::ok) noexcept {
+    return {.kind = kind,
+            .rpc_type = rpc_type,
+            .status = status,
+            .session = route.remote.number,
+            .generation = route.remote.generation,
+            .message_size = size,
+            .request = request,
+            .index = static_cast<std::uint16_t>(index)};
+}
+
+// Packet `index` of `message`: its bytes.
+std::span<const std::byte> share(std::span<const std::byte> message, std::uint32_t index,
+                                 std::uint32_t payload_per_packet) noexcept {
+    const auto size = static_cast<std::uint32_t>(message.size());
+    return message.subspan(std::size_t{index} * payload_per_packet, payload_bytes(size, index, payload_per_packet));
+}
+
+// Copies packet `index`'s payload into its place in `message` (sized for the whole).
+void place(std::vector<std::byte>& message, std::uint32_t index, std::uint32_t payload_per_packet,
+           std::span<const std::byte> payload) noexcept {
+    if (!payload.empty())
+        std::memcpy(message.data() + std::size_t{index} * payload_per_packet, payload.data(), payload.size());
+}
+
+CallOutcome outcome_of(Status status) noexcept {
+    switch (status) {
+    case Status::no_handler: return CallOutcome::no_handler;
+    case Status::too_large: return CallOutcome::too_large;
+    case Status::handler_dropped: return CallOutcome::handler_dropped;
+    case Status::ok:
+    case Status::session_unknown:
+    case Status::server_busy: break; // decode() lets neither of the last two into a response
+    }
+    return CallOutcome::ok;
+}
+
+} // namespace
+
+// ---------------------------------------------------------------------------------
+// ClientWindow
+
+ClientWindow::ClientWindow(const ClientOptions& options, PacketLimits limits, Route route, std::source_location where)
+    : limits_(limits), route_(route), credits_(options.credits), rto_(options.rto, where), slots_(options.window) {
+    require(options.window > 0, where, "ClientWindow: a window of 0 slots");
+    require(options.credits > 0, where, "ClientWindow: 0 credits");
+}
+
+std::expected<std::uint64_t, WindowFull> ClientWindow::begin(std::uint8_t rpc_type, std::span<const std::byte> request,
+                                                             std::uint32_t response_capacity,
+                                                             std::source_location where) {
+    require(request.size() <= limits_.max_message(), where, "ClientWindow::begin: a {}-byte request, the most is {}",
+            request.size(), limits_.max_message());
+    Slot& slot = slots_[next_request_ % slots_.size()];
+    if (slot.busy)
+        return std::unexpected(WindowFull{slot.request});
+    slot.busy = true;
+    slot.request = next_request_++;
+    slot.rpc_type = rpc_type;
+    slot.request_bytes.assign(request.begin(), request.end());
+    slot.request_packets = packet_count(static_cast<std::uint32_t>(request.size()), limits_.payload_per_packet());
+    slot.response_capacity = response_capacity;
+    slot.response_packets = 0;
+    slot.response_bytes.clear();
+    slot.sent = 0;
+    slot.received = 0;
+    slot.timeouts = 0;
+    slot.transmissions = Transmissions::once;
+    return slot.request;
+}
+
+void ClientWindow::abandon(std::uint64_t request, std::source_location where) {
+    Slot& slot = slots_[request % slots_.size()];
+    require(slot.busy && slot.request == request, where, "ClientWindow::abandon: call {} is not in progress", request);
+    release(slot);
+}
+
+std::uint32_t ClientWindow::sendable(const Slot& slot) noexcept {
+    if (!slot.busy)
+        return 0;
+    return slot.response_packets == 0 ? slot.request_packets : slot.request_packets + slot.response_packets - 1;
+}
+
+Outgoing ClientWindow::packet_at(Slot& slot, std::uint32_t position) const noexcept {
+    if (position < slot.request_packets)
+        return {header_for(route_, Kind::request, slot.request, slot.rpc_type,
+                           static_cast<std::uint32_t>(slot.request_bytes.size()), position),
+                share(slot.request_bytes, position, limits_.payload_per_packet())};
+    return {header_for(route_, Kind::request_for_response, slot.request, slot.rpc_type,
+                       static_cast<std::uint32_t>(slot.response_bytes.size()), position - slot.request_packets + 1),
+            {}};
+}
+
+std::optional<Outgoing> ClientWindow::next_packet(Clock::time_point now) {
+    if (in_flight_ >= credits_)
+        return std::nullopt;
+    for (std::size_t i = 0; i < slots_.size(); ++i) {
+        Slot& slot = slots_[(cursor_ + i) % slots_.size()];
+        if (slot.sent >= sendable(slot))
+            continue;
+        cursor_ = (cursor_ + i + 1) % slots_.size();
+        const Outgoing out = packet_at(slot, slot.sent);
+        ++slot.sent;
+        ++in_flight_;
+        slot.last_sent = now;
+        slot.deadline = now + rto_.rto();
+        return out;
+    }
+    return std::nullopt;
+}
+
+std::expected<std::optional<CallEnd>, DropReason> ClientWindow::receive(const PacketHeader& header,
+                                                                        std::span<const std::byte> payload,
+                                                                        Clock::time_point now) {
+    if (!addressed_to(header, route_.local))
+        return std::unexpected(DropReason::stale_session);
+    if (header.kind != Kind::credit_return && header.kind != Kind::response)
+        return std::unexpected(DropReason::wrong_kind);
+    Slot& slot = slots_[header.request % slots_.size()];
+    if (!slot.busy || slot.request != header.request)
+        return std::unexpected(DropReason::stale_request);
+    return take(slot, header, payload, now);
+}
+
+std::expected<std::optional<CallEnd>, DropReason> ClientWindow::take(Slot& slot, const PacketHeader& header,
+                                                                     std::span<const std::byte> payload,
+                                                                     Clock::time_point now) {
+    const bool is_response = header.kind == Kind::response;
+    if (header.rpc_type != slot.rpc_type ||
+        (!is_response && header.message_size != slot.request_bytes.size()))
+        return std::unexpected(DropReason::inconsistent);
+    const std::uint32_t position = is_response ? slot.request_packets - 1 + header.index : header.index;
+    if (position < slot.received)
+        return std::unexpected(DropReason::duplicate);
+    if (position > slot.received)
+        return std::unexpected(DropReason::out_of_order);
+    if (position >= slot.sent)
+        return std::unexpected(DropReason::unsolicited);
+    // header.index >= 1: response packet 0 set the size, an ok status and n_resp > 1
+    if (is_response && header.index >= 1 &&
+        (header.message_size != slot.response_bytes.size() || header.status != Status::ok))
+        return std::unexpected(DropReason::inconsistent);
+
+    ++slot.received;
+    --in_flight_;
+    slot.timeouts = 0;
+    slot.deadline = now + rto_.rto();
+    if (slot.received == slot.sent)
+        rto_.measured(now - slot.last_sent, slot.transmissions);
+    if (!is_response)
+        return std::nullopt;
+    if (header.index == 0) {
+        if (header.status != Status::ok)
+            return end(slot, outcome_of(header.status), 0);
+        if (header.message_size > slot.response_capacity)
+            return end(slot, CallOutcome::response_truncated, header.message_size);
+        slot.response_packets = packet_count(header.message_size, limits_.payload_per_packet());
+        slot.response_bytes.resize(header.message_size);
+    }
+    place(slot.response_bytes, header.index, limits_.payload_per_packet(), payload);
+    if (slot.received == sendable(slot))
+        return end(slot, CallOutcome::ok, static_cast<std::uint32_t>(slot.response_bytes.size()));
+    return std::nullopt;
+}
+
+CallEnd ClientWindow::end(Slot& slot, CallOutcome outcome, std::uint32_t response_size) noexcept {
+    release(slot);
+    CallEnd ended{.request = slot.request, .outcome = outcome, .response_size = response_size, .response = {}};
+    if (outcome == CallOutcome::ok)
+        ended.response = slot.response_bytes;
+    return ended;
+}
+
+void ClientWindow::write_off(Slot& slot) noexcept {
+    in_flight_ -= slot.sent - slot.received;
+    slot.sent = slot.received;
+}
+
+void ClientWindow::release(Slot& slot) noexcept {
+    write_off(slot);
+    slot.busy = false;
+}
+
+std::optional<Clock::time_point> ClientWindow::next_deadline() const noexcept {
+    std::optional<Clock::time_point> earliest;
+    for (const Slot& slot : slots_)
+        if (slot.busy && slot.sent > slot.received && (!earliest || slot.deadline < *earliest))
+            earliest = slot.deadline;
+    return earliest;
+}
+
+std::optional<CallEnd> ClientWindow::expire(Clock::time_point now) {
+    for (Slot& slot : slots_) {
+        if (!slot.busy || slot.sent == slot.received || slot.deadline > now)
+            continue;
+        if (rto_.timed_out(++slot.timeouts) == OnTimeout::give_up)
+            return end(slot, CallOutcome::timed_out, 0);
+        write_off(slot);
+        slot.transmissions = Transmissions::retransmitted;
+    }
+    return std::nullopt;
+}
+
+// ---------------------------------------------------------------------------------
+// ServerWindow
+
+ServerWindow::ServerWindow(std::uint32_t window, PacketLimits limits, Route route, std::source_location where)
+    : limits_(limits), route_(route), slots_(window) {
+    require(window > 0, where, "ServerWindow: a window of 0 slots");
+}
+
+std::expected<ServerStep, DropReason> ServerWindow::receive(const PacketHeader& header,
+                                                            std::span<const std::byte> payload) {
+    if (!addressed_to(header, route_.local))
+        return std::unexpected(DropReason::stale_session);
+    if (header.kind != Kind::request && header.kind != Kind::request_for_response)
+        return std::unexpected(DropReason::wrong_kind);
+    Slot& slot = slots_[header.request % slots_.size()];
+    if (slot.phase != Phase::unused && header.request < slot.request)
+        return std::unexpected(DropReason::stale_request);
+    if (header.kind == Kind::request)
+        return take_request(slot, header, payload);
+    return take_request_for_response(slot, header);
+}
+
+std::expected<ServerStep, DropReason> ServerWindow::take_request(Slot& slot, const PacketHeader& header,
+                                                                 std::span<const std::byte> payload) {
+    if (slot.phase == Phase::unused || header.request > slot.request) {
+        // a new call in this slot
+        if (header.request >= seen_below_ && header.request - seen_below_ >= slots_.size())
+            return std::unexpected(DropReason::too_far_ahead);
+        // a number an honest client may have issued, seen: even dropped below, it counts
+        // (the bound follows what reached the server, not only what began)
+        seen_below_ = std::max(seen_below_, header.request + 1);
+        if (slot.phase == Phase::handling) // its handler still reads the slot's request
+            return std::unexpected(DropReason::handler_running);
+        if (header.index != 0)
+            return std::unexpected(DropReason::out_of_order);
+        slot.phase = Phase::receiving;
+        slot.request = header.request;
+        slot.rpc_type = header.rpc_type;
+        slot.request_bytes.resize(header.message_size);
+        slot.request_packets = packet_count(header.message_size, limits_.payload_per_packet());
+        slot.received = 0;
+        slot.response_bytes.clear(); // the previous call's response: released
+    } else if (header.message_size != slot.request_bytes.size() || header.rpc_type != slot.rpc_type) {
+        return std::unexpected(DropReason::inconsistent);
+    } else if (header.index < slot.received) {
+        // a retransmission: its answer was lost (or is late)
+        if (header.index + 1u < slot.request_packets)
+            return credit_return(slot, header.index);
+        if (slot.phase == Phase::handling)
+            return std::unexpected(DropReason::handler_running);
+        return response_packet(slot, 0);
+    } else if (header.index > slot.received) {
+        return std::unexpected(DropReason::out_of_order);
+    }
+    place(slot.request_bytes, header.index, limits_.payload_per_packet(), payload);
+    if (++slot.received < slot.request_packets)
+        return credit_return(slot, header.index);
+    slot.phase = Phase::handling;
+    return HandlerCall{.request = slot.request, .rpc_type = slot.rpc_type, .message = slot.request_bytes};
+}
+
+std::expected<ServerStep, DropReason> ServerWindow::take_request_for_response(const Slot& slot,
+                                                                              const PacketHeader& header) const {
+    if (slot.phase != Phase::answered || header.request != slot.request)
+        return std::unexpected(DropReason::unsolicited);
+    if (header.message_size != slot.response_bytes.size() || header.rpc_type != slot.rpc_type)
+        return std::unexpected(DropReason::inconsistent);
+    return response_packet(slot, header.index);
+}
+
+Outgoing ServerWindow::respond(std::uint64_t request, Status status, std::span<const std::byte> response,
+                               std::source_location where) {
+    Slot& slot = slots_[request % slots_.size()];
+    require(slot.phase == Phase::handling && slot.request == request, where,
+            "ServerWindow::respond: request {} is not awaiting its handler", request);
+    require(status <= Status::handler_dropped, where, "ServerWindow::respond: status {} is not a response's",
+            static_cast<unsigned>(status));
+    require(status == Status::ok || response.empty(), where,
+            "ServerWindow::respond: {} response bytes with status {}", response.size(), static_cast<unsigned>(status));
+    if (response.size() > limits_.max_message()) {
+        status = Status::too_large;
+        response = {};
+    }
+    slot.phase = Phase::answered;
+    slot.status = status;
+    slot.response_bytes.assign(response.begin(), response.end());
+    return response_packet(slot, 0);
+}
+
+Outgoing ServerWindow::credit_return(const Slot& slot, std::uint16_t index) const noexcept {
+    return {header_for(route_, Kind::credit_return, slot.request, slot.rpc_type,
+                       static_cast<std::uint32_t>(slot.request_bytes.size()), index),
+            {}};
+}
+
+Outgoing ServerWindow::response_packet(const Slot& slot, std::uint16_t index) const noexcept {
+    return {header_for(route_, Kind::response, slot.request, slot.rpc_type,
+                       static_cast<std::uint32_t>(slot.response_bytes.size()), index, slot.status),
+            share(slot.response_bytes, index, limits_.payload_per_packet())};
+}
+
+} // namespace rdmaxx::rpc::detail

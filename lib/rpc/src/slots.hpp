@@ -1,0 +1,269 @@
+// The request slots of one session, client side (ClientWindow) and server side
+// (ServerWindow): eRPC's protocol (go-back-N, credits, at-most-once), made safe. Pure
+// logic: the windows decide what to send and what to accept; an endpoint (its UD QP,
+// receive ring and timers) moves the packets. Both take what decode() (packet.hpp)
+// accepted with the window's own PacketLimits, the header and the payload after it (a
+// programming error otherwise: the windows rely on decode()'s checks of index, size
+// and length), and trust nothing else in them.
+//
+// A session has a window of W slots. Calls are numbered 0, 1, 2, ... in the order the
+// client begins them; call r lives in slot r % W, so a call waits while the call W
+// before it is still in its slot (WindowFull) even when other slots are free. The price
+// buys a bound: an honest client's numbers are dense, so the server drops any request
+// number more than W beyond the highest it has seen (a client whose W consecutive calls
+// ended (abandoned, timed out) without one packet of theirs reaching the server has
+// desynchronised its session: its next calls time out and the session must be reset).
+//
+// One call's packets (n_req request packets, n_resp response packets), each client
+// packet answered by one server packet:
+//
+//   position p       client sends                       server answers
+//   0 .. n_req-2     request packet p                   credit_return, index p
+//   n_req-1          request packet n_req-1 (the last)  response packet 0 (after the handler)
+//   n_req-1+k        request_for_response, index k      response packet k   (1 <= k < n_resp)
+//
+// The client learns n_resp from response packet 0 (its message size), so it asks for
+// packets 1.. only then. It counts positions: `sent` (num_tx) and `received` (num_rx, in
+// order). It takes an answer only for position `received`, and only while
+// received < sent; anything else is dropped with a reason. Go-back-N: when a slot's RTO
+// expires, sent goes back to received and the packets from there go again. A slot's
+// RTO runs from its last send or in-order answer; a call's 8th expiry in a row
+// (RtoConfig::max_timeouts) without progress ends it (timed_out).
+//
+// Credits: at most C packets of the session are in flight (sent, not yet answered), so
+// the server's receive queue is never overrun by one session. The unanswered packets of
+// a rolled-back or ended call count as lost: their credits come back at once. An answer
+// that arrives later is taken only for a position sent again since (the answer to that
+// resend is then a duplicate), so every credit comes back once.
+//
+// The server runs a request's handler once (at-most-once): it keeps the response in the
+// slot until the client begins call r + W there, and answers a retransmitted request
+// packet or a request_for_response from it. While a handler runs, the slot is its: the
+// packets of call r + W are dropped (handler_running) and come again after an RTO, so
+// the handler's view of its request never changes under it.
+//
+// Both ends number a session's calls from 0; a session set up again in the same table
+// entry has a new generation, so packets of the old one are dropped (stale_session).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <expected>
+#include <optional>
+#include <source_location>
+#include <span>
+#include <variant>
+#include <vector>
+
+#include "packet.hpp"
+#include "retransmit.hpp"
+
+namespace rdmaxx::rpc::detail {
+
+using Clock = std::chrono::steady_clock;
+
+struct SessionId {
+    std::uint16_t number = 0;      // the index in its end's session table
+    std::uint32_t generation = 0;  // of that table entry
+};
+
+// A session at both ends: packets to this window carry `local`, its packets `remote`.
+struct Route {
+    SessionId local;
+    SessionId remote;
+};
+
+// A packet to transmit: header_bytes of encode(header), then `payload`. The payload
+// lies in the window's buffers: valid until the next call on that window.
+struct Outgoing {
+    PacketHeader header;
+    std::span<const std::byte> payload;
+};
+
+// ---------------------------------------------------------------------------------
+// Client
+
+struct ClientOptions {
+    std::uint32_t window = 8;   // W: calls in flight (eRPC's default)
+    std::uint32_t credits = 32; // C: packets in flight (eRPC's default)
+    RtoConfig rto{};
+};
+
+// How a call ended.
+enum class CallOutcome : std::uint8_t {
+    ok,                 // the response is in CallEnd::response
+    no_handler,         // the server's status (nothing delivered)
+    too_large,          // the server's status (nothing delivered)
+    handler_dropped,    // the server's status (nothing delivered)
+    response_truncated, // the response (CallEnd::response_size bytes) exceeds the call's
+                        // response capacity: nothing delivered
+    timed_out,          // RtoConfig::max_timeouts expiries in a row: the server or the
+                        // path is gone (the session probably is too)
+};
+
+struct CallEnd {
+    std::uint64_t request = 0;
+    CallOutcome outcome = CallOutcome::ok;
+    // ok: the response's size; response_truncated: the size it needed; else 0
+    std::uint32_t response_size = 0;
+    // ok: the response, valid until the next begin(); else empty
+    std::span<const std::byte> response;
+};
+
+// begin()'s answer when the call's slot is taken: begin again once the call
+// `waits_for` has ended (CallEnd) or was abandoned.
+struct WindowFull {
+    std::uint64_t waits_for = 0;
+};
+
+// The calls of one client session. The driver:
+//  - begin() a call, then send what next_packet() returns until it returns nothing;
+//  - on each packet of this session from the server: receive(), then next_packet()
+//    again (an answer returns a credit); a CallEnd goes to the caller;
+//  - arms a timer for next_deadline(); when it fires, expire() until it returns
+//    nothing (each CallEnd goes to the caller), then next_packet() (what rolled back);
+//  - abandon() a call whose caller is gone (cancelled, destroyed).
+// Thread safety: distinct objects: safe; shared: unsafe.
+class ClientWindow {
+public:
+    // Programming error: window 0, credits 0, an RtoConfig RtoEstimator refuses.
+    ClientWindow(const ClientOptions& options, PacketLimits limits, Route route,
+                 std::source_location where = std::source_location::current());
+
+    // Starts a call of handler `rpc_type` with the message `request` (copied: the
+    // caller's buffer is free at once) that accepts a response of up to
+    // `response_capacity` bytes. Returns its request number, which names it from now on.
+    // Programming error: a request above limits.max_message().
+    std::expected<std::uint64_t, WindowFull> begin(std::uint8_t rpc_type, std::span<const std::byte> request,
+                                                   std::uint32_t response_capacity,
+                                                   std::source_location where = std::source_location::current());
+
+    // The call's caller is gone: its slot is free, whatever the server still sends for
+    // it is dropped (stale_request), its packets in flight are written off.
+    // Programming error: `request` is not a call in progress (never begun, ended, abandoned).
+    void abandon(std::uint64_t request, std::source_location where = std::source_location::current());
+
+    // The next packet to send, if a call has one and a credit is free. It counts as
+    // sent at `now` (its RTO runs from there).
+    std::optional<Outgoing> next_packet(Clock::time_point now);
+
+    // A packet the server sent to this session (decoded; the payload follows the
+    // header). A value: taken (with the call's end when it was the last); an error: dropped.
+    std::expected<std::optional<CallEnd>, DropReason> receive(const PacketHeader& header,
+                                                              std::span<const std::byte> payload,
+                                                              Clock::time_point now);
+
+    // When the earliest RTO of a call with packets in flight expires; nothing when none has.
+    std::optional<Clock::time_point> next_deadline() const noexcept;
+
+    // Rolls back every call whose RTO expired by `now` (go-back-N; next_packet() resends)
+    // and ends the first that reached the retry cap: call again until it returns nothing.
+    std::optional<CallEnd> expire(Clock::time_point now);
+
+    std::uint32_t in_flight() const noexcept { return in_flight_; }
+    std::chrono::nanoseconds rto() const noexcept { return rto_.rto(); }
+
+private:
+    struct Slot {
+        bool busy = false;
+        std::uint64_t request = 0;
+        std::uint8_t rpc_type = 0;
+        std::vector<std::byte> request_bytes;
+        std::uint32_t request_packets = 0;   // n_req
+        std::uint32_t response_capacity = 0;
+        std::uint32_t response_packets = 0;  // n_resp; 0 until response packet 0 arrives
+        std::vector<std::byte> response_bytes;
+        std::uint32_t sent = 0;     // positions sent (num_tx)
+        std::uint32_t received = 0; // positions answered, in order (num_rx)
+        std::uint32_t timeouts = 0; // consecutive, since the call last made progress
+        Transmissions transmissions = Transmissions::once;
+        Clock::time_point last_sent{};
+        Clock::time_point deadline{}; // while sent > received
+    };
+
+    // The positions the slot may send now.
+    static std::uint32_t sendable(const Slot& slot) noexcept;
+    Outgoing packet_at(Slot& slot, std::uint32_t position) const noexcept;
+    std::expected<std::optional<CallEnd>, DropReason> take(Slot& slot, const PacketHeader& header,
+                                                           std::span<const std::byte> payload, Clock::time_point now);
+    CallEnd end(Slot& slot, CallOutcome outcome, std::uint32_t response_size) noexcept;
+    void write_off(Slot& slot) noexcept; // its unanswered packets: lost
+    void release(Slot& slot) noexcept;   // written off and free
+
+    PacketLimits limits_;
+    Route route_;
+    std::uint32_t credits_;
+    RtoEstimator rto_;
+    std::vector<Slot> slots_;
+    std::uint64_t next_request_ = 0;
+    std::uint32_t in_flight_ = 0;
+    std::size_t cursor_ = 0; // next_packet() serves the slots round-robin from here
+};
+
+// ---------------------------------------------------------------------------------
+// Server
+
+// The handler must run for a request that arrived whole: respond(request, ...) when it
+// has. `message` stays valid until then.
+struct HandlerCall {
+    std::uint64_t request = 0;
+    std::uint8_t rpc_type = 0;
+    std::span<const std::byte> message;
+};
+
+// What a packet from the client asks the server's driver to do.
+using ServerStep = std::variant<Outgoing, HandlerCall>;
+
+// The requests of one server session. The driver:
+//  - on each request or request_for_response of this session: receive(); an Outgoing
+//    goes back to the client at once; a HandlerCall runs the handler (now or later);
+//  - when the handler answers (or there is none for the rpc type: no_handler, or it
+//    ended without an answer: handler_dropped): respond(), and sends what it returns.
+// The server keeps no timer: the client retransmits, the server answers again.
+// Thread safety: distinct objects: safe; shared: unsafe.
+class ServerWindow {
+public:
+    // Programming error: window 0.
+    ServerWindow(std::uint32_t window, PacketLimits limits, Route route,
+                 std::source_location where = std::source_location::current());
+
+    // A packet the client sent to this session (decoded; the payload follows the header).
+    // An error: dropped, nothing to send.
+    std::expected<ServerStep, DropReason> receive(const PacketHeader& header, std::span<const std::byte> payload);
+
+    // The handler's answer to `request`: its response packet 0 to send. The response is
+    // copied and kept for resends; one above limits.max_message() becomes status
+    // too_large with no bytes.
+    // Programming error: `request` is not awaiting its handler (no HandlerCall named it,
+    // or respond() ran already); a status that is not a response's (session_unknown,
+    // server_busy); a response with bytes and a status other than ok.
+    Outgoing respond(std::uint64_t request, Status status, std::span<const std::byte> response,
+                     std::source_location where = std::source_location::current());
+
+private:
+    enum class Phase : std::uint8_t { unused, receiving, handling, answered };
+    struct Slot {
+        Phase phase = Phase::unused;
+        std::uint64_t request = 0;
+        std::uint8_t rpc_type = 0;
+        std::vector<std::byte> request_bytes;
+        std::uint32_t request_packets = 0;
+        std::uint32_t received = 0; // request packets, in order
+        Status status = Status::ok;
+        std::vector<std::byte> response_bytes;
+    };
+
+    std::expected<ServerStep, DropReason> take_request(Slot& slot, const PacketHeader& header,
+                                                       std::span<const std::byte> payload);
+    std::expected<ServerStep, DropReason> take_request_for_response(const Slot& slot, const PacketHeader& header) const;
+    Outgoing credit_return(const Slot& slot, std::uint16_t index) const noexcept;
+    Outgoing response_packet(const Slot& slot, std::uint16_t index) const noexcept;
+
+    PacketLimits limits_;
+    Route route_;
+    std::vector<Slot> slots_;
+    std::uint64_t seen_below_ = 0; // 1 + the highest new request number seen within the bound
+};
+
+} // namespace rdmaxx::rpc::detail
