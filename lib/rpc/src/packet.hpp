@@ -38,6 +38,8 @@
 // decode() takes untrusted bytes: it checks everything that needs no session state
 // and never reads outside the span. What the session state decides (is this the packet
 // expected next?) is the windows' (slots.hpp).
+//
+// Thread safety: the functions keep no state and a PacketLimits never changes: safe.
 #pragma once
 
 #include <algorithm>

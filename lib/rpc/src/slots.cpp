@@ -97,7 +97,7 @@ std::uint32_t ClientWindow::sendable(const Slot& slot) noexcept {
     return slot.response_packets == 0 ? slot.request_packets : slot.request_packets + slot.response_packets - 1;
 }
 
-Outgoing ClientWindow::packet_at(Slot& slot, std::uint32_t position) const noexcept {
+Outgoing ClientWindow::packet_at(const Slot& slot, std::uint32_t position) const noexcept {
     if (position < slot.request_packets)
         return {header_for(route_, Kind::request, slot.request, slot.rpc_type,
                            static_cast<std::uint32_t>(slot.request_bytes.size()), position),

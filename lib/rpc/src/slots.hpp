@@ -121,8 +121,9 @@ struct WindowFull {
 //  - begin() a call, then send what next_packet() returns until it returns nothing;
 //  - on each packet of this session from the server: receive(), then next_packet()
 //    again (an answer returns a credit); a CallEnd goes to the caller;
-//  - arms a timer for next_deadline(); when it fires, expire() until it returns
-//    nothing (each CallEnd goes to the caller), then next_packet() (what rolled back);
+//  - after each of these, (re)arms its timer for next_deadline(); when it fires,
+//    expire() until it returns nothing (each CallEnd goes to the caller), then
+//    next_packet() (what rolled back goes again);
 //  - abandon() a call whose caller is gone (cancelled, destroyed).
 // Thread safety: distinct objects: safe; shared: unsafe.
 class ClientWindow {
@@ -161,7 +162,9 @@ public:
     // and ends the first that reached the retry cap: call again until it returns nothing.
     std::optional<CallEnd> expire(Clock::time_point now);
 
+    // Packets sent and not answered yet (at most ClientOptions::credits).
     std::uint32_t in_flight() const noexcept { return in_flight_; }
+    // The session's current retransmission timeout, for statistics.
     std::chrono::nanoseconds rto() const noexcept { return rto_.rto(); }
 
 private:
@@ -182,9 +185,10 @@ private:
         Clock::time_point deadline{}; // while sent > received
     };
 
-    // The positions the slot may send now.
+    // The positions the call has to send as far as it knows: n_req until response
+    // packet 0 tells n_resp, then n_req + n_resp - 1; 0 for a free slot.
     static std::uint32_t sendable(const Slot& slot) noexcept;
-    Outgoing packet_at(Slot& slot, std::uint32_t position) const noexcept;
+    Outgoing packet_at(const Slot& slot, std::uint32_t position) const noexcept;
     std::expected<std::optional<CallEnd>, DropReason> take(Slot& slot, const PacketHeader& header,
                                                            std::span<const std::byte> payload, Clock::time_point now);
     CallEnd end(Slot& slot, CallOutcome outcome, std::uint32_t response_size) noexcept;
