@@ -6,8 +6,6 @@
 namespace rdmaxx::rpc::detail {
 namespace {
 
-constexpr std::uint32_t max_packets = 0x10000; // what a 2-byte index numbers
-
 bool known_kind(std::uint8_t raw) noexcept {
     return raw >= static_cast<std::uint8_t>(Kind::request) && raw <= static_cast<std::uint8_t>(Kind::reset);
 }

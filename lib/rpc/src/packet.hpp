@@ -55,6 +55,8 @@ namespace rdmaxx::rpc::detail {
 inline constexpr std::size_t header_bytes = 32;
 inline constexpr std::uint16_t magic = 0x5258;
 inline constexpr std::uint8_t version = 1;
+// The packets one message may take: what the 2-byte packet index numbers.
+inline constexpr std::uint32_t max_packets = 0x10000;
 
 enum class Kind : std::uint8_t {
     request = 1,
@@ -120,6 +122,14 @@ public:
 private:
     std::uint32_t max_message_;
     std::uint32_t payload_per_packet_;
+};
+
+// A session as packets name it: an entry of the receiver's session table and that
+// entry's generation (session_table.hpp). A generation is never 0: 0 names no session.
+struct SessionId {
+    std::uint16_t number = 0;     // the index in its end's session table
+    std::uint32_t generation = 0; // of that table entry
+    friend bool operator==(const SessionId&, const SessionId&) = default;
 };
 
 struct PacketHeader {

@@ -63,11 +63,6 @@ namespace rdmaxx::rpc::detail {
 
 using Clock = std::chrono::steady_clock;
 
-struct SessionId {
-    std::uint16_t number = 0;      // the index in its end's session table
-    std::uint32_t generation = 0;  // of that table entry
-};
-
 // A session at both ends: packets to this window carry `local`, its packets `remote`.
 struct Route {
     SessionId local;
