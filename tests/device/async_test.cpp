@@ -1,5 +1,6 @@
 // lib/async on a real device: every operation in every completion mode, many in
 // flight from one thread, the queue-entry wait, cancellation and quiescing.
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -8,6 +9,7 @@
 #include <memory>
 #include <new>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -193,6 +195,67 @@ TEST_CASE("an io_context without operations in flight has nothing to run: run() 
 }
 
 // More operations than the send queue holds: they wait for entries, in order.
+// What a sink saw: each wr_id once, every completion a success.
+struct SinkTally {
+    std::vector<int> seen;
+    int failures = 0;
+    std::size_t total = 0;
+    static void take(void* self, std::span<const WorkCompletion> completions) {
+        auto& tally = *static_cast<SinkTally*>(self);
+        for (const WorkCompletion& wc : completions) {
+            tally.failures += wc.ok() && wc.wr_id() < tally.seen.size() ? 0 : 1;
+            if (wc.wr_id() < tally.seen.size())
+                ++tally.seen[wc.wr_id()];
+            ++tally.total;
+        }
+    }
+};
+
+TEST_CASE("a CQ with a CompletionSink hands it every completion of raw posts, and is driven until destroyed") {
+    constexpr int messages = 500; // sends 0..499 and their receives 500..999
+    for (const auto mode : modes) {
+        CAPTURE(name(mode));
+        asio::io_context io;
+        Context context = must(Context::open());
+        ProtectionDomain pd = must(ProtectionDomain::create(context));
+        MemoryRegion mem = must(MemoryRegion::allocate(pd, 2 * messages * 64, access_all));
+        SinkTally tally;
+        tally.seen.assign(2 * messages, 0);
+        std::optional<async::CompletionQueue> cq(must(async::CompletionQueue::create(
+            io, context, async::CompletionSink{&tally, &SinkTally::take}, {.depth = 2048}, {.mode = mode})));
+        const QpOptions options{.send_cq = &cq->get(), .recv_cq = &cq->get(),
+                                .caps = {.max_send_wr = messages, .max_recv_wr = messages}};
+        std::optional<QueuePair> a(must(QueuePair::create(pd, options)));
+        std::optional<QueuePair> b(must(QueuePair::create(pd, options)));
+        must(a->connect(b->endpoint()));
+        must(b->connect(a->endpoint()));
+        for (int i = 0; i < messages; ++i)
+            must(post_recv(*b, mem.slice(static_cast<std::size_t>(messages + i) * 64, 64),
+                           static_cast<std::uint64_t>(messages + i)));
+        for (int i = 0; i < messages; ++i)
+            must(post_send(*a, mem.slice(static_cast<std::size_t>(i) * 64, 64),
+                           {.wr_id = static_cast<std::uint64_t>(i), .signaled = true}));
+        const auto deadline = std::chrono::steady_clock::now() + 30s;
+        while (tally.total < 2 * messages && std::chrono::steady_clock::now() < deadline) {
+            if (mode == async::CompletionMode::manual)
+                cq->poll();
+            io.restart();
+            io.run_for(10ms);
+        }
+        CHECK(tally.total == 2 * messages);
+        CHECK(tally.failures == 0);
+        CHECK(std::count(tally.seen.begin(), tally.seen.end(), 1) == 2 * messages);
+        // destroyed, the sink CQ is no longer driven: run() returns at once
+        a.reset();
+        b.reset();
+        cq.reset();
+        io.restart();
+        const auto start = std::chrono::steady_clock::now();
+        io.run_for(5s);
+        CHECK(std::chrono::steady_clock::now() - start < 4s);
+    }
+}
+
 TEST_CASE("200 writes on a send queue of 8 wait for entries and complete in order") {
     AsyncPair p(async::CompletionMode::busy, {.max_send_wr = 8, .max_recv_wr = 8});
     std::vector<int> order;

@@ -84,7 +84,7 @@ void Completions::spin(detail::CqCore& cq) {
     for (unsigned polls = 0; polls < cq.drive.busy_polls; ++polls) {
         if (drain(cq, false, poll_batch) != 0 && cq.drive.mode == CompletionMode::hybrid)
             cq.last_completion = Clock::now();
-        if (cq.outstanding == 0) {
+        if (!cq.wanted()) {
             cq.driving = false;
             return;
         }
@@ -101,7 +101,7 @@ void Completions::spin(detail::CqCore& cq) {
 // turn, so that a CQ that never runs dry still lets the io_context's other handlers
 // run; once a poll finds nothing, waits on the channel.
 void Completions::sleep(detail::CqCore& cq) {
-    if (cq.outstanding == 0 || shut_down_) {
+    if (!cq.wanted() || shut_down_) {
         cq.driving = false;
         return;
     }
@@ -131,6 +131,14 @@ std::size_t Completions::drain(detail::CqCore& cq, bool defer, std::size_t limit
                 if (qp->send_cq == &cq || qp->recv_cq == &cq)
                     detail::kill(*qp, why);
             return completed;
+        }
+        if (cq.sink.take != nullptr) {
+            if (n > 0)
+                cq.sink.take(cq.sink.context, std::span<const WorkCompletion>(wcs.data(), static_cast<std::size_t>(n)));
+            completed += static_cast<std::size_t>(n);
+            if (n < batch || completed >= limit)
+                return completed;
+            continue;
         }
         // take every completion of the batch before running any handler: a handler
         // may destroy a QP, whose quiescing must not wait for a completion taken here
@@ -222,6 +230,17 @@ void Completions::shutdown() {
 
 Result<CompletionQueue> CompletionQueue::create(asio::io_context& io, const Context& context, CqOptions cq,
                                                 DriveOptions drive, std::source_location where) {
+    return make(io, context, cq, drive, {}, where);
+}
+
+Result<CompletionQueue> CompletionQueue::create(asio::io_context& io, const Context& context, CompletionSink sink,
+                                                CqOptions cq, DriveOptions drive, std::source_location where) {
+    require(sink.take != nullptr, where, "a CompletionSink without a take function");
+    return make(io, context, cq, drive, sink, where);
+}
+
+Result<CompletionQueue> CompletionQueue::make(asio::io_context& io, const Context& context, CqOptions cq,
+                                              DriveOptions drive, CompletionSink sink, std::source_location where) {
     require(drive.busy_polls > 0 || drive.mode == CompletionMode::event || drive.mode == CompletionMode::manual,
             where, "DriveOptions::busy_polls 0 for a {} CQ", drive.mode == CompletionMode::busy ? "busy" : "hybrid");
     const bool watched = drive.mode == CompletionMode::event || drive.mode == CompletionMode::hybrid;
@@ -231,7 +250,7 @@ Result<CompletionQueue> CompletionQueue::create(asio::io_context& io, const Cont
         return std::unexpected(std::move(created.error()));
     Completions& service = Completions::of(io);
     auto* state = new detail::CqCore{.service = &service, .cq = std::move(*created), .drive = drive, .channel = {},
-                                     .created = where};
+                                     .created = where, .sink = sink};
     state->pins = 1;
     if (watched) {
         std::error_code ec;
@@ -244,6 +263,8 @@ Result<CompletionQueue> CompletionQueue::create(asio::io_context& io, const Cont
         }
     }
     service.add(*state);
+    if (sink.take != nullptr && drive.mode != CompletionMode::manual)
+        service.start(*state);
     return CompletionQueue(state);
 }
 
@@ -262,7 +283,8 @@ CompletionQueue::~CompletionQueue() {
         rdmaxx::detail::programming_error("an async::CompletionQueue destroyed before the QPs attached to it",
                                           state_->created);
     // a pending channel wait ends (cancelled) and unpins; a pending busy turn sees
-    // the handle gone and stops
+    // nothing wanted (no operation due, no sink) and stops
+    state_->sink = {};
     if (state_->channel && !state_->service->shut_down()) {
         std::error_code ignored;
         state_->channel->cancel(ignored);

@@ -184,6 +184,8 @@ QueuePair QueuePair::attach(rdmaxx::QueuePair qp, CompletionQueue& send_cq, Comp
     require(raw->send_cq == scq.cq.get() && raw->recv_cq == rcq.cq.get(), where,
             "QP {:#x} was not created on these CQs (QpOptions::send_cq / recv_cq = &cq.get())", qp.qpn());
     require(scq.service == rcq.service, where, "a QP's send and receive CQs of two io_contexts");
+    require(scq.sink.take == nullptr && rcq.sink.take == nullptr, where,
+            "an async::QueuePair attached to a CQ with a CompletionSink (its completions go to the sink)");
     require(!qp.has_srq(), where, "QP {:#x} receives from an SRQ: not supported by async::QueuePair", qp.qpn());
     const std::size_t send = entries(qp, true), recv = entries(qp, false);
     const auto room = [&](const detail::CqCore& cq, std::size_t more) {

@@ -20,7 +20,10 @@
 //    channel asked for (CqOptions::channel) is created and left to the application:
 //    its loop may block on it (get().arm(), get().wait_event() or channel_fd()).
 // A CQ is driven only while operations are in flight on it, so run() returns once
-// every operation has completed.
+// every operation has completed. A CQ created with a CompletionSink is the exception:
+// its completions go to the sink (an engine that posts its own work requests, such as
+// lib/rpc's receive ring), and it is driven from its creation until its handle is
+// destroyed.
 //
 // Thread safety: an io_context with rdmaxx CQs is run by one thread (the objects here
 // keep counts without locks, and a handler of theirs never runs concurrently with
@@ -31,6 +34,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <source_location>
 #include <vector>
 
@@ -53,6 +57,15 @@ struct DriveOptions {
     std::chrono::microseconds spin{50};
 };
 
+// Where a sink CQ's completions go: `take` is called from the driver (inside the
+// io_context's run, or poll()) with each batch polled, successes and failures alike,
+// in the CQ's order. It may post work requests; it must not destroy the CQ (a
+// programming error the library cannot see).
+struct CompletionSink {
+    void* context = nullptr;
+    void (*take)(void* context, std::span<const WorkCompletion> completions) = nullptr;
+};
+
 class Completions;
 
 namespace detail {
@@ -71,6 +84,10 @@ struct CqCore {
     unsigned pins = 0;           // the handle and pending driver handlers
     bool driving = false;        // a poll turn or a channel wait is pending
     std::chrono::steady_clock::time_point last_completion{};
+    CompletionSink sink;         // take == nullptr: completions name operations
+
+    // Whether the driver keeps going: operations due, or a sink whose handle lives.
+    bool wanted() const noexcept { return outstanding != 0 || sink.take != nullptr; }
 };
 
 } // namespace detail
@@ -103,6 +120,8 @@ public:
     void add(detail::CqCore& cq) { cqs_.push_back(&cq); }
     void add(detail::QpCore& qp) { qps_.push_back(&qp); }
     void remove(detail::QpCore& qp) noexcept;
+    // Drives `cq` from a handler posted now (never inline: see completions.cpp).
+    void start(detail::CqCore& cq);
     // An operation was posted whose completion will come to `cq`: drive it.
     void posted(detail::CqCore& cq) {
         ++cq.outstanding;
@@ -123,7 +142,6 @@ private:
     struct Turn;
     struct Wake;
     void shutdown() override;
-    void start(detail::CqCore& cq);
     void spin(detail::CqCore& cq);
     void sleep(detail::CqCore& cq);
     void erase(detail::CqCore& cq) noexcept;
@@ -142,9 +160,17 @@ private:
 class CompletionQueue : rdmaxx::detail::MoveOnly {
 public:
     // `cq` as for rdmaxx::CompletionQueue::create; its channel is created for the
-    // event and hybrid modes (and in manual mode if `cq.channel` asks for it). Programming error: a moved-from Context, depth 0.
+    // event and hybrid modes (and in manual mode if `cq.channel` asks for it).
+    // Programming error: a moved-from Context, depth 0.
     static Result<CompletionQueue> create(asio::io_context& io, const Context& context, CqOptions cq = {},
                                           DriveOptions drive = {},
+                                          std::source_location where = std::source_location::current());
+    // A sink CQ (see the top of this file): every completion goes to `sink`; no
+    // async::QueuePair can be attached to it. Driven from now until the handle is
+    // destroyed (busy mode spins all that time), so it keeps run() going.
+    // Programming error: as create(), and a sink without `take`.
+    static Result<CompletionQueue> create(asio::io_context& io, const Context& context, CompletionSink sink,
+                                          CqOptions cq = {}, DriveOptions drive = {},
                                           std::source_location where = std::source_location::current());
 
     CompletionQueue(CompletionQueue&& other) noexcept : state_(std::exchange(other.state_, nullptr)) {}
@@ -154,7 +180,8 @@ public:
     // The verbs CQ, to create QPs on (QpOptions::send_cq / recv_cq).
     rdmaxx::CompletionQueue& get(std::source_location where = std::source_location::current()) const;
     CompletionMode mode() const noexcept { return state_->drive.mode; }
-    // Takes this CQ's completions now and runs their handlers; returns how many.
+    // Takes this CQ's completions now and runs their handlers (or gives them to its
+    // sink); returns how many.
     std::size_t poll(std::source_location where = std::source_location::current());
     // Completions due: operations posted and not yet completed.
     std::size_t outstanding() const noexcept { return state_ ? state_->outstanding : 0; }
@@ -163,6 +190,8 @@ public:
 
 private:
     explicit CompletionQueue(detail::CqCore* state) : state_(state) {}
+    static Result<CompletionQueue> make(asio::io_context& io, const Context& context, CqOptions cq,
+                                        DriveOptions drive, CompletionSink sink, std::source_location where);
     detail::CqCore* state_;
 };
 
