@@ -26,6 +26,7 @@
 #include <rdmaxx/async/connection.hpp>
 #include <rdmaxx/ctrl/connection.hpp>
 
+#include "../support/allocations.hpp"
 #include "../support/device.hpp"
 
 using namespace rdmaxx;
@@ -202,6 +203,66 @@ TEST_CASE("async Connection: every call, many in flight on one connection, from 
     run_until(io, server_done);
     CHECK(t.failures == 0);
     CHECK(listener.stats().accepted == 1);
+}
+
+// --- allocations per call ----------------------------------------------------------
+
+namespace {
+
+// Writes and reads one region of the peer, one call at a time; counts the allocations
+// of calls 100.. (after the warm-up: the op slots, Asio's recycled frames).
+asio::awaitable<void> counted_calls(async::Connection& c, long& counted, Tally& t) {
+    auto remote = co_await c.request_remote_mr(4096);
+    if (!t.ok(remote, "request_remote_mr"))
+        co_return;
+    auto local = must(c.alloc_local_mr(4096));
+    for (int i = 0; i < 2100; ++i) {
+        if (i == 100) {
+            test::allocations = 0;
+            test::counting = true;
+        }
+        if (i % 2 == 0)
+            t.ok(co_await c.write(local.slice(0, 64), remote->slice(0, 64)), "write");
+        else
+            t.ok(co_await c.read(local.slice(64, 64), remote->slice(0, 64)), "read");
+    }
+    test::counting = false;
+    counted = test::allocations;
+}
+
+asio::awaitable<void> counted_client(asio::any_io_executor ex, std::uint16_t port, long& counted, Tally& t,
+                                     bool& done) {
+    auto c = co_await async::Connection::connect(ex, "127.0.0.1", port, options());
+    if (t.ok(c, "connect")) {
+        co_await counted_calls(*c, counted, t);
+        t.ok(co_await c->close(), "client close");
+    }
+    done = true;
+}
+
+asio::awaitable<void> passive_server(async::Listener& listener, Tally& t, bool& done) {
+    auto c = co_await listener.accept(10s);
+    if (t.ok(c, "accept")) {
+        auto closed = co_await c->receive(std::span<std::byte>{}, 60s); // serves the requests meanwhile
+        t.check(!closed && closed.error().code() == ECONNRESET, "the client's goodbye");
+    }
+    done = true;
+}
+
+} // namespace
+
+TEST_CASE("async Connection: 2,000 one-sided calls allocate nothing once warm (both ends on this thread)") {
+    asio::io_context io;
+    auto listener = must(async::Listener::listen(io.get_executor(), "127.0.0.1", 0, options()));
+    Tally t;
+    long counted = -1;
+    bool server_done = false, client_done = false;
+    asio::co_spawn(io, passive_server(listener, t, server_done), asio::detached);
+    asio::co_spawn(io, counted_client(io.get_executor(), listener.port(), counted, t, client_done), asio::detached);
+    run_until(io, client_done, 120s);
+    run_until(io, server_done);
+    CHECK(t.failures == 0);
+    CHECK(counted == 0);
 }
 
 // --- 64 clients and a silent one --------------------------------------------------

@@ -33,16 +33,20 @@
 #include <rdmaxx/async/queue_pair.hpp>
 #include <rdmaxx/async/tcp.hpp>
 
+#include "../support/allocations.hpp"
 #include "../support/device.hpp"
 
 // operator new is counted while a window is open (the zero-allocation case). The
 // replacements pair malloc with free on purpose.
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 
-namespace {
+namespace rdmaxx::test {
 std::atomic<bool> counting{false};
 std::atomic<long> allocations{0};
-} // namespace
+} // namespace rdmaxx::test
+
+using rdmaxx::test::allocations;
+using rdmaxx::test::counting;
 
 void* operator new(std::size_t size) {
     if (counting.load(std::memory_order_relaxed))

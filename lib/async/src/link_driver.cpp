@@ -64,38 +64,48 @@ void LinkDriver::set_interest(int fd, std::uint32_t events, bool force) {
 }
 
 void LinkDriver::refresh() {
-    std::map<int, std::uint32_t> wanted{{group_->cq.channel_fd(), EPOLLIN}};
+    // rebuilt per wake into members that keep their capacity: a steady connection's
+    // calls allocate nothing here
+    wanted_.clear();
+    handshakes_.clear();
+    wanted_.emplace_back(group_->cq.channel_fd(), EPOLLIN);
     if (events_)
-        wanted[events_->fd()] = EPOLLIN;
+        wanted_.emplace_back(events_->fd(), EPOLLIN);
     // a handshake's fd closes with it when it fails, and its number may come back as
     // the next client's: registered again every time (handshakes are few and short)
-    std::vector<int> handshakes;
     auto wake = Clock::time_point::max();
     for (const Link* link : links_) {
         if (link->watch_fd() >= 0 && !link->broken())
-            wanted[link->watch_fd()] = EPOLLIN;
+            wanted_.emplace_back(link->watch_fd(), EPOLLIN);
         if (const auto expiry = link->next_expiry())
             wake = std::min(wake, *expiry);
     }
     if (listener_) {
-        wanted[listener_->knock_fd()] = EPOLLIN;
-        std::vector<pollfd> fds;
-        listener_->wanted(fds, wake);
-        for (const pollfd& p : fds) {
-            wanted[p.fd] = (p.events & POLLOUT) ? EPOLLOUT : EPOLLIN;
-            handshakes.push_back(p.fd);
+        wanted_.emplace_back(listener_->knock_fd(), EPOLLIN);
+        handshake_fds_.clear();
+        listener_->wanted(handshake_fds_, wake);
+        for (const pollfd& p : handshake_fds_) {
+            wanted_.emplace_back(p.fd, (p.events & POLLOUT) ? EPOLLOUT : EPOLLIN);
+            handshakes_.push_back(p.fd);
         }
     }
+    const auto by_fd = [](const std::pair<int, std::uint32_t>& a, const std::pair<int, std::uint32_t>& b) {
+        return a.first < b.first;
+    };
+    std::sort(wanted_.begin(), wanted_.end(), by_fd); // distinct fds (std::stable_sort would allocate)
+    const auto wants = [&](int fd) {
+        return std::binary_search(wanted_.begin(), wanted_.end(), std::pair<int, std::uint32_t>{fd, 0}, by_fd);
+    };
     for (auto it = interest_.begin(); it != interest_.end();) {
-        if (!wanted.contains(it->first)) {
+        if (!wants(it->first)) {
             (void)::epoll_ctl(epoll_.native_handle(), EPOLL_CTL_DEL, it->first, nullptr); // may be closed already
             it = interest_.erase(it);
         } else {
             ++it;
         }
     }
-    for (const auto& [fd, events] : wanted)
-        set_interest(fd, events, std::find(handshakes.begin(), handshakes.end(), fd) != handshakes.end());
+    for (const auto& [fd, events] : wanted_)
+        set_interest(fd, events, std::find(handshakes_.begin(), handshakes_.end(), fd) != handshakes_.end());
     if (wake != Clock::time_point::max() && wake != timer_.expiry()) {
         timer_.expires_at(wake);
         timer_.async_wait([weak = weak_from_this()](std::error_code ec) {

@@ -27,7 +27,10 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <vector>
+
+#include <poll.h>
 
 #include <asio/any_io_executor.hpp>
 #include <asio/awaitable.hpp>
@@ -113,6 +116,10 @@ private:
     std::vector<Link*> links_;
     ListenerCore* listener_ = nullptr;
     std::map<int, std::uint32_t> interest_;  // fd -> epoll events registered
+    // refresh()'s scratch, kept for its capacity
+    std::vector<std::pair<int, std::uint32_t>> wanted_; // fd, epoll events
+    std::vector<int> handshakes_;
+    std::vector<pollfd> handshake_fds_;
     std::vector<Waiter*> waiters_;
 };
 
