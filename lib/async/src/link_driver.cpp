@@ -67,35 +67,28 @@ void LinkDriver::refresh() {
     // rebuilt per wake into members that keep their capacity: a steady connection's
     // calls allocate nothing here
     wanted_.clear();
-    handshakes_.clear();
-    wanted_.emplace_back(group_->cq.channel_fd(), EPOLLIN);
+    wanted_.push_back({group_->cq.channel_fd(), EPOLLIN});
     if (events_)
-        wanted_.emplace_back(events_->fd(), EPOLLIN);
-    // a handshake's fd closes with it when it fails, and its number may come back as
-    // the next client's: registered again every time (handshakes are few and short)
+        wanted_.push_back({events_->fd(), EPOLLIN});
     auto wake = Clock::time_point::max();
     for (const Link* link : links_) {
         if (link->watch_fd() >= 0 && !link->broken())
-            wanted_.emplace_back(link->watch_fd(), EPOLLIN);
+            wanted_.push_back({link->watch_fd(), EPOLLIN});
         if (const auto expiry = link->next_expiry())
             wake = std::min(wake, *expiry);
     }
     if (listener_) {
-        wanted_.emplace_back(listener_->knock_fd(), EPOLLIN);
+        wanted_.push_back({listener_->knock_fd(), EPOLLIN});
         handshake_fds_.clear();
         listener_->wanted(handshake_fds_, wake);
-        for (const pollfd& p : handshake_fds_) {
-            wanted_.emplace_back(p.fd, (p.events & POLLOUT) ? EPOLLOUT : EPOLLIN);
-            handshakes_.push_back(p.fd);
-        }
+        // a handshake's fd closes with it when it fails, and its number may come back
+        // as the next client's: registered again every time (handshakes are few and short)
+        for (const pollfd& p : handshake_fds_)
+            wanted_.push_back({p.fd, (p.events & POLLOUT) ? std::uint32_t{EPOLLOUT} : std::uint32_t{EPOLLIN}, true});
     }
-    const auto by_fd = [](const std::pair<int, std::uint32_t>& a, const std::pair<int, std::uint32_t>& b) {
-        return a.first < b.first;
-    };
+    const auto by_fd = [](const Wanted& a, const Wanted& b) { return a.fd < b.fd; };
     std::sort(wanted_.begin(), wanted_.end(), by_fd); // distinct fds (std::stable_sort would allocate)
-    const auto wants = [&](int fd) {
-        return std::binary_search(wanted_.begin(), wanted_.end(), std::pair<int, std::uint32_t>{fd, 0}, by_fd);
-    };
+    const auto wants = [&](int fd) { return std::binary_search(wanted_.begin(), wanted_.end(), Wanted{fd, 0}, by_fd); };
     for (auto it = interest_.begin(); it != interest_.end();) {
         if (!wants(it->first)) {
             (void)::epoll_ctl(epoll_.native_handle(), EPOLL_CTL_DEL, it->first, nullptr); // may be closed already
@@ -104,8 +97,8 @@ void LinkDriver::refresh() {
             ++it;
         }
     }
-    for (const auto& [fd, events] : wanted_)
-        set_interest(fd, events, std::find(handshakes_.begin(), handshakes_.end(), fd) != handshakes_.end());
+    for (const Wanted& w : wanted_)
+        set_interest(w.fd, w.events, w.handshake);
     if (wake != Clock::time_point::max() && wake != timer_.expiry()) {
         timer_.expires_at(wake);
         timer_.async_wait([weak = weak_from_this()](std::error_code ec) {

@@ -27,7 +27,6 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <utility>
 #include <vector>
 
 #include <poll.h>
@@ -117,8 +116,12 @@ private:
     ListenerCore* listener_ = nullptr;
     std::map<int, std::uint32_t> interest_;  // fd -> epoll events registered
     // refresh()'s scratch, kept for its capacity
-    std::vector<std::pair<int, std::uint32_t>> wanted_; // fd, epoll events
-    std::vector<int> handshakes_;
+    struct Wanted {
+        int fd;
+        std::uint32_t events;   // epoll's
+        bool handshake = false; // registered again every time (see refresh())
+    };
+    std::vector<Wanted> wanted_;
     std::vector<pollfd> handshake_fds_;
     std::vector<Waiter*> waiters_;
 };

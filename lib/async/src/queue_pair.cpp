@@ -118,10 +118,10 @@ void retire(Op& op, const WorkCompletion& wc) {
 }
 
 OpResult outcome(const Op& op, const WorkCompletion& wc) {
-    if (wc.ok()) [[likely]]
-        return wc;
     // a cancelled operation that completed before the QP reached the error state did
     // happen: it reports its success
+    if (wc.ok()) [[likely]]
+        return wc;
     if (op.cancelled)
         return std::unexpected(Error::cancelled(op.call, "flushed after its cancellation: the QP is in the error state"));
     return std::unexpected(wc.error());
