@@ -1,0 +1,149 @@
+#include "ud_transport.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include <rdmaxx/data/post.hpp>
+#include <rdmaxx/wrap/log.hpp>
+
+namespace rdmaxx::rpc::detail {
+namespace {
+
+// Every UD receive starts with the 40-byte GRH slot (filled on RoCE and with a GRH).
+constexpr std::uint32_t grh_bytes = 40;
+// wr_id: a send buffer's index with this bit, a ring buffer's without.
+constexpr std::uint64_t send_bit = std::uint64_t{1} << 63;
+// Ring buffers posted again per doorbell.
+constexpr std::size_t repost_batch = 32;
+
+} // namespace
+
+Result<std::unique_ptr<UdTransport>> UdTransport::create(asio::io_context& io, const UdOptions& options,
+                                                         Deliver deliver, void* context_arg,
+                                                         std::source_location where) {
+    require(options.ring > 0 && options.send_depth > 0, where, "a UD transport of {} receive and {} send buffers",
+            options.ring, options.send_depth);
+    require(deliver != nullptr, where, "a UD transport without a Deliver function");
+    auto context = Context::open(options.device);
+    if (!context)
+        return std::unexpected(std::move(context.error()));
+    auto pd = ProtectionDomain::create(*context);
+    if (!pd)
+        return std::unexpected(std::move(pd.error()));
+    std::unique_ptr<UdTransport> t(new UdTransport(std::move(*context), std::move(*pd), deliver, context_arg));
+    auto cq = async::CompletionQueue::create(io, t->context_, async::CompletionSink{t.get(), &UdTransport::take},
+                                             {.depth = options.ring + options.send_depth}, options.drive, where);
+    if (!cq)
+        return std::unexpected(std::move(cq.error()));
+    t->cq_.emplace(std::move(*cq));
+    auto qp = QueuePair::create(t->pd_, {.type = QpType::ud,
+                                         .send_cq = &t->cq_->get(),
+                                         .recv_cq = &t->cq_->get(),
+                                         .caps = {.max_send_wr = options.send_depth, .max_recv_wr = options.ring},
+                                         .signal_all = true,
+                                         .port = options.port,
+                                         .gid_index = options.gid_index,
+                                         .qkey = options.qkey});
+    if (!qp)
+        return std::unexpected(std::move(qp.error()));
+    t->qp_.emplace(std::move(*qp));
+    t->mtu_ = mtu_bytes(t->qp_->endpoint().mtu);
+    t->ring_ = options.ring;
+    auto ring = MemoryRegion::allocate(t->pd_, std::size_t{options.ring} * (grh_bytes + t->mtu_), Access::local_write);
+    if (!ring)
+        return std::unexpected(std::move(ring.error()));
+    t->ring_mr_.emplace(std::move(*ring));
+    auto sends = MemoryRegion::allocate(t->pd_, std::size_t{options.send_depth} * t->mtu_, Access::local_write);
+    if (!sends)
+        return std::unexpected(std::move(sends.error()));
+    t->send_mr_.emplace(std::move(*sends));
+    for (std::uint32_t i = options.send_depth; i-- > 0;)
+        t->free_sends_.push_back(i);
+    if (auto up = t->qp_->activate(where); !up)
+        return std::unexpected(std::move(up.error()));
+    t->repost_.reserve(options.ring);
+    std::vector<std::uint32_t> all(options.ring);
+    for (std::uint32_t i = 0; i < options.ring; ++i)
+        all[i] = i;
+    if (auto posted = t->post_receives(all); !posted)
+        return std::unexpected(std::move(posted.error()));
+    return t;
+}
+
+UdTransport::~UdTransport() {
+    // the QP first: its flushed receives are then never taken (the CQ goes next)
+    qp_.reset();
+    cq_.reset();
+}
+
+std::span<std::byte> UdTransport::ring_buffer(std::uint32_t i) noexcept {
+    return {ring_mr_->data() + std::size_t{i} * (grh_bytes + mtu_), grh_bytes + mtu_};
+}
+
+Result<void> UdTransport::post_receives(std::span<const std::uint32_t> buffers) {
+    RecvBatch<repost_batch> batch(*qp_);
+    for (std::size_t at = 0; at < buffers.size(); at += repost_batch) {
+        batch.clear();
+        for (std::size_t k = at; k < std::min(buffers.size(), at + repost_batch); ++k)
+            batch.add(ring_mr_->slice(std::size_t{buffers[k]} * (grh_bytes + mtu_), grh_bytes + mtu_), buffers[k]);
+        if (auto posted = batch.post(); !posted)
+            return posted;
+    }
+    return {};
+}
+
+Result<AddressHandle> UdTransport::handle_to(const UdAddress& peer) const {
+    return AddressHandle::create(*qp_, peer.endpoint);
+}
+
+Result<bool> UdTransport::send(const AddressHandle& to, const UdAddress& peer, std::span<const std::byte> header,
+                               std::span<const std::byte> payload, std::source_location where) {
+    const std::size_t bytes = header.size() + payload.size();
+    require(bytes <= mtu_, where, "a {}-byte UD packet on a path MTU of {}", bytes, mtu_);
+    if (free_sends_.empty())
+        return false;
+    const std::uint32_t buffer = free_sends_.back();
+    std::byte* at = send_mr_->data() + std::size_t{buffer} * mtu_;
+    std::memcpy(at, header.data(), header.size());
+    if (!payload.empty())
+        std::memcpy(at + header.size(), payload.data(), payload.size());
+    ++copies_;
+    auto posted = SendBatch<1>(*qp_)
+                      .send(send_mr_->slice(std::size_t{buffer} * mtu_, bytes),
+                            UdDestination{.ah = &to, .qpn = peer.endpoint.qpn, .qkey = peer.qkey},
+                            {.wr_id = send_bit | buffer})
+                      .post(where);
+    if (!posted)
+        return std::unexpected(std::move(posted.error()));
+    free_sends_.pop_back();
+    return true;
+}
+
+void UdTransport::take(void* self, std::span<const WorkCompletion> completions) {
+    static_cast<UdTransport*>(self)->take(completions);
+}
+
+void UdTransport::take(std::span<const WorkCompletion> completions) {
+    repost_.clear();
+    for (const WorkCompletion& wc : completions) {
+        if (wc.wr_id() & send_bit) {
+            free_sends_.push_back(static_cast<std::uint32_t>(wc.wr_id() & ~send_bit));
+            failed_ += wc.ok() ? 0 : 1;
+            continue;
+        }
+        const auto buffer = static_cast<std::uint32_t>(wc.wr_id());
+        if (!wc.ok()) { // flushed: the QP is going away
+            ++failed_;
+            continue;
+        }
+        const std::uint32_t length = std::min(wc.byte_len(), grh_bytes + mtu_);
+        if (length >= grh_bytes)
+            deliver_(context_arg_, UdSource{wc.src_qp()}, ring_buffer(buffer).subspan(grh_bytes, length - grh_bytes));
+        repost_.push_back(buffer);
+    }
+    if (!repost_.empty())
+        if (auto posted = post_receives(repost_); !posted)
+            logger()->error("rdmaxx rpc: posting receives again: {}", posted.error());
+}
+
+} // namespace rdmaxx::rpc::detail

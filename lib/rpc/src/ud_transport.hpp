@@ -1,0 +1,111 @@
+// An endpoint's UD QP and its buffers: moves packets, judges none. What a packet says
+// is for packet.hpp's decode() and the windows to check; the transport only bounds it
+// to the bytes that arrived.
+//
+//  * The receive ring: `ring` buffers of 40 (the GRH every UD receive starts with) +
+//    the port's active MTU, in one registered region, all posted at creation. Each
+//    packet is handed to the Deliver function inside the completion's batch, and its
+//    buffer posted again after the batch (one doorbell per batch).
+//  * The send buffers: one per send queue entry, in one registered region; send()
+//    copies the header and the payload into a free one (counted: copies()), posts it
+//    signaled, and the buffer is free again at its completion. No buffer free: send()
+//    answers false and the caller tries again after a completion (a credit stall).
+//  * Completions go to a lib/async sink CQ on the endpoint's io_context, in its drive
+//    mode: the transport keeps run() going while it lives.
+//
+// Thread safety: as the io_context (one thread).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <source_location>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <asio/io_context.hpp>
+
+#include <rdmaxx/async/completions.hpp>
+#include <rdmaxx/wrap/ah.hpp>
+#include <rdmaxx/wrap/context.hpp>
+#include <rdmaxx/wrap/mr.hpp>
+#include <rdmaxx/wrap/pd.hpp>
+#include <rdmaxx/wrap/qp.hpp>
+
+#include "session_codec.hpp"
+
+namespace rdmaxx::rpc::detail {
+
+struct UdOptions {
+    std::string device = {};                // empty: the first
+    std::uint8_t port = 1;
+    std::optional<std::uint32_t> gid_index = {}; // default: Context::choose_gid
+    std::uint32_t ring = 1024;              // receive buffers
+    std::uint32_t send_depth = 256;         // send buffers (and send queue entries)
+    std::uint32_t qkey = 0x52580001;
+    async::DriveOptions drive{};
+};
+
+// Where a packet came from: the sender's QPN (its GID is in the GRH, unchecked here).
+struct UdSource {
+    std::uint32_t qpn = 0;
+};
+
+class UdTransport {
+public:
+    // Called for each packet received, with the bytes after the GRH (any length,
+    // from 0 to the MTU: untrusted). The bytes are valid during the call only.
+    using Deliver = void (*)(void* context, UdSource from, std::span<const std::byte> packet);
+
+    // Runtime errors: the device's (no such device, caps beyond its limits, memory).
+    // Programming error: ring or send_depth 0, a null deliver.
+    static Result<std::unique_ptr<UdTransport>> create(asio::io_context& io, const UdOptions& options,
+                                                       Deliver deliver, void* context,
+                                                       std::source_location where = std::source_location::current());
+    UdTransport(const UdTransport&) = delete;
+    UdTransport& operator=(const UdTransport&) = delete;
+    ~UdTransport();
+
+    // What peers need to send here, and the largest packet (header included) they may.
+    UdAddress address() const noexcept { return {qp_->endpoint(), qp_->qkey()}; }
+    std::uint32_t mtu() const noexcept { return mtu_; }
+    // A handle towards a peer's address, for send().
+    Result<AddressHandle> handle_to(const UdAddress& peer) const;
+
+    // Sends `header` then `payload` (together at most mtu() bytes) to `to`. False: no
+    // send buffer is free. Runtime error: the post failed (the QP is dead).
+    // Programming error: more than mtu() bytes.
+    Result<bool> send(const AddressHandle& to, const UdAddress& peer, std::span<const std::byte> header,
+                      std::span<const std::byte> payload,
+                      std::source_location where = std::source_location::current());
+
+    std::uint64_t copies() const noexcept { return copies_; }
+    // Completions that failed (a send the device refused, receives flushed at the end).
+    std::uint64_t failed_completions() const noexcept { return failed_; }
+    std::uint32_t free_send_buffers() const noexcept { return static_cast<std::uint32_t>(free_sends_.size()); }
+
+private:
+    UdTransport(Context context, ProtectionDomain pd, Deliver deliver, void* context_arg)
+        : context_(std::move(context)), pd_(std::move(pd)), deliver_(deliver), context_arg_(context_arg) {}
+    static void take(void* self, std::span<const WorkCompletion> completions);
+    void take(std::span<const WorkCompletion> completions);
+    Result<void> post_receives(std::span<const std::uint32_t> buffers);
+    std::span<std::byte> ring_buffer(std::uint32_t i) noexcept;
+
+    Context context_;
+    ProtectionDomain pd_;
+    // made in create(), after this object exists: the sink CQ names it
+    std::optional<async::CompletionQueue> cq_;
+    std::optional<QueuePair> qp_;
+    std::optional<MemoryRegion> ring_mr_, send_mr_;
+    std::uint32_t mtu_ = 0, ring_ = 0;
+    Deliver deliver_;
+    void* context_arg_;
+    std::vector<std::uint32_t> free_sends_;
+    std::vector<std::uint32_t> repost_; // ring buffers to post again after a batch
+    std::uint64_t copies_ = 0, failed_ = 0;
+};
+
+} // namespace rdmaxx::rpc::detail
