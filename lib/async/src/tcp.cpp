@@ -1,4 +1,5 @@
 #include <rdmaxx/async/tcp.hpp>
+#include <rdmaxx/async/deadline.hpp>
 #include "exchange.hpp"
 #include <rdmaxx/ctrl/tcp.hpp>
 
@@ -22,19 +23,6 @@ namespace rdmaxx::async {
 namespace {
 
 using asio::ip::tcp;
-using namespace asio::experimental::awaitable_operators;
-constexpr auto no_throw = asio::experimental::as_tuple(asio::use_awaitable);
-
-// `op` against the deadline of `timer`: what it completed with, or timed_out.
-template <class Value>
-asio::awaitable<std::pair<std::error_code, Value>> bounded(asio::awaitable<std::tuple<std::error_code, Value>> op,
-                                                           asio::steady_timer& timer) {
-    auto result = co_await (std::move(op) || timer.async_wait(no_throw));
-    if (result.index() == 1)
-        co_return std::pair{std::error_code(asio::error::timed_out), Value{}};
-    auto [ec, value] = std::get<0>(std::move(result));
-    co_return std::pair{ec, std::move(value)};
-}
 
 // An Asio failure of `call` as rdmaxx's Error: a deadline is a timeout, a peer that
 // closed or reset mid-message a protocol error, anything else its errno.

@@ -72,6 +72,7 @@ std::string_view to_string(DropReason reason) noexcept {
     case DropReason::unsolicited: return "unsolicited";
     case DropReason::inconsistent: return "inconsistent with its message";
     case DropReason::handler_running: return "handler running";
+    case DropReason::wrong_source: return "wrong source";
     }
     return "unknown";
 }
@@ -97,6 +98,13 @@ void encode(const PacketHeader& h, std::span<std::byte, header_bytes> out) noexc
     wire::put(at + 16, h.request, 8);
     wire::put(at + 24, h.index, 2);
     wire::put(at + 26, 0, 6);
+}
+
+std::optional<SessionId> peek_session(std::span<const std::byte> packet) noexcept {
+    if (packet.size() < header_bytes)
+        return std::nullopt;
+    return SessionId{.number = static_cast<std::uint16_t>(wire::get(packet.data() + 6, 2)),
+                     .generation = static_cast<std::uint32_t>(wire::get(packet.data() + 8, 4))};
 }
 
 std::expected<PacketHeader, DropReason> decode(std::span<const std::byte> packet, const PacketLimits& limits) noexcept {

@@ -46,6 +46,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <expected>
+#include <optional>
 #include <source_location>
 #include <span>
 #include <string_view>
@@ -102,7 +103,10 @@ enum class DropReason : std::uint8_t {
                      // response not made yet)
     inconsistent,    // message size or rpc type differs from the message's other packets
     handler_running, // the request's handler has not answered yet
+    // the endpoint's
+    wrong_source, // from another QP than the session's peer (spoofed, or a stale peer)
 };
+inline constexpr std::size_t drop_reasons = static_cast<std::size_t>(DropReason::wrong_source) + 1;
 
 std::string_view to_string(DropReason reason) noexcept;
 
@@ -153,6 +157,10 @@ constexpr std::uint32_t payload_bytes(std::uint32_t size, std::uint32_t index, s
     const std::uint64_t offset = std::uint64_t{index} * payload_per_packet;
     return offset >= size ? 0 : static_cast<std::uint32_t>(std::min<std::uint64_t>(payload_per_packet, size - offset));
 }
+
+// The session a packet names (its number and generation), read before decode(), which
+// needs the session's limits: nothing when it is shorter than a header. Untrusted.
+std::optional<SessionId> peek_session(std::span<const std::byte> packet) noexcept;
 
 // Writes `header` as it is (decode() judges what arrives, not encode()).
 void encode(const PacketHeader& header, std::span<std::byte, header_bytes> out) noexcept;

@@ -30,7 +30,7 @@ void put_prefix(std::byte* at, std::uint32_t magic, std::size_t length) noexcept
 }
 
 void put_terms(std::byte* at, const Terms& t) noexcept {
-    const Endpoint& e = t.address.endpoint;
+    const rdmaxx::Endpoint& e = t.address.endpoint;
     wire::put(at, e.qpn, 4);
     wire::put(at + 4, t.address.qkey, 4);
     std::memcpy(at + 8, e.gid.bytes.data(), e.gid.bytes.size());
@@ -79,7 +79,7 @@ Result<void> limits_fit(const SessionLimits& l, const char* call) {
 Result<Terms> get_terms(const std::byte* at, const char* call) {
     const auto bad = [call](std::string what) { return std::unexpected(Error::protocol(call, std::move(what))); };
     Terms t;
-    Endpoint& e = t.address.endpoint;
+    rdmaxx::Endpoint& e = t.address.endpoint;
     e.qpn = static_cast<std::uint32_t>(wire::get(at, 4));
     t.address.qkey = static_cast<std::uint32_t>(wire::get(at + 4, 4));
     std::memcpy(e.gid.bytes.data(), at + 8, e.gid.bytes.size());

@@ -97,7 +97,7 @@ inline constexpr std::uint32_t max_credits = 4096;
 // and the qkey of the send. endpoint.psn is not sent (a UD peer has no use for it):
 // decode gives 0.
 struct UdAddress {
-    Endpoint endpoint;
+    rdmaxx::Endpoint endpoint;
     std::uint32_t qkey = 0;
     friend bool operator==(const UdAddress&, const UdAddress&) = default;
 };

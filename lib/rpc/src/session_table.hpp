@@ -159,6 +159,15 @@ public:
         free_.push_back(session.number);
     }
 
+    // The live sessions (with state), in number order: for an endpoint that ends them all.
+    std::vector<SessionId> live() const {
+        std::vector<SessionId> ids;
+        for (std::size_t n = 0; n < entries_.size(); ++n)
+            if (entries_[n].state)
+                ids.push_back({.number = static_cast<std::uint16_t>(n), .generation = entries_[n].generation});
+        return ids;
+    }
+
     std::uint32_t max_sessions() const noexcept { return static_cast<std::uint32_t>(entries_.size()); }
     // Entries reserved or live.
     std::uint32_t sessions() const noexcept { return max_sessions() - static_cast<std::uint32_t>(free_.size()); }

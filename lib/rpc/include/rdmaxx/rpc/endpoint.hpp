@@ -1,0 +1,399 @@
+// RPC over RDMA, after eRPC: messages over an endpoint's UD QP (split into packets of
+// the path MTU, any MTU from 256 to 4096), on an Asio io_context beside the program's
+// sockets and timers. Reliability is the client's: go-back-N with an adaptive
+// retransmission timeout and per-session credits; the server runs each request's
+// handler at most once and keeps its response for resends.
+//
+//   asio::io_context io;
+//   auto server = rdmaxx::rpc::Endpoint::create(io, {.listen_port = 31850});
+//   (*server)->set_handler(kGet, [](rdmaxx::rpc::Request request, rdmaxx::rpc::Responder responder) {
+//       responder.respond(lookup(request.bytes()));     // now, or later from a coroutine
+//   });
+//
+//   auto client = rdmaxx::rpc::Endpoint::create(io, {});
+//   // in a coroutine on io:
+//   auto session = co_await (*client)->connect("10.0.0.2", 31850);
+//   rdmaxx::Result<std::size_t> got = co_await session->call(kGet, request, response, {.timeout = 100ms});
+//
+// One Endpoint per thread (per io_context): it owns one UD QP, its receive ring, its
+// send buffers and its sessions. A session is set up over TCP (the server's listener):
+// a versioned, checked exchange of UD addresses and limits (window, credits, largest
+// request and response, payload per packet: the smaller MTU of the two ports), and the
+// TCP connection stays open for the session's life: its end is the session's end (a
+// peer process that dies ends its sessions at once, with no heartbeat).
+//
+// Errors. A call ends with Result<std::size_t>, the response's size, or an Error:
+//   timeout                  no response within CallOptions::timeout (Error::is_timeout)
+//   peer unreachable         the retry cap: RtoConfig::max_timeouts retransmission
+//                            timeouts in a row without progress (errno EHOSTUNREACH)
+//   session reset            the session ended: its TCP connection closed (the peer
+//                            closed it or died), or the Session handle was destroyed
+//                            (errno ECONNRESET)
+//   no handler               the server has no handler for the type (errno ENOENT)
+//   message too large        a request above the session's agreed max_request, or a
+//                            response the server could not send in its max_response
+//                            (errno EMSGSIZE)
+//   response truncated       the response is larger than the response buffer: nothing
+//                            is copied, the Error's detail says the size (errno ENOBUFS)
+//   handler dropped          the server's handler ended without answering (errno EPIPE)
+//   cancelled                an Asio cancellation (Error::is_cancelled)
+// A call that ends early (timeout, cancelled) frees its slot: a late response to it is
+// dropped and counted, never copied anywhere.
+//
+// Input from the network is never trusted: every packet is validated and a bad one is
+// counted by reason (Counters::drops) and dropped; a malformed or hostile session setup
+// gets a refusal or an Error, and the endpoint serves the next peer.
+//
+// Copies: a request is copied into its session's window when the call begins (the
+// caller's buffer is free at once, and a resend needs it), each packet into a send
+// buffer, and a response out of the window into the caller's buffer: Counters::copies
+// counts the packet copies. (Zero-copy message buffers come with the RC path for large
+// messages.)
+//
+// Thread safety: none, as the io_context's one thread. Every call but the handlers'
+// Responder checks that it runs on the thread that created the endpoint, and aborts
+// naming the caller's line if not (eRPC loses such requests silently); a Responder is
+// answered on that thread too (asio::post to the io_context from elsewhere).
+// Lifetimes: Sessions and Responders must not outlive their Endpoint, nor the Endpoint
+// its io_context (programming errors). While an endpoint lives its completion queue is
+// driven, so io_context::run() does not return.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <source_location>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <asio/associated_cancellation_slot.hpp>
+#include <asio/associated_executor.hpp>
+#include <asio/async_result.hpp>
+#include <asio/awaitable.hpp>
+#include <asio/cancellation_type.hpp>
+#include <asio/io_context.hpp>
+#include <asio/post.hpp>
+#include <asio/recycling_allocator.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <rdmaxx/async/completions.hpp>
+#include <rdmaxx/wrap/error.hpp>
+
+namespace rdmaxx::rpc {
+
+struct EndpointOptions {
+    std::string device = {};                     // empty: the first
+    std::uint8_t port = 1;
+    std::optional<std::uint32_t> gid_index = {}; // default: Context::choose_gid
+    std::uint16_t listen_port = 0;               // 0: no listener (a client only)
+    std::string listen_address = "0.0.0.0";
+    std::uint32_t ring = 1024;       // receive buffers of the UD QP (40 + MTU bytes each)
+    std::uint32_t send_depth = 256;  // send buffers
+    std::uint32_t max_sessions = 256;
+    // Per session, at most (a server agrees to the smaller of its own and the client's):
+    std::uint32_t window = 8;        // calls in flight; more wait for a slot
+    std::uint32_t credits = 16;      // packets in flight; each session reserves this many ring buffers
+    std::uint32_t max_request = 64 * 1024;
+    std::uint32_t max_response = 64 * 1024;
+    async::DriveOptions drive = {};
+    std::chrono::milliseconds setup_timeout{5000}; // connect, and a client's setup at the listener
+    // How often an endpoint with calls in flight checks their retransmission timeouts
+    // and deadlines (one steady_timer; the RTO's floor is 500 us).
+    std::chrono::microseconds tick{500};
+};
+
+struct CallOptions {
+    std::chrono::milliseconds timeout{1000};
+};
+
+// The counters of an endpoint, for a program's progress line and the tests.
+struct Counters {
+    std::uint64_t calls = 0;           // begun
+    std::uint64_t completed = 0;       // ended with a response
+    std::uint64_t failed = 0;          // ended with an Error
+    std::uint64_t handled = 0;         // requests given to a handler (server)
+    std::uint64_t retransmissions = 0; // packets sent again after an RTO expired
+    std::uint64_t send_stalls = 0;     // packets not sent for want of a send buffer (sent again later)
+    std::uint64_t copies = 0;          // packets copied into send buffers
+    std::uint64_t sessions_refused = 0;
+    std::array<std::uint64_t, 24> drops = {}; // by reason: drop_reason_name(i)
+    std::uint64_t dropped() const noexcept;
+};
+// What Counters::drops[i] counts ("" past the last reason).
+std::string_view drop_reason_name(std::size_t i) noexcept;
+
+class Endpoint;
+class Session;
+
+namespace detail {
+struct EndpointCore;
+
+// A call's completion handler while its call is in flight: type-erased, in memory from
+// Asio's thread-local recycling allocator (no heap once warm), completed by posting it
+// to its executor (never inline: the endpoint may be inside a completion batch).
+class StoredCall {
+public:
+    // Where a cancellation of the call goes.
+    struct Target {
+        EndpointCore* core = nullptr;
+        std::uint16_t session = 0;
+        std::uint32_t generation = 0;
+        std::uint64_t call = 0;
+    };
+
+    template <class H>
+    static StoredCall store(H&& handler, const asio::io_context::executor_type& io);
+
+    StoredCall() = default;
+    StoredCall(StoredCall&& other) noexcept : box_(std::exchange(other.box_, nullptr)), table_(other.table_) {}
+    StoredCall& operator=(StoredCall&& other) noexcept {
+        std::swap(box_, other.box_);
+        std::swap(table_, other.table_);
+        return *this;
+    }
+    ~StoredCall() {
+        if (box_)
+            table_->destroy(box_);
+    }
+    explicit operator bool() const noexcept { return box_ != nullptr; }
+
+    // Lets an Asio cancellation of the handler (terminal, partial or total) reach the core.
+    void on_cancel(Target target) { table_->on_cancel(box_, target); }
+    // Posts the handler with `result`; this is empty afterwards.
+    void complete(Result<std::size_t> result) && { table_->complete(std::exchange(box_, nullptr), std::move(result)); }
+
+private:
+    struct Table {
+        void (*complete)(void* box, Result<std::size_t>&& result);
+        void (*destroy)(void* box) noexcept;
+        void (*on_cancel)(void* box, Target target);
+    };
+    template <class H>
+    struct Box {
+        H handler;
+        asio::io_context::executor_type io;
+        static void complete(void* box, Result<std::size_t>&& result);
+        static void destroy(void* box) noexcept;
+        static void free(Box* box) noexcept;
+        static void on_cancel(void* box, Target target);
+        static constexpr Table table{&complete, &destroy, &on_cancel};
+    };
+
+    void* box_ = nullptr;
+    const Table* table_ = nullptr;
+};
+
+// The core's entry for a cancellation (endpoint.cpp).
+void cancel_call(const StoredCall::Target& target) noexcept;
+
+} // namespace detail
+
+// A handler's view of a request: its type and bytes, valid until its Responder answers
+// or is destroyed (the session's window keeps them while the handler runs).
+class Request {
+public:
+    Request(std::uint8_t type, std::span<const std::byte> bytes) noexcept : type_(type), bytes_(bytes) {}
+    std::uint8_t type() const noexcept { return type_; }
+    std::span<const std::byte> bytes() const noexcept { return bytes_; }
+
+private:
+    std::uint8_t type_;
+    std::span<const std::byte> bytes_;
+};
+
+// The answer to one request, move-only: respond() once, now or later (from a coroutine
+// on the endpoint's thread). Destroyed without answering: the caller gets "handler
+// dropped". Answering after the session ended does nothing.
+class Responder {
+public:
+    Responder(Responder&& other) noexcept
+        : core_(std::exchange(other.core_, nullptr)), session_(other.session_), generation_(other.generation_),
+          request_(other.request_) {}
+    Responder& operator=(Responder&& other) noexcept;
+    Responder(const Responder&) = delete;
+    Responder& operator=(const Responder&) = delete;
+    ~Responder();
+
+    // Sends `response` (copied: the buffer is free at return). One larger than the
+    // session's max_response reaches the caller as "message too large".
+    // Programming error: answered already (or moved from); not the endpoint's thread.
+    void respond(std::span<const std::byte> response, std::source_location where = std::source_location::current());
+
+private:
+    friend struct detail::EndpointCore;
+    Responder(detail::EndpointCore* core, std::uint16_t session, std::uint32_t generation, std::uint64_t request) noexcept
+        : core_(core), session_(session), generation_(generation), request_(request) {}
+
+    detail::EndpointCore* core_;
+    std::uint16_t session_;
+    std::uint32_t generation_;
+    std::uint64_t request_;
+};
+
+// Runs for each request of its type that arrived whole, on the endpoint's thread.
+using Handler = std::function<void(Request, Responder)>;
+
+// The limits both ends of a session agreed to.
+struct SessionInfo {
+    std::uint32_t window = 0, credits = 0, max_request = 0, max_response = 0, payload_per_packet = 0;
+};
+
+// A client's session: an RAII handle (destroying it ends the session: its calls in
+// flight end with "session reset", the server hears of it through the TCP connection).
+class Session {
+public:
+    Session(Session&& other) noexcept
+        : core_(std::exchange(other.core_, nullptr)), number_(other.number_), generation_(other.generation_) {}
+    Session& operator=(Session&& other) noexcept;
+    Session(const Session&) = delete;
+    Session& operator=(const Session&) = delete;
+    ~Session();
+
+    // Calls the handler of `type` at the server with `request` (copied when the call
+    // begins); its response lands in `response`. Completion signature
+    // void(Result<std::size_t>) (the response's size); any Asio completion token, by
+    // default use_awaitable. Calls beyond the window wait for a slot, in order. A
+    // callback's caller keeps `response` valid until the callback runs.
+    // Programming error: a moved-from Session; not the endpoint's thread.
+    template <class Token = asio::use_awaitable_t<>>
+    auto call(std::uint8_t type, std::span<const std::byte> request, std::span<std::byte> response,
+              CallOptions options = {}, Token&& token = {},
+              std::source_location where = std::source_location::current());
+
+    // What the server agreed to. Programming error: a moved-from Session.
+    SessionInfo info(std::source_location where = std::source_location::current()) const;
+
+private:
+    friend struct detail::EndpointCore;
+    Session(detail::EndpointCore* core, std::uint16_t number, std::uint32_t generation) noexcept
+        : core_(core), number_(number), generation_(generation) {}
+    void start(std::uint8_t type, std::span<const std::byte> request, std::span<std::byte> response,
+               CallOptions options, detail::StoredCall handler, std::source_location where);
+    const asio::io_context::executor_type& executor(std::source_location where) const;
+
+    detail::EndpointCore* core_;
+    std::uint16_t number_;
+    std::uint32_t generation_;
+};
+
+class Endpoint {
+public:
+    // Opens the device, creates the UD QP and its ring, listens if asked. Runtime
+    // errors: the device's (no device, resources), the listening port's (in use).
+    // Programming error: options out of range (0 ring, window, credits; a max_request
+    // or max_response of more than 65,536 packets of the port's MTU).
+    static Result<std::unique_ptr<Endpoint>> create(asio::io_context& io, EndpointOptions options = {},
+                                                    std::source_location where = std::source_location::current());
+    Endpoint(const Endpoint&) = delete;
+    Endpoint& operator=(const Endpoint&) = delete;
+    // Ends every session (their calls: session reset) and closes the listener.
+    // Programming error: a Session of it still exists.
+    ~Endpoint();
+
+    // The handler of requests of `type`; an empty one removes it (its requests are
+    // answered "no handler"). Programming error: not the endpoint's thread.
+    void set_handler(std::uint8_t type, Handler handler, std::source_location where = std::source_location::current());
+
+    // A session to the endpoint listening at host:port, within setup_timeout. Runtime
+    // errors: resolving and connecting (errno), a silent server (timeout), a malformed
+    // or dishonest answer (protocol), a refusal (errno ECONNREFUSED, the reason in the
+    // detail: too many sessions, ring full, ...), no table entry or ring room here
+    // (errno EAGAIN). Programming error: not the endpoint's thread.
+    asio::awaitable<Result<Session>> connect(std::string host, std::uint16_t port,
+                                             std::source_location where = std::source_location::current());
+
+    // The TCP port the listener is bound to (0: none); the OS's choice for listen_port 0
+    // is not offered: a listener needs a port.
+    std::uint16_t listen_port() const noexcept;
+    // The port's active MTU, in bytes (the most a packet carries, header included).
+    std::uint32_t mtu() const noexcept;
+    const Counters& counters() const noexcept;
+    // Live sessions, client and server.
+    std::uint32_t sessions() const noexcept;
+
+private:
+    explicit Endpoint(std::unique_ptr<detail::EndpointCore> core) noexcept;
+    std::unique_ptr<detail::EndpointCore> core_;
+};
+
+// ---------------------------------------------------------------------------------
+
+template <class Token>
+auto Session::call(std::uint8_t type, std::span<const std::byte> request, std::span<std::byte> response,
+                   CallOptions options, Token&& token, std::source_location where) {
+    return asio::async_initiate<Token, void(Result<std::size_t>)>(
+        [this, type, request, response, options, where](auto handler) {
+            start(type, request, response, options, detail::StoredCall::store(std::move(handler), executor(where)),
+                  where);
+        },
+        token);
+}
+
+namespace detail {
+
+template <class H>
+StoredCall StoredCall::store(H&& handler, const asio::io_context::executor_type& io) {
+    using B = Box<std::decay_t<H>>;
+    asio::recycling_allocator<B> alloc;
+    B* box = alloc.allocate(1);
+    new (box) B{std::forward<H>(handler), io};
+    StoredCall stored;
+    stored.box_ = box;
+    stored.table_ = &B::table;
+    return stored;
+}
+
+template <class H>
+void StoredCall::Box<H>::free(Box* box) noexcept {
+    box->~Box();
+    asio::recycling_allocator<Box> alloc;
+    alloc.deallocate(box, 1);
+}
+
+// Asio's rule: the handler's memory is free before it runs (it may start the next call).
+template <class H>
+void StoredCall::Box<H>::complete(void* raw, Result<std::size_t>&& result) {
+    auto* box = static_cast<Box*>(raw);
+    asio::get_associated_cancellation_slot(box->handler).clear();
+    H handler(std::move(box->handler));
+    const auto io = box->io;
+    free(box);
+    struct Call {
+        H handler;
+        Result<std::size_t> result;
+        void operator()() { std::move(handler)(std::move(result)); }
+    };
+    const auto executor = asio::get_associated_executor(handler, io);
+    asio::post(executor, Call{std::move(handler), std::move(result)});
+}
+
+template <class H>
+void StoredCall::Box<H>::destroy(void* raw) noexcept {
+    auto* box = static_cast<Box*>(raw);
+    asio::get_associated_cancellation_slot(box->handler).clear();
+    free(box);
+}
+
+template <class H>
+void StoredCall::Box<H>::on_cancel(void* raw, Target target) {
+    auto slot = asio::get_associated_cancellation_slot(static_cast<Box*>(raw)->handler);
+    if (!slot.is_connected())
+        return;
+    struct Cancel {
+        Target target;
+        void operator()(asio::cancellation_type type) const noexcept {
+            if (type != asio::cancellation_type::none)
+                cancel_call(target);
+        }
+    };
+    slot.template emplace<Cancel>(Cancel{target});
+}
+
+} // namespace detail
+} // namespace rdmaxx::rpc

@@ -1,0 +1,820 @@
+// The endpoint's core: the UD transport's packets into the session windows (slots.hpp)
+// and out again, the listener and session setup over TCP (session_codec.hpp,
+// session_table.hpp), the calls' handlers and one ticker for every timeout.
+#include <rdmaxx/rpc/endpoint.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <deque>
+#include <thread>
+#include <variant>
+#include <vector>
+
+#include <asio/co_spawn.hpp>
+#include <asio/connect.hpp>
+#include <asio/detached.hpp>
+#include <asio/ip/tcp.hpp>
+#include <asio/read.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/write.hpp>
+
+#include <fmt/format.h>
+
+#include <rdmaxx/async/deadline.hpp>
+#include <rdmaxx/wrap/log.hpp>
+
+#include "packet.hpp"
+#include "session_codec.hpp"
+#include "session_table.hpp"
+#include "slots.hpp"
+#include "ud_transport.hpp"
+
+namespace rdmaxx::rpc {
+
+static_assert(detail::drop_reasons <= std::tuple_size_v<decltype(Counters::drops)>);
+
+std::uint64_t Counters::dropped() const noexcept {
+    std::uint64_t sum = 0;
+    for (const std::uint64_t n : drops)
+        sum += n;
+    return sum;
+}
+
+std::string_view drop_reason_name(std::size_t i) noexcept {
+    return i < detail::drop_reasons ? detail::to_string(static_cast<detail::DropReason>(i)) : std::string_view{};
+}
+
+namespace detail {
+
+using asio::ip::tcp;
+using async::bounded;
+using async::no_throw;
+
+namespace {
+
+// A call in its window slot (client).
+struct PendingCall {
+    bool busy = false;
+    std::uint64_t request = 0;
+    std::span<std::byte> response;
+    Clock::time_point deadline{};
+    StoredCall handler;
+};
+
+// A call waiting for its window slot (client).
+struct QueuedCall {
+    std::uint8_t type = 0;
+    std::span<const std::byte> request;
+    std::span<std::byte> response;
+    Clock::time_point deadline{};
+    StoredCall handler;
+};
+
+Error call_error(int errnum, std::string detail) { return Error::from_errno("rpc::Session::call", errnum, std::move(detail)); }
+
+} // namespace
+
+// One session at this end. A client session has a ClientWindow and its calls; a server
+// session a ServerWindow. Both have the peer's address and the TCP connection whose end
+// is theirs (the socket lives in the session's watcher coroutine).
+struct SessionState {
+    SessionId local;
+    SessionId remote;
+    UdAddress peer;
+    AddressHandle ah;
+    SessionLimits limits;
+    PacketLimits packets; // what decode() accepts for this session
+    std::optional<ClientWindow> client;
+    std::optional<ServerWindow> server;
+    std::vector<PendingCall> calls; // client: by request % window
+    std::deque<QueuedCall> queued;  // client: beyond the window, in order
+    std::uint32_t in_flight = 0;    // client: busy entries of `calls`
+    bool active = false;            // client: on the core's active list
+    tcp::socket* socket = nullptr;
+};
+
+// Coroutines outlive nothing: each holds the anchor and finds the core through it after
+// every suspension; ~EndpointCore empties it.
+using Anchor = std::shared_ptr<EndpointCore*>;
+
+struct EndpointCore {
+    EndpointCore(asio::io_context& io, EndpointOptions options)
+        : executor(io.get_executor()), options(std::move(options)), owner(std::this_thread::get_id()),
+          anchor(std::make_shared<EndpointCore*>(this)), table(this->options.max_sessions, this->options.ring),
+          ticker(io) {}
+    ~EndpointCore();
+
+    void check_thread(std::source_location where) const {
+        require(std::this_thread::get_id() == owner, where,
+                "rpc::Endpoint used from another thread than the one that created it (post to its io_context)");
+    }
+
+    // packets
+    static void deliver(void* self, UdSource from, std::span<const std::byte> packet) {
+        static_cast<EndpointCore*>(self)->take(from, packet);
+    }
+    void take(UdSource from, std::span<const std::byte> packet);
+    void drop(DropReason reason) noexcept { ++counters.drops[static_cast<std::size_t>(reason)]; }
+    void send(SessionState& s, const Outgoing& out);
+    void pump(SessionState& s);
+
+    // client calls
+    void start(SessionId id, std::uint8_t type, std::span<const std::byte> request, std::span<std::byte> response,
+               CallOptions options, StoredCall handler);
+    bool try_begin(SessionState& s, std::uint8_t type, std::span<const std::byte> request,
+                   std::span<std::byte> response, Clock::time_point deadline, StoredCall& handler);
+    void begin_queued(SessionState& s, Clock::time_point now);
+    void end_call(SessionState& s, const CallEnd& end);
+    void finish(PendingCall& call, SessionState& s, Result<std::size_t> result);
+    void fail(StoredCall handler, Error error);
+    void cancel(const StoredCall::Target& target);
+    void activate(SessionState& s);
+    void arm_ticker();
+    void tick();
+
+    // server
+    void handle(SessionState& s, const HandlerCall& call);
+    void respond(std::uint16_t number, std::uint32_t generation, std::uint64_t request, Status status,
+                 std::span<const std::byte> response);
+
+    // sessions
+    SessionLimits most() const noexcept {
+        return {.window = options.window,
+                .credits = options.credits,
+                .max_request = options.max_request,
+                .max_response = options.max_response,
+                .payload_per_packet = transport->mtu() - static_cast<std::uint32_t>(header_bytes)};
+    }
+    SessionState& attach(SessionId local, const SessionId& remote, const UdAddress& peer, AddressHandle ah,
+                         const SessionLimits& limits, bool client);
+    void end_session(SessionId id, std::string_view why);
+
+    static asio::awaitable<void> accept_loop(Anchor anchor, tcp::acceptor* acceptor);
+    static asio::awaitable<void> serve_setup(Anchor anchor, tcp::socket socket);
+    static asio::awaitable<void> watch(Anchor anchor, SessionId id, tcp::socket socket);
+    static asio::awaitable<Result<Session>> connect(Anchor anchor, std::string host, std::uint16_t port);
+
+    asio::io_context::executor_type executor;
+    EndpointOptions options;
+    std::thread::id owner;
+    Anchor anchor;
+    std::unique_ptr<UdTransport> transport; // before the table: the sessions' AHs go first
+    SessionTable<SessionState> table;
+    std::array<Handler, 256> handlers;
+    Counters counters;
+    std::optional<tcp::acceptor> acceptor;
+    asio::steady_timer ticker;
+    bool ticking = false;
+    std::vector<SessionId> active; // client sessions with calls in flight or queued
+    std::uint32_t handles = 0;     // Session handles alive
+};
+
+EndpointCore::~EndpointCore() {
+    *anchor = nullptr;
+    if (acceptor) {
+        std::error_code ignored;
+        acceptor->close(ignored);
+    }
+    for (const SessionId id : table.live())
+        end_session(id, "the endpoint was destroyed");
+    ticker.cancel();
+}
+
+// ---------------------------------------------------------------------------------
+// Packets
+
+void EndpointCore::take(UdSource from, std::span<const std::byte> packet) {
+    const auto id = peek_session(packet);
+    if (!id)
+        return drop(DropReason::too_short);
+    SessionState* s = table.lookup(*id);
+    if (s == nullptr)
+        return drop(DropReason::stale_session);
+    const auto header = decode(packet, s->packets);
+    if (!header)
+        return drop(header.error());
+    if (from.qpn != s->peer.endpoint.qpn)
+        return drop(DropReason::wrong_source);
+    const auto payload = packet.subspan(header_bytes);
+    switch (header->kind) {
+    case Kind::response:
+    case Kind::credit_return: {
+        if (!s->client)
+            return drop(DropReason::wrong_kind);
+        const auto now = Clock::now();
+        const auto taken = s->client->receive(*header, payload, now);
+        if (!taken)
+            return drop(taken.error());
+        if (*taken) {
+            end_call(*s, **taken);
+            begin_queued(*s, now);
+        }
+        return pump(*s);
+    }
+    case Kind::request:
+    case Kind::request_for_response: {
+        if (!s->server)
+            return drop(DropReason::wrong_kind);
+        if (header->kind == Kind::request && header->message_size > s->limits.max_request)
+            return drop(DropReason::too_large);
+        const auto step = s->server->receive(*header, payload);
+        if (!step)
+            return drop(step.error());
+        if (const auto* out = std::get_if<Outgoing>(&*step))
+            return send(*s, *out);
+        return handle(*s, std::get<HandlerCall>(*step));
+    }
+    case Kind::reset: break; // a session's end travels over its TCP connection
+    }
+    drop(DropReason::wrong_kind);
+}
+
+void EndpointCore::send(SessionState& s, const Outgoing& out) {
+    std::array<std::byte, header_bytes> header;
+    encode(out.header, header);
+    const auto sent = transport->send(s.ah, s.peer, header, out.payload);
+    if (!sent) {
+        logger()->error("rdmaxx rpc: sending to session {}: {}", s.local.number, sent.error());
+        return;
+    }
+    if (!*sent)
+        ++counters.send_stalls; // lost: the client's RTO sends it (or what asks for it) again
+}
+
+void EndpointCore::pump(SessionState& s) {
+    if (!s.client)
+        return;
+    const auto now = Clock::now();
+    while (transport->free_send_buffers() > 0) {
+        const auto out = s.client->next_packet(now);
+        if (!out)
+            break;
+        send(s, *out);
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Client calls
+
+void EndpointCore::fail(StoredCall handler, Error error) {
+    ++counters.failed;
+    std::move(handler).complete(std::unexpected(std::move(error)));
+}
+
+void EndpointCore::start(SessionId id, std::uint8_t type, std::span<const std::byte> request,
+                         std::span<std::byte> response, CallOptions call_options, StoredCall handler) {
+    ++counters.calls;
+    SessionState* s = table.lookup(id);
+    if (s == nullptr)
+        return fail(std::move(handler), call_error(ECONNRESET, "the session has ended"));
+    if (request.size() > s->limits.max_request)
+        return fail(std::move(handler), call_error(EMSGSIZE, fmt::format("a {}-byte request, the session's most is {}",
+                                                                         request.size(), s->limits.max_request)));
+    const auto now = Clock::now();
+    const auto deadline = now + call_options.timeout;
+    if (!s->queued.empty() || !try_begin(*s, type, request, response, deadline, handler))
+        s->queued.push_back({.type = type, .request = request, .response = response, .deadline = deadline,
+                             .handler = std::move(handler)});
+    activate(*s);
+    pump(*s);
+}
+
+bool EndpointCore::try_begin(SessionState& s, std::uint8_t type, std::span<const std::byte> request,
+                             std::span<std::byte> response, Clock::time_point deadline, StoredCall& handler) {
+    const auto capacity = static_cast<std::uint32_t>(std::min<std::size_t>(response.size(), s.limits.max_response));
+    const auto begun = s.client->begin(type, request, capacity);
+    if (!begun)
+        return false;
+    PendingCall& call = s.calls[*begun % s.calls.size()];
+    call.busy = true;
+    call.request = *begun;
+    call.response = response;
+    call.deadline = deadline;
+    call.handler = std::move(handler);
+    call.handler.on_cancel({.core = this, .session = s.local.number, .generation = s.local.generation, .call = *begun});
+    ++s.in_flight;
+    return true;
+}
+
+void EndpointCore::begin_queued(SessionState& s, Clock::time_point now) {
+    while (!s.queued.empty()) {
+        QueuedCall& next = s.queued.front();
+        if (next.deadline <= now) {
+            fail(std::move(next.handler), Error::timeout("rpc::Session::call", "waiting for a window slot"));
+        } else if (!try_begin(s, next.type, next.request, next.response, next.deadline, next.handler)) {
+            return;
+        }
+        s.queued.pop_front();
+    }
+}
+
+void EndpointCore::finish(PendingCall& call, SessionState& s, Result<std::size_t> result) {
+    call.busy = false;
+    --s.in_flight;
+    if (result)
+        ++counters.completed;
+    else
+        ++counters.failed;
+    std::move(call.handler).complete(std::move(result));
+}
+
+void EndpointCore::end_call(SessionState& s, const CallEnd& end) {
+    PendingCall& call = s.calls[end.request % s.calls.size()];
+    switch (end.outcome) {
+    case CallOutcome::ok:
+        if (!end.response.empty())
+            std::memcpy(call.response.data(), end.response.data(), end.response.size());
+        return finish(call, s, end.response_size);
+    case CallOutcome::no_handler:
+        return finish(call, s, std::unexpected(call_error(ENOENT, "the server has no handler for the call's type")));
+    case CallOutcome::too_large:
+        return finish(call, s,
+                      std::unexpected(call_error(EMSGSIZE, "the response exceeded the session's max_response")));
+    case CallOutcome::handler_dropped:
+        return finish(call, s, std::unexpected(call_error(EPIPE, "the server's handler ended without answering")));
+    case CallOutcome::response_truncated:
+        return finish(call, s, std::unexpected(call_error(
+                                   ENOBUFS, fmt::format("a {}-byte response, the buffer holds {}", end.response_size,
+                                                        call.response.size()))));
+    case CallOutcome::timed_out:
+        return finish(call, s,
+                      std::unexpected(call_error(EHOSTUNREACH, "no answer after the most retransmission timeouts")));
+    }
+}
+
+void EndpointCore::cancel(const StoredCall::Target& target) {
+    SessionState* s = table.lookup({.number = target.session, .generation = target.generation});
+    if (s == nullptr)
+        return;
+    PendingCall& call = s->calls[target.call % s->calls.size()];
+    if (!call.busy || call.request != target.call)
+        return;
+    s->client->abandon(target.call);
+    finish(call, *s, std::unexpected(Error::cancelled("rpc::Session::call")));
+    begin_queued(*s, Clock::now());
+    pump(*s);
+}
+
+void cancel_call(const StoredCall::Target& target) noexcept { target.core->cancel(target); }
+
+void EndpointCore::activate(SessionState& s) {
+    if (!s.active) {
+        s.active = true;
+        active.push_back(s.local);
+    }
+    arm_ticker();
+}
+
+void EndpointCore::arm_ticker() {
+    if (ticking || active.empty())
+        return;
+    ticking = true;
+    ticker.expires_after(options.tick);
+    struct Tick {
+        Anchor anchor;
+        void operator()(std::error_code ec) const {
+            EndpointCore* core = *anchor;
+            if (core == nullptr)
+                return;
+            core->ticking = false;
+            if (!ec)
+                core->tick();
+        }
+    };
+    ticker.async_wait(Tick{anchor});
+}
+
+// Every active client session: calls past their deadline end (timeout), expired RTOs
+// roll back (go-back-N) or end a call (the retry cap), then what may go, goes.
+void EndpointCore::tick() {
+    const auto now = Clock::now();
+    std::size_t kept = 0;
+    for (std::size_t i = 0; i < active.size(); ++i) {
+        SessionState* s = table.lookup(active[i]);
+        if (s == nullptr)
+            continue;
+        for (PendingCall& call : s->calls)
+            if (call.busy && call.deadline <= now) {
+                s->client->abandon(call.request);
+                finish(call, *s, std::unexpected(Error::timeout("rpc::Session::call", "no response in time")));
+            }
+        const std::uint32_t before = s->client->in_flight();
+        while (const auto end = s->client->expire(now))
+            end_call(*s, *end);
+        counters.retransmissions += before - s->client->in_flight();
+        begin_queued(*s, now);
+        pump(*s);
+        if (s->in_flight == 0 && s->queued.empty()) {
+            s->active = false;
+            continue;
+        }
+        active[kept++] = active[i];
+    }
+    active.resize(kept);
+    arm_ticker();
+}
+
+// ---------------------------------------------------------------------------------
+// Server
+
+void EndpointCore::handle(SessionState& s, const HandlerCall& call) {
+    ++counters.handled;
+    const Handler& handler = handlers[call.rpc_type];
+    if (!handler)
+        return send(s, s.server->respond(call.request, Status::no_handler, {}));
+    handler(Request(call.rpc_type, call.message), Responder(this, s.local.number, s.local.generation, call.request));
+}
+
+void EndpointCore::respond(std::uint16_t number, std::uint32_t generation, std::uint64_t request, Status status,
+                           std::span<const std::byte> response) {
+    SessionState* s = table.lookup({.number = number, .generation = generation});
+    if (s == nullptr)
+        return; // the session ended while its handler ran
+    send(*s, s->server->respond(request, status, response));
+}
+
+// ---------------------------------------------------------------------------------
+// Sessions
+
+SessionState& EndpointCore::attach(SessionId local, const SessionId& remote, const UdAddress& peer, AddressHandle ah,
+                                   const SessionLimits& limits, bool client) {
+    const Route route{.local = local, .remote = remote};
+    SessionState state{.local = local,
+                       .remote = remote,
+                       .peer = peer,
+                       .ah = std::move(ah),
+                       .limits = limits,
+                       .packets = PacketLimits(std::max(limits.max_request, limits.max_response),
+                                               limits.payload_per_packet),
+                       .client = {},
+                       .server = {},
+                       .calls = {},
+                       .queued = {},
+                       .in_flight = 0,
+                       .active = false,
+                       .socket = nullptr};
+    if (client) {
+        state.client.emplace(ClientOptions{.window = limits.window, .credits = limits.credits, .rto = {}},
+                             PacketLimits(limits.max_request, limits.payload_per_packet), route);
+        state.calls.resize(limits.window);
+    } else {
+        state.server.emplace(limits.window, PacketLimits(limits.max_response, limits.payload_per_packet), route);
+    }
+    return table.attach(local, std::move(state));
+}
+
+void EndpointCore::end_session(SessionId id, std::string_view why) {
+    SessionState* s = table.lookup(id);
+    if (s == nullptr)
+        return;
+    for (PendingCall& call : s->calls)
+        if (call.busy)
+            finish(call, *s, std::unexpected(call_error(ECONNRESET, std::string(why))));
+    for (QueuedCall& queued : s->queued)
+        fail(std::move(queued.handler), call_error(ECONNRESET, std::string(why)));
+    if (s->socket != nullptr) {
+        std::error_code ignored;
+        s->socket->close(ignored);
+    }
+    table.release(id);
+}
+
+namespace {
+
+// The socket a session's watcher owns, known to the session while both live.
+struct SocketRegistration {
+    Anchor anchor;
+    SessionId id;
+    tcp::socket* socket;
+    bool registered = false; // false: the session had ended (or the endpoint gone) already
+    SocketRegistration(Anchor a, SessionId i, tcp::socket* sock) : anchor(std::move(a)), id(i), socket(sock) {
+        if (EndpointCore* core = *anchor)
+            if (SessionState* s = core->table.lookup(id)) {
+                s->socket = socket;
+                registered = true;
+            }
+    }
+    SocketRegistration(const SocketRegistration&) = delete;
+    SocketRegistration& operator=(const SocketRegistration&) = delete;
+    ~SocketRegistration() {
+        if (EndpointCore* core = *anchor)
+            if (SessionState* s = core->table.lookup(id); s != nullptr && s->socket == socket)
+                s->socket = nullptr;
+    }
+};
+
+Error setup_error(std::error_code ec, const char* call, std::string_view doing) {
+    if (ec == asio::error::timed_out)
+        return Error::timeout(call, fmt::format("{}: no answer in time", doing));
+    if (ec == asio::error::eof)
+        return Error::protocol(call, fmt::format("{}: the peer closed the connection", doing));
+    return Error::from_errno(call, ec.category() == std::system_category() ? ec.value() : EIO,
+                             fmt::format("{}: {}", doing, ec.message()));
+}
+
+// A session message from `socket`: its prefix, then the rest it announces.
+template <class DecodePrefix>
+asio::awaitable<std::pair<std::error_code, std::vector<std::byte>>> read_message(tcp::socket& socket,
+                                                                                 asio::steady_timer& timer,
+                                                                                 DecodePrefix decode_prefix,
+                                                                                 std::uint16_t* version) {
+    std::vector<std::byte> bytes(session_prefix_bytes);
+    if (auto [ec, n] = co_await bounded(asio::async_read(socket, asio::buffer(bytes), no_throw), timer); ec)
+        co_return std::pair{ec, std::vector<std::byte>{}};
+    const auto prefix = decode_prefix(std::span<const std::byte, session_prefix_bytes>(bytes.data(), session_prefix_bytes));
+    if (!prefix)
+        co_return std::pair{std::make_error_code(std::errc::protocol_error), std::vector<std::byte>{}};
+    *version = prefix->version;
+    bytes.resize(prefix->length);
+    if (auto [ec, n] = co_await bounded(
+            asio::async_read(socket, asio::buffer(bytes.data() + session_prefix_bytes, bytes.size() - session_prefix_bytes),
+                             no_throw),
+            timer);
+        ec)
+        co_return std::pair{ec, std::vector<std::byte>{}};
+    co_return std::pair{std::error_code{}, std::move(bytes)};
+}
+
+} // namespace
+
+// Until its TCP connection ends (or sends anything: nothing follows the setup), then
+// the session ends.
+asio::awaitable<void> EndpointCore::watch(Anchor anchor, SessionId id, tcp::socket socket) {
+    const SocketRegistration registration(anchor, id, &socket);
+    if (!registration.registered)
+        co_return; // the session ended before its watch began: the socket closes here
+    std::byte byte{};
+    auto [ec, n] = co_await asio::async_read(socket, asio::buffer(&byte, 1), no_throw);
+    EndpointCore* core = *anchor;
+    if (core == nullptr)
+        co_return;
+    if (SessionState* s = core->table.lookup(id); s != nullptr && s->socket == &socket)
+        core->end_session(id, ec ? "the peer closed the session (its TCP connection ended)"
+                                 : "the peer broke the session's protocol (bytes after the setup)");
+}
+
+asio::awaitable<void> EndpointCore::accept_loop(Anchor anchor, tcp::acceptor* acceptor) {
+    for (;;) {
+        auto [ec, socket] = co_await acceptor->async_accept(no_throw);
+        EndpointCore* core = *anchor;
+        if (core == nullptr || ec == asio::error::operation_aborted)
+            co_return;
+        if (ec) {
+            logger()->warn("rdmaxx rpc: accepting a session: {}", ec.message());
+            continue;
+        }
+        asio::co_spawn(core->executor, serve_setup(anchor, std::move(socket)), asio::detached);
+    }
+}
+
+// One client's setup, beside the listener (a silent client stalls nobody), then its
+// session's life.
+asio::awaitable<void> EndpointCore::serve_setup(Anchor anchor, tcp::socket socket) {
+    asio::steady_timer timer(socket.get_executor(), (*anchor)->options.setup_timeout);
+    std::uint16_t version = 0;
+    auto [ec, bytes] = co_await read_message(socket, timer, decode_request_prefix, &version);
+    EndpointCore* core = *anchor;
+    if (core == nullptr || ec)
+        co_return; // closed: a silent or malformed client
+    std::optional<Admitted> admitted;
+    SessionReply reply = SessionReply::refused(Refusal::version_unsupported);
+    if (version == session_version) {
+        const auto request = decode_request(bytes);
+        if (!request)
+            co_return;
+        const auto admission = core->table.admit(*request, core->most());
+        if (!admission) {
+            reply = SessionReply::refused(admission.error());
+        } else if (auto ah = core->transport->handle_to(request->client); !ah) {
+            core->table.release(admission->session);
+            logger()->warn("rdmaxx rpc: a session's address handle: {}", ah.error());
+            co_return;
+        } else {
+            admitted = *admission;
+            core->attach(admission->session, request->session, request->client, std::move(*ah), admission->limits,
+                         false);
+            reply = {.refusal = {},
+                     .server = core->transport->address(),
+                     .session = admission->session,
+                     .limits = admission->limits};
+        }
+    }
+    if (!admitted)
+        ++core->counters.sessions_refused;
+    const auto out = encode(reply);
+    const SocketRegistration registration(anchor, admitted ? admitted->session : SessionId{}, &socket);
+    auto [wec, n] = co_await bounded(asio::async_write(socket, asio::buffer(out), no_throw), timer);
+    core = *anchor;
+    if (core == nullptr || !admitted)
+        co_return;
+    if (wec) {
+        core->end_session(admitted->session, "the client left during the setup");
+        co_return;
+    }
+    timer.cancel();
+    co_await watch(anchor, admitted->session, std::move(socket));
+}
+
+asio::awaitable<Result<Session>> EndpointCore::connect(Anchor anchor, std::string host, std::uint16_t port) {
+    constexpr const char* call = "rpc::Endpoint::connect";
+    EndpointCore* core = *anchor;
+    const SessionLimits asked = core->most();
+    const auto reserved = core->table.reserve(asked.credits);
+    if (!reserved)
+        co_return std::unexpected(
+            Error::from_errno(call, EAGAIN, fmt::format("this endpoint: {}", to_string(reserved.error()))));
+    const SessionId id = *reserved;
+    // the reservation goes back on every way out but success
+    struct Reservation {
+        Anchor anchor;
+        SessionId id;
+        bool kept = false;
+        ~Reservation() {
+            if (EndpointCore* c = *anchor; c != nullptr && !kept && c->table.lookup(id) == nullptr)
+                c->table.release(id);
+        }
+    } reservation{anchor, id};
+
+    const std::string peer = fmt::format("{}:{}", host, port);
+    tcp::resolver resolver(core->executor);
+    tcp::socket socket(core->executor);
+    asio::steady_timer timer(core->executor, core->options.setup_timeout);
+    auto [rec, addresses] = co_await bounded(resolver.async_resolve(host, std::to_string(port), no_throw), timer);
+    if (*anchor == nullptr)
+        co_return std::unexpected(Error::cancelled(call, "the endpoint was destroyed"));
+    if (rec)
+        co_return std::unexpected(setup_error(rec, call, fmt::format("resolving {}", peer)));
+    if (auto [ec, at] = co_await bounded(asio::async_connect(socket, addresses, no_throw), timer); ec)
+        co_return std::unexpected(setup_error(ec, call, fmt::format("connecting to {}", peer)));
+    if (*anchor == nullptr)
+        co_return std::unexpected(Error::cancelled(call, "the endpoint was destroyed"));
+    const SessionRequest request{.client = core->transport->address(), .session = id, .limits = asked};
+    const auto out = encode(request);
+    if (auto [ec, n] = co_await bounded(asio::async_write(socket, asio::buffer(out), no_throw), timer); ec)
+        co_return std::unexpected(setup_error(ec, call, fmt::format("sending the session request to {}", peer)));
+    std::uint16_t version = 0;
+    auto [ec, bytes] = co_await read_message(socket, timer, decode_reply_prefix, &version);
+    core = *anchor;
+    if (core == nullptr)
+        co_return std::unexpected(Error::cancelled(call, "the endpoint was destroyed"));
+    if (ec == std::errc::protocol_error)
+        co_return std::unexpected(Error::protocol(call, fmt::format("{} answered with no session reply", peer)));
+    if (ec)
+        co_return std::unexpected(setup_error(ec, call, fmt::format("reading the session reply of {}", peer)));
+    const auto reply = decode_reply(bytes);
+    if (!reply)
+        co_return std::unexpected(reply.error());
+    if (reply->refusal) {
+        ++core->counters.sessions_refused;
+        co_return std::unexpected(Error::from_errno(call, ECONNREFUSED,
+                                                    fmt::format("{} refused: {}", peer, to_string(*reply->refusal))));
+    }
+    if (auto honest = check_reply(request, *reply); !honest)
+        co_return std::unexpected(honest.error());
+    auto ah = core->transport->handle_to(reply->server);
+    if (!ah)
+        co_return std::unexpected(ah.error());
+    core->table.reduce_credits(id, reply->limits.credits);
+    core->attach(id, reply->session, reply->server, std::move(*ah), reply->limits, true);
+    reservation.kept = true;
+    asio::co_spawn(core->executor, watch(anchor, id, std::move(socket)), asio::detached);
+    ++core->handles;
+    co_return Session(core, id.number, id.generation);
+}
+
+} // namespace detail
+
+// ---------------------------------------------------------------------------------
+// Public handles
+
+Responder& Responder::operator=(Responder&& other) noexcept {
+    if (this != &other) {
+        this->~Responder();
+        new (this) Responder(std::move(other));
+    }
+    return *this;
+}
+
+Responder::~Responder() {
+    if (core_ != nullptr)
+        core_->respond(session_, generation_, request_, detail::Status::handler_dropped, {});
+}
+
+void Responder::respond(std::span<const std::byte> response, std::source_location where) {
+    require(core_ != nullptr, where, "Responder::respond: answered already (or moved from)");
+    core_->check_thread(where);
+    std::exchange(core_, nullptr)->respond(session_, generation_, request_, detail::Status::ok, response);
+}
+
+Session& Session::operator=(Session&& other) noexcept {
+    if (this != &other) {
+        this->~Session();
+        new (this) Session(std::move(other));
+    }
+    return *this;
+}
+
+Session::~Session() {
+    if (core_ == nullptr)
+        return;
+    core_->end_session({.number = number_, .generation = generation_}, "the Session was destroyed");
+    --core_->handles;
+}
+
+void Session::start(std::uint8_t type, std::span<const std::byte> request, std::span<std::byte> response,
+                    CallOptions options, detail::StoredCall handler, std::source_location where) {
+    require(core_ != nullptr, where, "Session::call on a moved-from Session");
+    core_->check_thread(where);
+    core_->start({.number = number_, .generation = generation_}, type, request, response, options, std::move(handler));
+}
+
+const asio::io_context::executor_type& Session::executor(std::source_location where) const {
+    require(core_ != nullptr, where, "Session::call on a moved-from Session");
+    return core_->executor;
+}
+
+SessionInfo Session::info(std::source_location where) const {
+    require(core_ != nullptr, where, "Session::info on a moved-from Session");
+    const detail::SessionState* s = core_->table.lookup({.number = number_, .generation = generation_});
+    if (s == nullptr)
+        return {};
+    return {.window = s->limits.window,
+            .credits = s->limits.credits,
+            .max_request = s->limits.max_request,
+            .max_response = s->limits.max_response,
+            .payload_per_packet = s->limits.payload_per_packet};
+}
+
+Endpoint::Endpoint(std::unique_ptr<detail::EndpointCore> core) noexcept : core_(std::move(core)) {}
+
+Endpoint::~Endpoint() {
+    if (core_ && core_->handles != 0)
+        rdmaxx::detail::programming_error(fmt::format("rpc::Endpoint destroyed while {} of its Sessions live", core_->handles),
+                                  std::source_location::current());
+}
+
+Result<std::unique_ptr<Endpoint>> Endpoint::create(asio::io_context& io, EndpointOptions options,
+                                                   std::source_location where) {
+    require(options.ring > 0 && options.send_depth > 0 && options.window > 0 && options.credits > 0 &&
+                options.max_sessions > 0,
+            where, "rpc::Endpoint: ring {}, send_depth {}, window {}, credits {}, max_sessions {}: none may be 0",
+            options.ring, options.send_depth, options.window, options.credits, options.max_sessions);
+    require(options.window <= detail::max_window && options.credits <= detail::max_credits &&
+                options.max_sessions <= detail::max_table_sessions,
+            where, "rpc::Endpoint: window {} (most {}), credits {} (most {}), max_sessions {} (most {})",
+            options.window, detail::max_window, options.credits, detail::max_credits, options.max_sessions,
+            detail::max_table_sessions);
+    auto core = std::make_unique<detail::EndpointCore>(io, std::move(options));
+    const EndpointOptions& o = core->options;
+    auto transport = detail::UdTransport::create(
+        io,
+        {.device = o.device, .port = o.port, .gid_index = o.gid_index, .ring = o.ring, .send_depth = o.send_depth,
+         .qkey = detail::UdOptions{}.qkey, .drive = o.drive},
+        &detail::EndpointCore::deliver, core.get(), where);
+    if (!transport)
+        return std::unexpected(std::move(transport.error()));
+    core->transport = std::move(*transport);
+    const std::uint32_t payload = core->transport->mtu() - static_cast<std::uint32_t>(detail::header_bytes);
+    require(detail::packet_count(std::max(o.max_request, o.max_response), payload) <= detail::max_packets, where,
+            "rpc::Endpoint: a max_request {} / max_response {} takes more than {} packets of {} bytes", o.max_request,
+            o.max_response, detail::max_packets, payload);
+    if (o.listen_port != 0) {
+        std::error_code ec;
+        const auto address = asio::ip::make_address(o.listen_address, ec);
+        if (ec)
+            return std::unexpected(Error::from_errno("rpc::Endpoint::create", EINVAL,
+                                                     fmt::format("listen address {}: {}", o.listen_address, ec.message())));
+        auto& acceptor = core->acceptor.emplace(io);
+        const detail::tcp::endpoint at(address, o.listen_port);
+        if (acceptor.open(at.protocol(), ec); !ec)
+            if (acceptor.set_option(asio::socket_base::reuse_address(true), ec); !ec)
+                if (acceptor.bind(at, ec); !ec)
+                    acceptor.listen(asio::socket_base::max_listen_connections, ec);
+        if (ec)
+            return std::unexpected(Error::from_errno("rpc::Endpoint::create",
+                                                     ec.category() == std::system_category() ? ec.value() : EIO,
+                                                     fmt::format("listening on {}:{}", o.listen_address, o.listen_port)));
+        asio::co_spawn(io, detail::EndpointCore::accept_loop(core->anchor, &acceptor), asio::detached);
+    }
+    return std::unique_ptr<Endpoint>(new Endpoint(std::move(core)));
+}
+
+void Endpoint::set_handler(std::uint8_t type, Handler handler, std::source_location where) {
+    core_->check_thread(where);
+    core_->handlers[type] = std::move(handler);
+}
+
+asio::awaitable<Result<Session>> Endpoint::connect(std::string host, std::uint16_t port, std::source_location where) {
+    core_->check_thread(where);
+    return detail::EndpointCore::connect(core_->anchor, std::move(host), port);
+}
+
+std::uint16_t Endpoint::listen_port() const noexcept { return core_->acceptor ? core_->options.listen_port : 0; }
+std::uint32_t Endpoint::mtu() const noexcept { return core_->transport->mtu(); }
+const Counters& Endpoint::counters() const noexcept {
+    core_->counters.copies = core_->transport->copies();
+    return core_->counters;
+}
+std::uint32_t Endpoint::sessions() const noexcept { return core_->table.sessions(); }
+
+} // namespace rdmaxx::rpc
