@@ -7,21 +7,31 @@
 #include <cstdint>
 #include <cstring>
 #include <optional>
+#include <random>
 #include <thread>
 #include <vector>
+
+#include <sys/resource.h>
 
 #include <asio/bind_cancellation_slot.hpp>
 #include <asio/cancellation_signal.hpp>
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
 #include <asio/io_context.hpp>
+#include <asio/ip/tcp.hpp>
+#include <asio/read.hpp>
 #include <asio/steady_timer.hpp>
+#include <asio/use_awaitable.hpp>
+#include <asio/write.hpp>
 
 #include <doctest/doctest.h>
 
 #include <rdmaxx/rpc/endpoint.hpp>
 
 #include "../support/device.hpp"
+#include "packet.hpp"
+#include "session_codec.hpp"
+#include "ud_transport.hpp"
 
 // g++ 12 sees Asio's coroutine-frame operator delete as mismatched with its operator
 // new once it inlines both into a coroutine (a false positive: the frame's allocator
@@ -261,4 +271,178 @@ TEST_CASE("rpc endpoint: a call from another thread aborts naming the caller") {
             other.join();
         },
         "another thread", "rpc_endpoint_test.cpp");
+}
+
+// ---------------------------------------------------------------------------------
+// A hostile client: a session set up by hand (the setup messages' codec), then
+// garbage and forged packets from its own UD QP, while an honest client calls on.
+
+
+namespace {
+
+struct Attacker {
+    std::unique_ptr<rpc::detail::UdTransport> ud;
+    std::optional<AddressHandle> to_server;
+    rpc::detail::SessionReply reply;
+    std::uint64_t answers = 0; // what the server sent it back
+    static void deliver(void* self, rpc::detail::UdSource, std::span<const std::byte>) {
+        ++static_cast<Attacker*>(self)->answers;
+    }
+};
+
+asio::awaitable<void> hostile_setup(Rig* rig, Attacker* attacker, asio::ip::tcp::socket* socket) {
+    namespace d = rpc::detail;
+    const asio::ip::tcp::endpoint server(asio::ip::make_address("127.0.0.1"), rig->port);
+    co_await socket->async_connect(server, asio::use_awaitable);
+    const std::uint32_t payload = attacker->ud->mtu() - static_cast<std::uint32_t>(d::header_bytes);
+    const d::SessionRequest request{.client = attacker->ud->address(),
+                                    .session = {.number = 7, .generation = 1},
+                                    .limits = {.window = 8, .credits = 8, .max_request = 4096,
+                                               .max_response = 4096, .payload_per_packet = payload}};
+    const auto out = d::encode(request);
+    co_await asio::async_write(*socket, asio::buffer(out), asio::use_awaitable);
+    std::array<std::byte, d::session_reply_bytes> in{};
+    co_await asio::async_read(*socket, asio::buffer(in), asio::use_awaitable);
+    attacker->reply = must(d::decode_reply(in));
+}
+
+// Garbage of every kind at the server, `rounds` times: random bytes, forged headers
+// (wrong generation, wrong session, bad fields), requests far ahead of the window.
+void attack(Attacker& a, std::mt19937& random, int rounds) {
+    namespace d = rpc::detail;
+    const d::UdAddress& server = a.reply.server;
+    const std::uint32_t payload_max = a.ud->mtu() - static_cast<std::uint32_t>(d::header_bytes);
+    for (int r = 0; r < rounds; ++r) {
+        std::array<std::byte, d::header_bytes> header{};
+        std::vector<std::byte> payload(random() % (payload_max + 1));
+        for (auto& b : payload)
+            b = static_cast<std::byte>(random());
+        d::PacketHeader h{.kind = d::Kind::request,
+                          .rpc_type = echo,
+                          .status = d::Status::ok,
+                          .session = a.reply.session.number,
+                          .generation = a.reply.session.generation,
+                          .message_size = static_cast<std::uint32_t>(payload.size()),
+                          .request = 0,
+                          .index = 0};
+        switch (r % 6) {
+        case 0: // random bytes
+            for (auto& b : header)
+                b = static_cast<std::byte>(random());
+            break;
+        case 1: h.generation += 1 + random() % 5; break;          // stale generation
+        case 2: h.session = static_cast<std::uint16_t>(random()); break; // another session
+        case 3: h.kind = static_cast<d::Kind>(6 + random() % 250); break; // no such kind
+        case 4: h.index = static_cast<std::uint16_t>(1 + random() % 100); break; // index past the message
+        case 5: h.request = 1000 + random() % 100000; break;     // far ahead of the window
+        }
+        if (r % 6 != 0)
+            d::encode(h, header);
+        (void)must(a.ud->send(*a.to_server, server, header, payload));
+    }
+}
+
+asio::awaitable<void> honest_calls(Rig* rig, std::optional<rpc::Session>* session, Attacker* attacker, int* wrong) {
+    co_await connect_into(rig, session);
+    std::mt19937 random(7);
+    std::vector<std::byte> response(4096);
+    asio::steady_timer timer(rig->io);
+    for (std::uint32_t n = 0; n < 300; ++n) {
+        if (n % 10 == 0) {
+            attack(*attacker, random, 24);
+            timer.expires_after(1ms); // let the transport's send buffers come back
+            co_await timer.async_wait(asio::use_awaitable);
+        }
+        const auto request = message(n, n % 2000);
+        const auto got = co_await (**session).call(echo, request, response, {.timeout = 20s});
+        if (!got || *got != request.size() || std::memcmp(response.data(), request.data(), request.size()) != 0)
+            ++*wrong;
+    }
+}
+
+} // namespace
+
+TEST_CASE("rpc endpoint: a client sending garbage and forged packets disturbs no other session") {
+    Rig rig;
+    Attacker attacker;
+    attacker.ud = must(rpc::detail::UdTransport::create(rig.io, {.ring = 64, .send_depth = 64},
+                                                          &Attacker::deliver, &attacker));
+    asio::ip::tcp::socket socket(rig.io);
+    run(rig.io, hostile_setup(&rig, &attacker, &socket), 30s);
+    REQUIRE(!attacker.reply.refusal);
+    attacker.to_server.emplace(must(attacker.ud->handle_to(attacker.reply.server)));
+    std::optional<rpc::Session> session;
+    int wrong = 0;
+    run(rig.io, honest_calls(&rig, &session, &attacker, &wrong), 120s);
+    CHECK(wrong == 0);
+    const auto& s = rig.server->counters();
+    MESSAGE("server drops: ", s.dropped(), ", handled ", s.handled, ", answers to the attacker ",
+            attacker.answers);
+    for (std::size_t i = 0; !rpc::drop_reason_name(i).empty(); ++i)
+        if (s.drops[i] != 0)
+            MESSAGE("  ", rpc::drop_reason_name(i), ": ", s.drops[i]);
+    // 720 packets sent; some may find no receive posted (UD drops them), most arrive
+    CHECK(s.dropped() >= 360);
+    CHECK(s.handled >= 300);
+    CHECK(rig.server->sessions() == 2);
+    CHECK(rig.client->counters().failed == 0);
+}
+
+namespace {
+
+asio::awaitable<void> many_sessions(Rig* rig, std::vector<rpc::Session>* sessions, std::uint32_t count,
+                                    int* wrong) {
+    for (std::uint32_t i = 0; i < count; ++i) {
+        auto session = co_await rig->client->connect("127.0.0.1", rig->port);
+        if (!session) {
+            MESSAGE("session ", i, ": ", session.error().message());
+            ++*wrong;
+            co_return;
+        }
+        sessions->push_back(std::move(*session));
+    }
+    // one call on every session at once, each with its own message
+    std::vector<std::vector<std::byte>> responses(count, std::vector<std::byte>(64));
+    std::uint32_t answered = 0;
+    for (std::uint32_t i = 0; i < count; ++i) {
+        const auto request = message(i, 1 + i % 64);
+        (*sessions)[i].call(echo, request, responses[i], {.timeout = 30s},
+                            [&answered, wrong, request, &responses, i](Result<std::size_t> got) {
+                                ++answered;
+                                if (!got || *got != request.size() ||
+                                    std::memcmp(responses[i].data(), request.data(), request.size()) != 0)
+                                    ++*wrong;
+                            });
+    }
+    asio::steady_timer timer(rig->io);
+    while (answered < count) {
+        timer.expires_after(1ms);
+        co_await timer.async_wait(asio::use_awaitable);
+    }
+}
+
+} // namespace
+
+TEST_CASE("rpc endpoint: 1,000 sessions on one server endpoint, a call on each at once") {
+    // both ends of 1,000 TCP connections live in this process
+    rlimit files{};
+    REQUIRE(getrlimit(RLIMIT_NOFILE, &files) == 0);
+    files.rlim_cur = std::min<rlim_t>(files.rlim_max, 8192);
+    REQUIRE(setrlimit(RLIMIT_NOFILE, &files) == 0);
+    REQUIRE(files.rlim_cur >= 2200);
+    constexpr std::uint32_t count = 1000;
+    const rpc::EndpointOptions options{.ring = 4096, .max_sessions = 1024, .credits = 2};
+    Rig rig(options, options);
+    std::vector<rpc::Session> sessions;
+    int wrong = 0;
+    run(rig.io, many_sessions(&rig, &sessions, count, &wrong), 300s);
+    CHECK(wrong == 0);
+    CHECK(sessions.size() == count);
+    CHECK(rig.server->sessions() == count);
+    CHECK(rig.server->counters().handled == count);
+    sessions.clear(); // every server session ends with its TCP connection
+    const auto deadline = std::chrono::steady_clock::now() + 30s;
+    while (rig.server->sessions() != 0 && std::chrono::steady_clock::now() < deadline)
+        rig.io.run_for(10ms);
+    CHECK(rig.server->sessions() == 0);
 }
