@@ -1,8 +1,11 @@
 // Which device events end which waits (AsyncEvents::check's rules), on made-up times.
+#include <cerrno>
 #include <chrono>
+#include <string>
 
 #include <doctest/doctest.h>
 
+#include <rdmaxx/data/events.hpp>
 #include <rdmaxx/data/fatal_events.hpp>
 
 using namespace rdmaxx;
@@ -80,4 +83,15 @@ TEST_CASE("a fatal device error ends every wait; the log keeps the newest killin
     log.remember({.type = AsyncEventType::device_fatal}, t0 + seconds(100));
     CHECK(log.find({.qp_num = 0x999, .qp_created = t0 + seconds(200)})->type == AsyncEventType::device_fatal);
     CHECK(log.find({.cq = second_cq, .cq_created = t0 + seconds(200)}));
+}
+
+TEST_CASE("the Error each killing event ends work with: one mapping for every reader") {
+    const Error port = event_error(port_event(AsyncEventType::port_error, 2));
+    CHECK(port.code() == ENETDOWN);
+    CHECK(port.message().find("PORT_ERR: port 2 is down") != std::string::npos);
+    const Error qp = event_error(qp_event(AsyncEventType::qp_access_error, 0x2a));
+    CHECK(qp.code() == EIO);
+    CHECK(qp.message().find("QP_ACCESS_ERR on QP 0x2a") != std::string::npos);
+    CHECK(event_error({.type = AsyncEventType::cq_error, .cq = first_cq}).message().find("CQ_ERR") != std::string::npos);
+    CHECK(event_error({.type = AsyncEventType::device_fatal}).code() == EIO);
 }

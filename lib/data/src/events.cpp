@@ -96,6 +96,17 @@ bool AsyncEvent::kills(std::uint32_t qp) const noexcept {
     }
 }
 
+Error event_error(const AsyncEvent& event) {
+    switch (event.type) {
+    case AsyncEventType::port_error:
+        return Error::from_errno("async event", ENETDOWN, fmt::format("PORT_ERR: port {} is down", event.port));
+    case AsyncEventType::cq_error: return Error::from_errno("async event", EIO, "CQ_ERR: the completion queue overflowed");
+    case AsyncEventType::device_fatal: return Error::from_errno("async event", EIO, "DEVICE_FATAL");
+    default:
+        return Error::from_errno("async event", EIO, fmt::format("{} on QP {:#x}", to_string(event.type), event.qp_num));
+    }
+}
+
 Result<AsyncEvents> AsyncEvents::open(const Context& context, std::source_location where) {
     const detail::DeviceHandle& device = context.handle(where);
     const int fd = device->context->async_fd;
@@ -177,17 +188,7 @@ Result<void> AsyncEvents::check(const QueuePair* qp, const CompletionQueue* cq, 
     const auto fatal = fatal_.find(scope);
     if (!fatal)
         return {};
-    switch (fatal->type) {
-    case AsyncEventType::port_error:
-        return std::unexpected(
-            Error::from_errno("async event", ENETDOWN, fmt::format("PORT_ERR: port {} is down", fatal->port)));
-    case AsyncEventType::cq_error:
-        return std::unexpected(Error::from_errno("async event", EIO, "CQ_ERR: the completion queue overflowed"));
-    case AsyncEventType::device_fatal: return std::unexpected(Error::from_errno("async event", EIO, "DEVICE_FATAL"));
-    default:
-        return std::unexpected(Error::from_errno("async event", EIO,
-                                                 fmt::format("{} on QP {:#x}", to_string(fatal->type), fatal->qp_num)));
-    }
+    return std::unexpected(event_error(*fatal));
 }
 
 } // namespace rdmaxx

@@ -20,6 +20,12 @@
 
 namespace rdmaxx {
 
+// The Error that work ended by `event` ends with: a port down is ENETDOWN ("PORT_ERR:
+// port N is down"), a CQ error, a device fatal error or a QP's fatal event EIO, each
+// naming the event. One mapping for every reader (AsyncEvents::check, lib/async).
+// Meant for the events that kill work (AsyncEvent::kills).
+Error event_error(const AsyncEvent& event);
+
 // Reads the device's events. Not thread-safe: one reader per context (the kernel
 // hands each event to one reader).
 class AsyncEvents : detail::MoveOnly {
