@@ -504,6 +504,117 @@ TEST_CASE("10,000 awaited writes allocate nothing once warm, in busy and event m
     }
 }
 
+// --- device async events on a bare async::QueuePair ------------------------------
+
+namespace {
+
+// Two pairs of RC QPs on one CQ of one context: a-b connected and alive; c-d with d
+// taken back to RESET, so that c's writes stay in flight for its retries (7.5 s).
+struct EventRig {
+    asio::io_context io;
+    Context context = must(Context::open());
+    ProtectionDomain pd = must(ProtectionDomain::create(context));
+    async::CompletionQueue cq;
+    MemoryRegion mem = must(MemoryRegion::allocate(pd, 1 << 16, access_all));
+    async::QueuePair a, b, c, d;
+
+    explicit EventRig(async::CompletionMode mode)
+        : cq(must(async::CompletionQueue::create(io, context, {.depth = 256}, {.mode = mode}))), a(attach()),
+          b(attach()), c(attach()), d(attach()) {
+        must(a.get().connect(b.get().endpoint()));
+        must(b.get().connect(a.get().endpoint()));
+        must(c.get().connect(d.get().endpoint(), slow_retries));
+        must(d.get().connect(c.get().endpoint(), slow_retries));
+        must(d.get().reset());
+    }
+    async::QueuePair attach() {
+        auto qp = must(QueuePair::create(pd, {.send_cq = &cq.get(), .recv_cq = &cq.get(),
+                                              .caps = {.max_send_wr = 4, .max_recv_wr = 4}}));
+        return async::QueuePair::attach(std::move(qp), cq, cq);
+    }
+    // One turn of the io_context (and, manual, of the application's loop).
+    void turn() {
+        if (cq.mode() == async::CompletionMode::manual) {
+            async::Completions::of(io).take_device_events();
+            async::Completions::of(io).poll();
+        }
+        io.restart();
+        io.run_for(10ms);
+    }
+};
+
+struct Ended {
+    std::optional<Result<WorkCompletion>> result;
+    std::chrono::steady_clock::duration took{};
+};
+
+// Records into `ended` how the operation ended and how long after `start`.
+auto record(Ended& ended, const std::chrono::steady_clock::time_point& start) {
+    return [&ended, &start](Result<WorkCompletion> r) {
+        ended.result = std::move(r);
+        ended.took = std::chrono::steady_clock::now() - start;
+    };
+}
+
+bool ended_by_port_down(const Ended& ended) {
+    if (!ended.result || ended.result->has_value())
+        return false;
+    const Error& e = ended.result->error();
+    return e.code() == ENETDOWN && e.message().find("PORT_ERR") != std::string::npos;
+}
+
+} // namespace
+
+TEST_CASE("async QueuePair: a port going down ends its pending receive, posted writes and a write waiting for "
+          "entries with ENETDOWN") {
+    for (const auto mode : {async::CompletionMode::event, async::CompletionMode::busy, async::CompletionMode::manual}) {
+        CAPTURE(name(mode));
+        EventRig r(mode);
+        auto start = std::chrono::steady_clock::now(); // reset when the port goes down
+        Ended receive;
+        r.b.receive(r.mem.slice(0, 64), record(receive, start)); // nothing will ever be sent to b
+        const std::size_t depth = r.c.get().caps().max_send_wr;  // the device may round 4 up
+        std::vector<Ended> writes(depth + 1);
+        for (std::size_t i = 0; i <= depth; ++i)
+            r.c.write(r.mem.slice(1024 + i * 8, 8), r.mem.remote().slice(4096 + i * 8, 8), record(writes[i], start));
+        REQUIRE(r.b.posted() == 1);
+        REQUIRE(r.c.posted() == depth); // the last write waits for an entry
+        r.io.poll(); // the drivers and the device watch start: nothing has ended
+        REQUIRE_FALSE(receive.result);
+        REQUIRE_FALSE(writes[depth].result);
+
+        test::LinkDown link(r.a.get().gid());
+        start = std::chrono::steady_clock::now();
+        const auto all_ended = [&] {
+            return receive.result && std::all_of(writes.begin(), writes.end(), [](const Ended& e) { return e.result; });
+        };
+        while (!all_ended() && std::chrono::steady_clock::now() - start < 20s)
+            r.turn();
+        link.up();
+
+        REQUIRE(all_ended());
+        CAPTURE(receive.result->has_value() ? std::string("a completion") : fmt::format("{}", receive.result->error()));
+        CHECK(ended_by_port_down(receive));
+        CHECK(receive.took < 5s); // a receive has no timeout of its own; c's retries would take 7.5 s
+        for (std::size_t i = 0; i <= depth; ++i) {
+            CAPTURE(i);
+            CHECK(ended_by_port_down(writes[i])); // the event's Error, not the flush status
+            CHECK(writes[i].took < 5s);
+        }
+        // every posted WR came back through its completion; the QPs stay dead
+        CHECK(r.b.posted() == 0);
+        CHECK(r.c.posted() == 0);
+        REQUIRE(r.b.dead());
+        CHECK(r.b.dead()->code() == ENETDOWN);
+        Ended later;
+        r.b.receive(r.mem.slice(0, 64), record(later, start));
+        while (!later.result && std::chrono::steady_clock::now() - start < 30s)
+            r.turn();
+        CHECK(ended_by_port_down(later));
+        CHECK(async::Completions::of(r.io).in_flight() == 0);
+    }
+}
+
 // --- setup over TCP through Asio (rdmaxx/async/tcp.hpp) ---------------------------
 
 namespace {

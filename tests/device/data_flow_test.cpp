@@ -242,11 +242,7 @@ TEST_CASE("a port that goes down ends waits with an Error; its events are typed"
     test::RcPair p;
     AsyncEvents events = must(AsyncEvents::open(p.context));
     CHECK_FALSE(must(events.next())); // nothing pending
-    char netdev[IF_NAMESIZE] = {};
-    REQUIRE(::if_indextoname(p.a.gid().netdev_ifindex, netdev) != nullptr);
-    const std::string down = fmt::format("ip link set {} down", netdev);
-    const std::string up = fmt::format("ip link set {} up", netdev);
-    REQUIRE(std::system(down.c_str()) == 0);
+    test::LinkDown link(p.a.gid());
     const auto start = std::chrono::steady_clock::now();
     const Error e = must_fail(wait_for(p.cq_b, 1, {.timeout = 20s, .events = &events, .qp = &p.b}));
     CHECK(std::chrono::steady_clock::now() - start < 10s);
@@ -254,20 +250,12 @@ TEST_CASE("a port that goes down ends waits with an Error; its events are typed"
     const AsyncEvent event = must(events.wait(5s));
     CHECK(event.type == AsyncEventType::port_error);
     CHECK(event.port == 1);
-    REQUIRE(std::system(up.c_str()) == 0);
+    link.up(); // and the RoCE GID back with the address, before other tests run
     AsyncEvent back = must(events.wait(10s));
     while (back.type != AsyncEventType::port_active) // GID changes may come first
         back = must(events.wait(10s));
     CHECK(back.port == 1);
     must(events.check(&p.b, &p.cq_b)); // the port is up again
-    // the RoCE GID returns with the address: wait for it before other tests run
-    const auto gid_back = [] {
-        auto context = Context::open();
-        return context && context->choose_gid(1).has_value();
-    };
-    for (int i = 0; i < 500 && !gid_back(); ++i)
-        ::usleep(10000);
-    CHECK(gid_back());
 }
 
 TEST_CASE("a solicited SEND wakes a receiver armed for solicited events only") {

@@ -8,6 +8,11 @@
 
 #include <span>
 
+#include <net/if.h>
+#include <unistd.h>
+
+#include <doctest/doctest.h>
+
 #include <rdmaxx/wrap.hpp>
 
 #include "check.hpp"
@@ -61,6 +66,40 @@ inline std::string cm_address() {
     const GidEntry gid = must(context.choose_gid(1));
     return fmt::format("{}.{}.{}.{}", gid.gid.bytes[12], gid.gid.bytes[13], gid.gid.bytes[14], gid.gid.bytes[15]);
 }
+
+// Takes the netdev under a RoCE GID down, as a pulled cable would (PORT_ERR on every
+// context of its device), and up again on up() or destruction, then waits (bounded:
+// 5 s) for the port's GID to come back with the address, so that the next test finds
+// the port as it was. Needs root (the VM's init runs the suites as root).
+class LinkDown {
+public:
+    explicit LinkDown(const GidEntry& gid) {
+        char name[IF_NAMESIZE] = {};
+        REQUIRE(::if_indextoname(gid.netdev_ifindex, name) != nullptr);
+        netdev_ = name;
+        REQUIRE(std::system(fmt::format("ip link set {} down", netdev_).c_str()) == 0);
+    }
+    LinkDown(const LinkDown&) = delete;
+    LinkDown& operator=(const LinkDown&) = delete;
+    ~LinkDown() { up(); }
+
+    void up() {
+        if (netdev_.empty())
+            return;
+        CHECK(std::system(fmt::format("ip link set {} up", netdev_).c_str()) == 0);
+        netdev_.clear();
+        const auto gid_back = [] {
+            auto context = Context::open();
+            return context && context->choose_gid(1).has_value();
+        };
+        for (int i = 0; i < 500 && !gid_back(); ++i)
+            ::usleep(10000);
+        CHECK(gid_back());
+    }
+
+private:
+    std::string netdev_;
+};
 
 // Fills `bytes` with a pattern that differs per `seed`.
 inline void fill(std::span<std::byte> bytes, unsigned seed) {

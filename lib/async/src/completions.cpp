@@ -21,20 +21,25 @@ constexpr auto flush_bound = std::chrono::seconds(10);
 
 } // namespace
 
-// A pending driver handler pins its CQ: a CQ whose handle is gone lives until the
-// handlers that name it have run or been destroyed.
-struct Completions::Turn {
-    detail::CqCore* cq;
-    explicit Turn(detail::CqCore& c) : cq(&c) { ++c.pins; }
-    Turn(Turn&& other) noexcept : cq(std::exchange(other.cq, nullptr)) {}
-    Turn& operator=(Turn&&) = delete;
-    ~Turn() {
-        if (cq)
-            cq->service->unpin(*cq);
+// A pending driver handler pins what it drives (a CQ, a device watch): one whose
+// handle is gone lives until the handlers that name it have run or been destroyed.
+template <class Core>
+struct Pin {
+    Core* core;
+    explicit Pin(Core& c) : core(&c) { ++c.pins; }
+    Pin(Pin&& other) noexcept : core(std::exchange(other.core, nullptr)) {}
+    Pin& operator=(Pin&&) = delete;
+    ~Pin() {
+        if (core)
+            core->service->unpin(*core);
     }
+};
+
+struct Completions::Turn : Pin<detail::CqCore> {
+    explicit Turn(detail::CqCore& c) : Pin(c) {}
     // busy and hybrid: a turn of polling; event: the first arm-poll-wait
     void operator()() {
-        detail::CqCore& c = *cq;
+        detail::CqCore& c = *core;
         if (c.drive.mode == CompletionMode::busy ||
             (c.drive.mode == CompletionMode::hybrid && Clock::now() - c.last_completion <= c.drive.spin))
             c.service->spin(c);
@@ -46,7 +51,7 @@ struct Completions::Turn {
 struct Completions::Wake {
     Turn pin;
     void operator()(const std::error_code& ec) {
-        detail::CqCore& c = *pin.cq;
+        detail::CqCore& c = *pin.core;
         if (ec || c.service->shut_down_) // cancelled: the handle is gone
             return;
         if (auto taken = c.cq.take_events(); !taken)
@@ -56,6 +61,39 @@ struct Completions::Wake {
             c.service->spin(c);
         } else {
             c.service->sleep(c);
+        }
+    }
+};
+
+struct Completions::DeviceTurn {
+    Pin<detail::DeviceWatch> pin;
+    void operator()() { pin.core->service->listen(*pin.core); }
+};
+
+struct Completions::DeviceWake {
+    Pin<detail::DeviceWatch> pin;
+    void operator()(const std::error_code& ec) {
+        detail::DeviceWatch& d = *pin.core;
+        if (d.service->shut_down_)
+            return;
+        if (ec && ec != asio::error::operation_aborted) {
+            logger()->error("rdmaxx: waiting for the device's async events: {}", ec.message());
+            d.broken = true;
+        }
+        d.service->listen(d); // also when cancelled: work may have come back since
+    }
+};
+
+// Stops the wait once the context has no operation in flight on a driven CQ (checked
+// after the handlers that may start the next operation have run).
+struct Completions::IdleCheck {
+    Pin<detail::DeviceWatch> pin;
+    void operator()() {
+        detail::DeviceWatch& d = *pin.core;
+        d.idle_check = false;
+        if (d.armed && !d.service->wanted(d)) {
+            std::error_code ignored;
+            d.fd.cancel(ignored); // the wait ends (aborted) and sees nothing wanted
         }
     }
 };
@@ -117,6 +155,13 @@ void Completions::sleep(detail::CqCore& cq) {
 }
 
 std::size_t Completions::drain(detail::CqCore& cq, bool defer, std::size_t limit) {
+    const std::size_t completed = take(cq, defer, limit);
+    if (cq.outstanding == 0 && cq.device != nullptr)
+        settle(*cq.device);
+    return completed;
+}
+
+std::size_t Completions::take(detail::CqCore& cq, bool defer, std::size_t limit) {
     constexpr int batch = poll_batch;
     std::array<WorkCompletion, batch> wcs;
     std::size_t completed = 0;
@@ -144,6 +189,8 @@ std::size_t Completions::drain(detail::CqCore& cq, bool defer, std::size_t limit
         // may destroy a QP, whose quiescing must not wait for a completion taken here
         std::array<detail::Op*, batch> ops;
         std::array<const WorkCompletion*, batch> taken; // ops[k]'s completion
+        // a failure's Error, judged before the handlers run (one may destroy the QP)
+        std::array<std::optional<Error>, batch> failed;
         int found = 0;
         for (int i = 0; i < n; ++i) {
             detail::Op* op = slab_.find(wcs[static_cast<std::size_t>(i)].wr_id());
@@ -152,17 +199,23 @@ std::size_t Completions::drain(detail::CqCore& cq, bool defer, std::size_t limit
                 continue;
             }
             --cq.outstanding;
-            ops[static_cast<std::size_t>(found)] = op;
-            taken[static_cast<std::size_t>(found)] = &wcs[static_cast<std::size_t>(i)];
-            detail::retire(*op, *taken[static_cast<std::size_t>(found)]);
+            const auto k = static_cast<std::size_t>(found);
+            ops[k] = op;
+            taken[k] = &wcs[static_cast<std::size_t>(i)];
+            if (!taken[k]->ok()) [[unlikely]]
+                failed[k] = detail::failure(*op, *taken[k]);
+            detail::retire(*op, *taken[k]);
             ++found;
         }
         for (int i = 0; i < found; ++i) {
-            detail::Op& op = *ops[static_cast<std::size_t>(i)];
+            const auto k = static_cast<std::size_t>(i);
+            detail::Op& op = *ops[k];
             if (shut_down_)
                 op.table->destroy(op), slab_.release(op);
+            else if (failed[k]) [[unlikely]]
+                op.table->complete(op, std::unexpected(std::move(*failed[k])), defer, slab_);
             else
-                op.table->complete(op, detail::outcome(op, *taken[static_cast<std::size_t>(i)]), defer, slab_);
+                op.table->complete(op, *taken[k], defer, slab_);
         }
         completed += static_cast<std::size_t>(found);
         if (n < batch || completed >= limit)
@@ -180,6 +233,129 @@ std::size_t Completions::poll() {
 
 void Completions::remove(detail::QpCore& qp) noexcept { std::erase(qps_, &qp); }
 
+// --- the device's async events ------------------------------------------------------
+
+Result<detail::DeviceWatch*> Completions::device(const Context& context, std::source_location where) {
+    const int fd = context.get(where)->async_fd;
+    for (detail::DeviceWatch* d : devices_)
+        if (d->fd.native_handle() == fd) { // the watch holds its context open: the fd is not reused
+            ++d->pins;
+            return d;
+        }
+    auto events = AsyncEvents::open(context, where); // the fd made non-blocking
+    if (!events)
+        return std::unexpected(std::move(events.error()));
+    auto* d = new detail::DeviceWatch{
+        .service = this, .events = std::move(*events), .fd = asio::posix::stream_descriptor(get_io_context())};
+    std::error_code ec;
+    d->fd.assign(fd, ec);
+    if (ec) {
+        d->fd.release();
+        delete d;
+        return std::unexpected(Error::from_errno("epoll_ctl", ec.value(), "watching the device's async event fd"));
+    }
+    d->pins = 1;
+    devices_.push_back(d);
+    return d;
+}
+
+void Completions::unpin(detail::DeviceWatch& device) noexcept {
+    if (--device.pins != 0)
+        return;
+    std::erase(devices_, &device);
+    device.fd.release(); // the fd is the context's: ibv_close_device closes it
+    delete &device;
+}
+
+// Posted, never run inline: called from an operation's initiating function, where
+// reading events could end operations (and their handlers must not run before it returns).
+void Completions::watch(detail::DeviceWatch& device) {
+    if (shut_down_ || device.broken)
+        return;
+    device.armed = true;
+    asio::post(get_io_context(), DeviceTurn{Pin<detail::DeviceWatch>(device)});
+}
+
+// Reads what is pending, then waits for more while wanted. The reactor sees the fd
+// edge-triggered, and an event that came while nothing waited made its edge then: the
+// read comes first, so none is left behind a wait that would never end.
+void Completions::listen(detail::DeviceWatch& device) {
+    if (shut_down_ || device.broken) {
+        device.armed = false;
+        return;
+    }
+    read_events(device);
+    if (device.broken || !wanted(device)) {
+        device.armed = false;
+        return;
+    }
+    device.fd.async_wait(asio::posix::stream_descriptor::wait_read, DeviceWake{Pin<detail::DeviceWatch>(device)});
+}
+
+bool Completions::wanted(const detail::DeviceWatch& device) const noexcept {
+    return std::any_of(cqs_.begin(), cqs_.end(), [&](const detail::CqCore* cq) {
+        return cq->device == &device && cq->outstanding != 0 && cq->drive.mode != CompletionMode::manual;
+    });
+}
+
+// A CQ of the context ran out of work: stop waiting unless its handlers (or others)
+// start more first. Posted, so that an operation started by a completion's handler
+// keeps the wait rather than cancel and renew it.
+void Completions::settle(detail::DeviceWatch& device) {
+    if (!device.armed || device.idle_check || shut_down_)
+        return;
+    device.idle_check = true;
+    asio::post(get_io_context(), IdleCheck{Pin<detail::DeviceWatch>(device)});
+}
+
+namespace {
+
+// Whether `event` (one that kills work) concerns `qp`, a QP of the event's context.
+bool concerns(const AsyncEvent& event, const detail::QpCore& qp) {
+    switch (event.type) {
+    case AsyncEventType::port_error: return qp.qp.port() == event.port;
+    case AsyncEventType::cq_error: return qp.send_cq->cq.get() == event.cq || qp.recv_cq->cq.get() == event.cq;
+    case AsyncEventType::device_fatal: return true;
+    default: return qp.qp.qpn() == event.qp_num; // a QP's own event
+    }
+}
+
+} // namespace
+
+std::size_t Completions::read_events(detail::DeviceWatch& device) {
+    std::size_t read = 0;
+    for (;;) {
+        auto next = device.events.next();
+        if (!next) {
+            // the fd stays readable: waiting again would spin, so the watch stops
+            logger()->error("rdmaxx: the device's async events are no longer watched: {}", next.error());
+            device.broken = true;
+            return read;
+        }
+        if (!*next)
+            return read;
+        ++read;
+        const AsyncEvent& event = **next;
+        if (!event.kills(event.qp_num))
+            continue;
+        const Error why = event_error(event);
+        // by index: ending an operation runs no handler here (failures are deferred)
+        for (std::size_t i = 0; i < qps_.size(); ++i) {
+            detail::QpCore& qp = *qps_[i];
+            if (qp.send_cq->device == &device && qp.qp.state() != QpState::reset && concerns(event, qp))
+                detail::kill_by_event(qp, why);
+        }
+    }
+}
+
+std::size_t Completions::take_device_events() {
+    std::size_t read = 0;
+    for (std::size_t i = 0; i < devices_.size(); ++i)
+        if (!devices_[i]->broken)
+            read += read_events(*devices_[i]);
+    return read;
+}
+
 void Completions::unpin(detail::CqCore& cq) noexcept {
     if (--cq.pins == 0)
         erase(cq);
@@ -189,6 +365,8 @@ void Completions::erase(detail::CqCore& cq) noexcept {
     std::erase(cqs_, &cq);
     if (cq.channel)
         cq.channel->release(); // the fd is the channel's: ibv_destroy_comp_channel closes it
+    if (cq.device != nullptr) // a wait pending on it ends by the idle check its last completion posted
+        unpin(*cq.device);
     delete &cq;
 }
 
@@ -224,6 +402,8 @@ void Completions::shutdown() {
     for (detail::CqCore* cq : cqs)
         if (cq->channel)
             cq->channel->release(), cq->channel.reset();
+    for (detail::DeviceWatch* device : devices_)
+        device->fd.release();
     for (detail::CqCore* cq : cqs)
         unpin(*cq);
 }
@@ -249,8 +429,15 @@ Result<CompletionQueue> CompletionQueue::make(asio::io_context& io, const Contex
     if (!created)
         return std::unexpected(std::move(created.error()));
     Completions& service = Completions::of(io);
+    detail::DeviceWatch* device = nullptr;
+    if (sink.take == nullptr) { // a sink CQ has no async::QueuePair whose operations an event could end
+        auto watched_device = service.device(context, where);
+        if (!watched_device)
+            return std::unexpected(std::move(watched_device.error()));
+        device = *watched_device;
+    }
     auto* state = new detail::CqCore{.service = &service, .cq = std::move(*created), .drive = drive, .channel = {},
-                                     .created = where, .sink = sink};
+                                     .created = where, .sink = sink, .device = device};
     state->pins = 1;
     if (watched) {
         std::error_code ec;
@@ -258,6 +445,8 @@ Result<CompletionQueue> CompletionQueue::make(asio::io_context& io, const Contex
         state->channel->assign(state->cq.channel_fd(), ec);
         if (ec) {
             state->channel->release();
+            if (device != nullptr)
+                service.unpin(*device);
             delete state;
             return std::unexpected(Error::from_errno("epoll_ctl", ec.value(), "watching a completion channel"));
         }

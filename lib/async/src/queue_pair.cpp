@@ -117,14 +117,13 @@ void retire(Op& op, const WorkCompletion& wc) {
         pump(qp, recv ? qp.send_waiting : qp.recv_waiting, recv ? qp.send_credits : qp.recv_credits);
 }
 
-OpResult outcome(const Op& op, const WorkCompletion& wc) {
-    // a cancelled operation that completed before the QP reached the error state did
-    // happen: it reports its success
-    if (wc.ok()) [[likely]]
-        return wc;
+Error failure(const Op& op, const WorkCompletion& wc) {
+    // the event that killed the QP says why, not the flush it caused
+    if (op.qp->dead_by_event)
+        return *op.qp->dead;
     if (op.cancelled)
-        return std::unexpected(Error::cancelled(op.call, "flushed after its cancellation: the QP is in the error state"));
-    return std::unexpected(wc.error());
+        return Error::cancelled(op.call, "flushed after its cancellation: the QP is in the error state");
+    return wc.error();
 }
 
 void kill(QpCore& qp, Error why) {
@@ -135,6 +134,14 @@ void kill(QpCore& qp, Error why) {
             logger()->error("rdmaxx: moving QP {:#x} to the error state: {}", qp.qp.qpn(), moved.error());
     pump(qp, qp.send_waiting, qp.send_credits);
     pump(qp, qp.recv_waiting, qp.recv_credits);
+}
+
+void kill_by_event(QpCore& qp, const Error& why) {
+    if (!qp.dead) {
+        qp.dead = why;
+        qp.dead_by_event = true;
+    }
+    kill(qp, why);
 }
 
 void cancel(Completions& service, std::uint32_t index, std::uint32_t generation, asio::cancellation_type_t type) {

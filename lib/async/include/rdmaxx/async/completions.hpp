@@ -25,6 +25,30 @@
 // lib/rpc's receive ring), and it is driven from its creation until its handle is
 // destroyed.
 //
+// The device's async events (ibv_get_async_event(3)): the service watches the event fd
+// of each device context it has a CQ of (sink CQs aside), once per context however
+// many CQs and QPs it has, in the io_context's reactor, and reads every event (each
+// acknowledged at once). An event that leaves work unable to complete ends the
+// operations it concerns with its Error (rdmaxx::event_error: a port down is
+// ENETDOWN): a QP's fatal, request or access error that QP's; a port down (PORT_ERR)
+// those of the QPs on that port; a CQ error those of the QPs on that CQ; a fatal
+// device error all. The QP is moved to the error state and marked dead: an operation
+// waiting for queue entries fails at once, a posted one completes with the event's
+// Error when its (flush) completion is taken, never before (its memory stays the
+// NIC's until then), and later ones fail at once. Port events are not undone by a
+// PORT_ACTIVE: the QP stays dead. QPs still in RESET (never connected) are left alone.
+// Why watched per context and only while needed: the kernel queues each context's
+// events on its fd, and an fd can be in a reactor once; and a wait pending in the
+// reactor would keep run() from returning, so the fd is waited on only while a
+// driven (not manual) CQ of the context has operations in flight; events that come
+// meanwhile stay queued in the kernel and are read, in order, when the watch
+// resumes. Manual mode: the application takes them with take_device_events() from its
+// own loop (when the context's async_fd is readable). The kernel hands each event to
+// one reader: while this service watches a context, nothing else (AsyncEvents,
+// WaitOptions::events, another io_context's CQs on the same Context) may read that
+// context's events, or an event read there is lost to this one (an async::Connection
+// opens a context of its own, so it never competes).
+//
 // Thread safety: an io_context with rdmaxx CQs is run by one thread (the objects here
 // keep counts without locks, and a handler of theirs never runs concurrently with
 // another). Distinct io_contexts on distinct threads are independent.
@@ -42,6 +66,7 @@
 #include <asio/posix/stream_descriptor.hpp>
 
 #include <rdmaxx/async/detail/op.hpp>
+#include <rdmaxx/data/events.hpp>
 #include <rdmaxx/wrap/context.hpp>
 #include <rdmaxx/wrap/cq.hpp>
 
@@ -70,6 +95,18 @@ class Completions;
 
 namespace detail {
 
+// One device context's async events, watched for the QPs on this service's CQs of it.
+// Owned by the service; its CQs and every pending handler of its watch pin it.
+struct DeviceWatch {
+    Completions* service;
+    AsyncEvents events;                // reads and acknowledges (lib/data's decoding)
+    asio::posix::stream_descriptor fd; // events.fd(): released, never closed (the context's)
+    unsigned pins = 0;
+    bool armed = false;      // a read-then-wait is posted or its wait is pending
+    bool idle_check = false; // a check whether to stop waiting is posted
+    bool broken = false;     // reading failed: no longer watched (logged)
+};
+
 // A registered CQ and the state of its driver. Owned by the service; the handle
 // (async::CompletionQueue) and every pending driver handler pin it.
 struct CqCore {
@@ -85,6 +122,7 @@ struct CqCore {
     bool driving = false;        // a poll turn or a channel wait is pending
     std::chrono::steady_clock::time_point last_completion{};
     CompletionSink sink;         // take == nullptr: completions name operations
+    DeviceWatch* device = nullptr; // its context's events (none for a sink CQ)
 
     // Whether the driver keeps going: operations due, or a sink whose handle lives.
     bool wanted() const noexcept { return outstanding != 0 || sink.take != nullptr; }
@@ -107,6 +145,11 @@ public:
     // executor allows). Returns how many operations completed. For applications with
     // their own loop (manual mode).
     std::size_t poll();
+    // Reads the pending async events of every device context this service watches,
+    // without waiting, and ends the operations they concern (see the top of this
+    // file); returns how many events were read. For manual mode: the io_context
+    // watches a context's events only while a driven CQ of it has work in flight.
+    std::size_t take_device_events();
 
     // Operations posted or waiting for queue entries.
     std::size_t in_flight() const noexcept { return slab_.in_use(); }
@@ -125,9 +168,16 @@ public:
     // An operation was posted whose completion will come to `cq`: drive it.
     void posted(detail::CqCore& cq) {
         ++cq.outstanding;
-        if (!cq.driving && cq.drive.mode != CompletionMode::manual)
+        if (cq.drive.mode == CompletionMode::manual)
+            return;
+        if (!cq.driving)
             start(cq);
+        if (cq.device != nullptr && !cq.device->armed)
+            watch(*cq.device);
     }
+    // The watch of `context`'s events, pinned for a CQ (created with the first).
+    Result<detail::DeviceWatch*> device(const Context& context, std::source_location where);
+    void unpin(detail::DeviceWatch& device) noexcept;
     // Takes what `cq` holds, up to about `limit` completions (whole polls of
     // poll_batch), and completes it: handlers run inline unless `defer`.
     std::size_t drain(detail::CqCore& cq, bool defer, std::size_t limit);
@@ -141,13 +191,24 @@ public:
 private:
     struct Turn;
     struct Wake;
+    struct DeviceTurn;
+    struct DeviceWake;
+    struct IdleCheck;
     void shutdown() override;
     void spin(detail::CqCore& cq);
     void sleep(detail::CqCore& cq);
     void erase(detail::CqCore& cq) noexcept;
+    std::size_t take(detail::CqCore& cq, bool defer, std::size_t limit);
+    // The device watch: reads the pending events, then waits on the fd while wanted.
+    void watch(detail::DeviceWatch& device);
+    void listen(detail::DeviceWatch& device);
+    std::size_t read_events(detail::DeviceWatch& device);
+    bool wanted(const detail::DeviceWatch& device) const noexcept;
+    void settle(detail::DeviceWatch& device);
 
     detail::OpSlab slab_;
     std::vector<detail::CqCore*> cqs_;
+    std::vector<detail::DeviceWatch*> devices_;
     std::vector<detail::QpCore*> qps_;
     std::uint64_t stale_ = 0;
     bool shut_down_ = false;

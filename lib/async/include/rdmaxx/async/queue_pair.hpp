@@ -25,6 +25,10 @@
 //    handlers of a destroyed io_context are then destroyed uncalled).
 //  * A failed work completion kills the QP the same way (RC QPs enter the error state
 //    at the first one).
+//  * So does a device event that concerns the QP (its fatal error, its port down, its
+//    CQ in error, the device fatal: rdmaxx/async/completions.hpp): its operations end
+//    with the event's Error (a port down: ENETDOWN), a posted one at its flush
+//    completion, one waiting for queue entries at once.
 //
 // The operations' checks are those of rdmaxx/data/post.hpp (programming errors naming
 // the caller's line), made when the operation is called. Of PostOptions, wr_id and

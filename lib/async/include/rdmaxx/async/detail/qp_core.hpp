@@ -32,6 +32,7 @@ struct QpCore {
     // Set when the QP can complete nothing more (a failed completion, a cancelled
     // operation, the handle destroyed): every later operation fails with it.
     std::optional<Error> dead;
+    bool dead_by_event = false; // `dead` is a device event's: every failure reports it
     std::source_location created;
 };
 
@@ -41,11 +42,14 @@ void start(Op& op);
 // `op`'s completion `wc` was taken: returns its entries and posts the operations that
 // now fit (a failure kills the QP).
 void retire(Op& op, const WorkCompletion& wc);
-// What a retired op completes with.
-OpResult outcome(const Op& op, const WorkCompletion& wc);
+// What an op whose completion `wc` failed completes with; judged before retire().
+Error failure(const Op& op, const WorkCompletion& wc);
 // Moves the QP to the error state (its posted operations then complete with flush
 // errors) and fails its waiting operations, deferred, with `why`.
 void kill(QpCore& qp, Error why);
+// kill() for a device event (Completions' watch): unless the QP was already dead, its
+// posted operations then complete with `why`, not with their flush status.
+void kill_by_event(QpCore& qp, const Error& why);
 // An operation's cancellation slot fired.
 void cancel(Completions& service, std::uint32_t index, std::uint32_t generation, asio::cancellation_type_t type);
 
