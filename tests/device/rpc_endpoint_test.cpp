@@ -4,6 +4,7 @@
 // counted.
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdint>
 #include <cstring>
 #include <optional>
@@ -12,6 +13,8 @@
 #include <vector>
 
 #include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <asio/bind_cancellation_slot.hpp>
 #include <asio/cancellation_signal.hpp>
@@ -21,6 +24,7 @@
 #include <asio/ip/tcp.hpp>
 #include <asio/read.hpp>
 #include <asio/steady_timer.hpp>
+#include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
 #include <asio/write.hpp>
 
@@ -451,4 +455,118 @@ TEST_CASE("rpc endpoint: 1,000 sessions on one server endpoint, a call on each a
     while (rig.server->sessions() != 0 && std::chrono::steady_clock::now() < deadline)
         rig.io.run_for(10ms);
     CHECK(rig.server->sessions() == 0);
+}
+
+// ---------------------------------------------------------------------------------
+// A server process killed with calls in flight, then restarted on the same port.
+
+namespace {
+
+// The server process: echo and hold_it on `port`, until killed. Started when `go`
+// (a pipe) gives a byte. Never returns.
+[[noreturn]] void server_process(std::uint16_t port, int go) {
+    char byte = 0;
+    if (::read(go, &byte, 1) != 1)
+        ::_exit(3);
+    asio::io_context io;
+    auto server = rpc::Endpoint::create(io, {.listen_port = port, .listen_address = "127.0.0.1"});
+    if (!server)
+        ::_exit(2);
+    std::vector<rpc::Responder> held;
+    (*server)->set_handler(echo, [](rpc::Request request, rpc::Responder responder) {
+        responder.respond(request.bytes());
+    });
+    (*server)->set_handler(hold_it, [&held](rpc::Request, rpc::Responder responder) {
+        held.push_back(std::move(responder));
+    });
+    for (;;)
+        io.run_for(100ms);
+}
+
+struct Killed {
+    int echoes = 0;                                // echo calls answered, both servers
+    std::vector<Error> ended;                      // the held calls' Errors
+    std::chrono::milliseconds took{};              // kill to the last held call's end
+};
+
+// Connects, retrying while the server process is not listening yet.
+asio::awaitable<std::optional<rpc::Session>> connect_retrying(rpc::Endpoint* client, std::uint16_t port) {
+    asio::steady_timer timer(co_await asio::this_coro::executor);
+    for (int attempt = 0; attempt < 300; ++attempt) {
+        auto session = co_await client->connect("127.0.0.1", port);
+        if (session)
+            co_return std::optional<rpc::Session>(std::move(*session));
+        timer.expires_after(100ms);
+        co_await timer.async_wait(asio::use_awaitable);
+    }
+    co_return std::nullopt;
+}
+
+asio::awaitable<void> outlive_the_server(rpc::Endpoint* client, std::uint16_t port, pid_t first, int go_second,
+                                         Killed* k) {
+    std::vector<std::byte> request = message(5, 200), response(4096);
+    auto session = co_await connect_retrying(client, port);
+    REQUIRE(session);
+    if (auto got = co_await session->call(echo, request, response); got && *got == request.size())
+        ++k->echoes;
+    // three calls the server holds, then the server dies
+    int pending = 3;
+    for (int i = 0; i < 3; ++i)
+        session->call(hold_it, request, response, {.timeout = 60s}, [k, &pending](Result<std::size_t> got) {
+            if (!got)
+                k->ended.push_back(got.error());
+            --pending;
+        });
+    asio::steady_timer timer(co_await asio::this_coro::executor);
+    timer.expires_after(300ms); // the calls reach the server
+    co_await timer.async_wait(asio::use_awaitable);
+    const auto killed = std::chrono::steady_clock::now();
+    ::kill(first, SIGKILL);
+    while (pending > 0) {
+        timer.expires_after(1ms);
+        co_await timer.async_wait(asio::use_awaitable);
+    }
+    k->took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - killed);
+    // the restarted server, on the same port
+    session.reset();
+    REQUIRE(::write(go_second, "g", 1) == 1);
+    auto again = co_await connect_retrying(client, port);
+    REQUIRE(again);
+    if (auto got = co_await again->call(echo, request, response); got && *got == request.size())
+        ++k->echoes;
+}
+
+} // namespace
+
+TEST_CASE("rpc endpoint: a server process killed ends its sessions' calls at once; a restarted one serves") {
+    const std::uint16_t port = next_port();
+    int first_go[2], second_go[2];
+    REQUIRE(::pipe(first_go) == 0);
+    REQUIRE(::pipe(second_go) == 0);
+    const pid_t first = ::fork();
+    REQUIRE(first >= 0);
+    if (first == 0)
+        server_process(port, first_go[0]);
+    const pid_t second = ::fork();
+    REQUIRE(second >= 0);
+    if (second == 0)
+        server_process(port, second_go[0]);
+    REQUIRE(::write(first_go[1], "g", 1) == 1);
+    Killed k;
+    {
+        asio::io_context io;
+        auto client = must(rpc::Endpoint::create(io, {}));
+        run(io, outlive_the_server(client.get(), port, first, second_go[1], &k), 120s);
+    }
+    ::kill(second, SIGKILL);
+    ::waitpid(first, nullptr, 0);
+    ::waitpid(second, nullptr, 0);
+    for (const int fd : {first_go[0], first_go[1], second_go[0], second_go[1]})
+        ::close(fd);
+    CHECK(k.echoes == 2);
+    REQUIRE(k.ended.size() == 3);
+    for (const Error& e : k.ended)
+        CHECK_MESSAGE(e.is_errno(ECONNRESET), e.message());
+    MESSAGE("the held calls ended ", k.took.count(), " ms after the kill");
+    CHECK(k.took < 5s);
 }
