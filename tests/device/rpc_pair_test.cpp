@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -147,5 +148,75 @@ TEST_CASE("rpc across a wire losing 1 % and 5 % of packets: 2,000 calls each (or
         CHECK(c.retransmissions > 0);
         MESSAGE("loss ", rate, ", ", calls, " calls: client retransmissions ", c.retransmissions, ", drops ", c.dropped(),
                 "; server drops ", server->counters().dropped(), ", handled ", server->counters().handled);
+    }
+}
+
+namespace {
+
+// A netdev MTU for the scope's duration (rxe derives its port's active MTU from it).
+class LinkMtu {
+public:
+    LinkMtu(const char* interface, int mtu) : interface_(interface) { set(mtu); }
+    LinkMtu(const LinkMtu&) = delete;
+    LinkMtu& operator=(const LinkMtu&) = delete;
+    ~LinkMtu() { set(1500); }
+    void set(int mtu) const {
+        const std::string command = fmt::format("ip link set dev {} mtu {}", interface_, mtu);
+        REQUIRE_MESSAGE(std::system(command.c_str()) == 0, command);
+    }
+
+private:
+    std::string interface_;
+};
+
+asio::awaitable<void> echo_sizes(rpc::Endpoint* client, std::uint16_t port, std::uint32_t* payload, int* wrong) {
+    auto session = co_await client->connect(env("RDMAXX_PAIR_A_ADDR"), port);
+    REQUIRE_MESSAGE(session.has_value(), session.error().message());
+    *payload = session->info().payload_per_packet;
+    std::vector<std::byte> response(16384);
+    for (std::uint64_t n = 0; n < 200; ++n) {
+        const auto request = message(n, (n * 331) % 16384, 3);
+        const auto got = co_await session->call(work, request, response, {.timeout = 20s});
+        if (!got || *got != request.size() || !std::ranges::equal(std::span(response).first(*got), request))
+            ++*wrong;
+    }
+}
+
+} // namespace
+
+TEST_CASE("rpc at a path MTU of 4096, and between ports of 4096 and 1024 (the session agrees 1024)" *
+          doctest::skip(!have_pair())) {
+    const LinkMtu jumbo_a(env("RDMAXX_PAIR_A_IF"), 9000);
+    const LinkMtu jumbo_b(env("RDMAXX_PAIR_B_IF"), 9000);
+    const std::uint32_t gid_index = static_cast<std::uint32_t>(std::atoi(env("RDMAXX_PAIR_GID_INDEX")));
+    std::uint16_t port = 31950;
+    for (const int client_mtu : {9000, 1500}) {
+        CAPTURE(client_mtu);
+        jumbo_b.set(client_mtu);
+        asio::io_context io;
+        auto server = must(rpc::Endpoint::create(io, {.device = env("RDMAXX_PAIR_A_DEV"),
+                                                      .gid_index = gid_index,
+                                                      .listen_port = port,
+                                                      .listen_address = env("RDMAXX_PAIR_A_ADDR")}));
+        auto client = must(rpc::Endpoint::create(io, {.device = env("RDMAXX_PAIR_B_DEV"), .gid_index = gid_index}));
+        server->set_handler(work, [](rpc::Request request, rpc::Responder responder) {
+            responder.respond(request.bytes());
+        });
+        CHECK(server->mtu() == 4096);
+        CHECK(client->mtu() == (client_mtu == 9000 ? 4096u : 1024u));
+        std::uint32_t payload = 0;
+        int wrong = 0;
+        bool done = false;
+        asio::co_spawn(io, echo_sizes(client.get(), port++, &payload, &wrong), [&done](std::exception_ptr e) {
+            done = true;
+            if (e)
+                std::rethrow_exception(e);
+        });
+        const auto deadline = std::chrono::steady_clock::now() + 60s;
+        while (!done && std::chrono::steady_clock::now() < deadline)
+            io.run_for(10ms);
+        REQUIRE(done);
+        CHECK(wrong == 0);
+        CHECK(payload == client->mtu() - 32);
     }
 }
