@@ -4,6 +4,8 @@
 #include <system_error>
 #include <vector>
 
+#include <asio/error.hpp>
+
 #include <doctest/doctest.h>
 
 #include <rdmaxx/async/detail/op.hpp>
@@ -83,4 +85,13 @@ TEST_CASE("an Error maps to a std::error_code a caller can compare") {
     CHECK(flushed.category() == async::completion_category());
     CHECK(flushed.value() == IBV_WC_WR_FLUSH_ERR);
     CHECK(flushed.message() == ibv_wc_status_str(IBV_WC_WR_FLUSH_ERR));
+}
+
+TEST_CASE("an Asio error code gives its errno: Asio's system category is not std's") {
+    const std::error_code refused = asio::error::connection_refused;
+    CHECK(refused.category() != std::system_category()); // why errno_of exists
+    CHECK(async::errno_of(refused) == ECONNREFUSED);
+    CHECK(async::errno_of(std::make_error_code(std::errc::address_in_use)) == EADDRINUSE);
+    CHECK(async::errno_of(asio::error::eof) == EIO); // Asio's misc category: no errno
+    CHECK(async::errno_of(std::error_code{}) == EIO);
 }

@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include <asio/error.hpp>
+
 #include <infiniband/verbs.h>
 
 namespace rdmaxx::async {
@@ -25,6 +27,14 @@ std::error_code to_error_code(const Error& error) noexcept {
     if (error.kind() == Error::Kind::completion)
         return {error.code(), completion_category()};
     return {error.code(), std::generic_category()};
+}
+
+int errno_of(const std::error_code& code) noexcept {
+    const auto& category = code.category();
+    if (category == asio::error::get_system_category() || category == std::system_category() ||
+        category == std::generic_category())
+        return code.value() != 0 ? code.value() : EIO;
+    return EIO;
 }
 
 } // namespace rdmaxx::async

@@ -1,5 +1,6 @@
 #include <rdmaxx/async/tcp.hpp>
 #include <rdmaxx/async/deadline.hpp>
+#include <rdmaxx/async/error_code.hpp>
 #include "exchange.hpp"
 #include <rdmaxx/ctrl/tcp.hpp>
 
@@ -31,9 +32,7 @@ Error error_of(std::error_code ec, const char* call, std::string_view doing, con
         return Error::timeout(call, fmt::format("{} {}: no answer in time", doing, peer));
     if (ec == asio::error::eof || ec == asio::error::connection_reset)
         return Error::protocol(call, fmt::format("{} {}: the peer closed the connection", doing, peer));
-    if (ec.category() == std::system_category() || ec.category() == std::generic_category())
-        return Error::from_errno(call, ec.value(), fmt::format("{} {}", doing, peer));
-    return Error::from_errno(call, EIO, fmt::format("{} {}: {}", doing, peer, ec.message()));
+    return Error::from_errno(call, errno_of(ec), fmt::format("{} {}: {}", doing, peer, ec.message()));
 }
 
 std::string describe(const tcp::socket& socket) {

@@ -21,6 +21,7 @@
 #include <fmt/format.h>
 
 #include <rdmaxx/async/deadline.hpp>
+#include <rdmaxx/async/error_code.hpp>
 #include <rdmaxx/wrap/log.hpp>
 
 #include "packet.hpp"
@@ -508,8 +509,7 @@ Error setup_error(std::error_code ec, const char* call, std::string_view doing) 
         return Error::timeout(call, fmt::format("{}: no answer in time", doing));
     if (ec == asio::error::eof)
         return Error::protocol(call, fmt::format("{}: the peer closed the connection", doing));
-    return Error::from_errno(call, ec.category() == std::system_category() ? ec.value() : EIO,
-                             fmt::format("{}: {}", doing, ec.message()));
+    return Error::from_errno(call, async::errno_of(ec), fmt::format("{}: {}", doing, ec.message()));
 }
 
 // A session message from `socket`: its prefix, then the rest it announces.
@@ -791,8 +791,7 @@ Result<std::unique_ptr<Endpoint>> Endpoint::create(asio::io_context& io, Endpoin
                 if (acceptor.bind(at, ec); !ec)
                     acceptor.listen(asio::socket_base::max_listen_connections, ec);
         if (ec)
-            return std::unexpected(Error::from_errno("rpc::Endpoint::create",
-                                                     ec.category() == std::system_category() ? ec.value() : EIO,
+            return std::unexpected(Error::from_errno("rpc::Endpoint::create", async::errno_of(ec),
                                                      fmt::format("listening on {}:{}", o.listen_address, o.listen_port)));
         asio::co_spawn(io, detail::EndpointCore::accept_loop(core->anchor, &acceptor), asio::detached);
     }

@@ -16,4 +16,9 @@ const std::error_category& completion_category() noexcept;
 
 std::error_code to_error_code(const Error& error) noexcept;
 
+// The errno value an Asio (or std) error code carries: its value when its category is
+// Asio's system category (which is not std::system_category: comparing with the latter
+// turns a refused connection into EIO) or std's system or generic one; EIO otherwise.
+int errno_of(const std::error_code& code) noexcept;
+
 } // namespace rdmaxx::async
