@@ -1,0 +1,271 @@
+// kv: a small key-value store over lib/rpc, the kind of prototype rdmaxx is for.
+//
+//   kv --serve [-p PORT] [-d DEVICE] [--once]
+//   kv HOST [-p PORT] [-d DEVICE] [-n OPS] [-c CONCURRENT] [--keys K] [--value-size V]
+//
+// The server keeps a hash map and answers PUT and GET calls. The client is a load
+// generator: CONCURRENT coroutines on one thread, OPS calls in all, half PUTs and half
+// GETs of K keys; every value is a function of its key, so every GET that finds its
+// key is checked byte for byte. A progress line on a terminal, then a summary (calls
+// per second, round-trip percentiles); the exit status says whether every call was right.
+// --once: the server exits when its client's session ends.
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include <unistd.h>
+
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/io_context.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <fmt/format.h>
+
+#include <rdmaxx/rpc/endpoint.hpp>
+
+// g++ 12 sees Asio's coroutine-frame operator delete as mismatched with its operator
+// new once it inlines both into a coroutine (a false positive: the frame's allocator
+// pairs them).
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+
+using namespace rdmaxx;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// The calls. PUT: [key length: 1 byte][key][value] -> empty. GET: [key] -> [1][value]
+// when the key is there, [0] when not.
+constexpr std::uint8_t put_call = 1, get_call = 2;
+
+struct Args {
+    bool serve = false, once = false;
+    std::string host, device;
+    std::uint16_t port = 31870;
+    std::uint32_t ops = 20000, concurrent = 16, keys = 1000, value_size = 64;
+};
+
+int usage() {
+    std::fputs("usage: kv --serve [-p PORT] [-d DEVICE] [--once]\n"
+               "       kv HOST [-p PORT] [-d DEVICE] [-n OPS] [-c CONCURRENT] [--keys K] [--value-size V]\n",
+               stderr);
+    return 2;
+}
+
+bool parse(int argc, char** argv, Args& a) {
+    for (int i = 1; i < argc; ++i) {
+        const std::string_view arg = argv[i];
+        const char* value = i + 1 < argc ? argv[i + 1] : nullptr;
+        const auto number = [&](std::uint32_t& out, std::uint32_t most) {
+            if (value == nullptr || std::atoll(value) <= 0 || std::atoll(value) > most)
+                return false;
+            out = static_cast<std::uint32_t>(std::atoll(value));
+            ++i;
+            return true;
+        };
+        std::uint32_t port = 0;
+        if (arg == "--serve")
+            a.serve = true;
+        else if (arg == "--once")
+            a.once = true;
+        else if (arg == "-p") {
+            if (!number(port, 65535))
+                return false;
+            a.port = static_cast<std::uint16_t>(port);
+        } else if (arg == "-n") {
+            if (!number(a.ops, 1u << 30))
+                return false;
+        } else if (arg == "-c") {
+            if (!number(a.concurrent, 1024))
+                return false;
+        } else if (arg == "--keys") {
+            if (!number(a.keys, 1u << 24))
+                return false;
+        } else if (arg == "--value-size") {
+            if (!number(a.value_size, 60000))
+                return false;
+        } else if (arg == "-d" && value != nullptr) {
+            a.device = value;
+            ++i;
+        } else if (!arg.empty() && arg[0] != '-' && a.host.empty())
+            a.host = arg;
+        else
+            return false;
+    }
+    return a.serve != !a.host.empty();
+}
+
+// ---------------------------------------------------------------------------------
+// Server
+
+int serve(const Args& a) {
+    asio::io_context io;
+    auto server = rpc::Endpoint::create(io, {.device = a.device, .listen_port = a.port});
+    if (!server) {
+        fmt::print(stderr, "kv: {}\n", server.error());
+        return 1;
+    }
+    std::unordered_map<std::string, std::string> table;
+    // a request from the network is checked like any: a malformed one is answered with
+    // nothing (the caller's error), never trusted
+    (*server)->set_handler(put_call, [&table](rpc::Request request, rpc::Responder responder) {
+        const auto bytes = request.bytes();
+        if (bytes.empty() || bytes.size() < 1 + std::to_integer<std::size_t>(bytes[0]))
+            return; // dropped: the caller hears "handler dropped"
+        const std::size_t key_length = std::to_integer<std::size_t>(bytes[0]);
+        const auto* at = reinterpret_cast<const char*>(bytes.data());
+        table.insert_or_assign(std::string(at + 1, key_length), std::string(at + 1 + key_length, bytes.size() - 1 - key_length));
+        responder.respond({});
+    });
+    std::vector<std::byte> answer;
+    (*server)->set_handler(get_call, [&table, &answer](rpc::Request request, rpc::Responder responder) {
+        const auto bytes = request.bytes();
+        const auto found = table.find(std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
+        answer.assign(1, std::byte{found != table.end()});
+        if (found != table.end()) {
+            const auto* value = reinterpret_cast<const std::byte*>(found->second.data());
+            answer.insert(answer.end(), value, value + found->second.size());
+        }
+        responder.respond(answer);
+    });
+    fmt::print(stderr, "kv: serving on port {} ({}-byte packets)\n", a.port, (*server)->mtu());
+    bool served = false;
+    for (;;) {
+        io.run_for(std::chrono::milliseconds(100));
+        served = served || (*server)->sessions() > 0;
+        if (a.once && served && (*server)->sessions() == 0) {
+            fmt::print(stderr, "kv: {} keys stored, {} calls handled\n", table.size(), (*server)->counters().handled);
+            return 0;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Client
+
+std::string key_of(std::uint32_t k) { return fmt::format("key-{:08}", k); }
+
+// The value of a key: a function of the key alone, so any GET can be checked.
+void value_of(std::uint32_t k, std::uint32_t size, std::vector<std::byte>& out) {
+    out.resize(size);
+    for (std::uint32_t i = 0; i < size; ++i)
+        out[i] = static_cast<std::byte>((k * 2654435761u + i * 40503u) >> 13);
+}
+
+struct Load {
+    std::uint64_t done = 0, puts = 0, hits = 0, misses = 0, wrong = 0, failed = 0;
+    std::vector<double> round_trips_us;
+    std::uint32_t workers_left = 0;
+};
+
+asio::awaitable<void> worker(rpc::Session* session, const Args* a, std::uint32_t calls, std::uint32_t seed, Load* load) {
+    std::mt19937 random(seed);
+    std::vector<std::byte> request, value, response(1 + a->value_size);
+    for (std::uint32_t i = 0; i < calls; ++i) {
+        const std::uint32_t k = random() % a->keys;
+        const std::string key = key_of(k);
+        const bool put = random() % 2 == 0;
+        request.assign(reinterpret_cast<const std::byte*>(key.data()), reinterpret_cast<const std::byte*>(key.data()) + key.size());
+        if (put) {
+            value_of(k, a->value_size, value);
+            request.insert(request.begin(), static_cast<std::byte>(key.size()));
+            request.insert(request.end(), value.begin(), value.end());
+        }
+        const auto start = Clock::now();
+        const auto got = co_await session->call(put ? put_call : get_call, request, response,
+                                                {.timeout = std::chrono::seconds(10)});
+        load->round_trips_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count());
+        ++load->done;
+        if (!got) {
+            fmt::print(stderr, "\nkv: {} {}: {}\n", put ? "PUT" : "GET", key, got.error());
+            ++load->failed;
+        } else if (put) {
+            ++load->puts;
+        } else if (*got == 1 && response[0] == std::byte{0}) {
+            ++load->misses;
+        } else {
+            value_of(k, a->value_size, value);
+            const bool right = *got == 1 + value.size() && response[0] == std::byte{1} &&
+                               std::equal(value.begin(), value.end(), response.begin() + 1);
+            ++(right ? load->hits : load->wrong);
+        }
+    }
+    --load->workers_left;
+}
+
+asio::awaitable<void> generate(rpc::Endpoint* client, const Args* a, Load* load, bool* done) {
+    const auto executor = co_await asio::this_coro::executor;
+    asio::steady_timer timer(executor);
+    // the server may still be starting: a refused connection is tried again for 10 s
+    auto session = co_await client->connect(a->host, a->port);
+    for (int attempt = 0; !session && session.error().is_errno(ECONNREFUSED) && attempt < 100; ++attempt) {
+        timer.expires_after(std::chrono::milliseconds(100));
+        co_await timer.async_wait(asio::use_awaitable);
+        session = co_await client->connect(a->host, a->port);
+    }
+    if (!session) {
+        fmt::print(stderr, "kv: {}\n", session.error());
+        ++load->failed;
+        *done = true;
+        co_return;
+    }
+    const bool terminal = isatty(STDOUT_FILENO) != 0;
+    load->workers_left = a->concurrent;
+    for (std::uint32_t w = 0; w < a->concurrent; ++w) {
+        const std::uint32_t share = a->ops / a->concurrent + (w < a->ops % a->concurrent ? 1 : 0);
+        asio::co_spawn(executor, worker(&*session, a, share, w + 1, load), asio::detached);
+    }
+    const auto start = Clock::now();
+    while (load->workers_left > 0) {
+        timer.expires_after(std::chrono::milliseconds(terminal ? 250 : 10));
+        co_await timer.async_wait(asio::use_awaitable);
+        if (terminal) {
+            const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+            fmt::print("\rkv: {}/{} calls, {:.0f} calls/s", load->done, a->ops, static_cast<double>(load->done) / seconds);
+            std::fflush(stdout);
+        }
+    }
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    auto& rt = load->round_trips_us;
+    std::sort(rt.begin(), rt.end());
+    const auto at = [&rt](double p) { return rt.empty() ? 0.0 : rt[std::min(rt.size() - 1, static_cast<std::size_t>(p * static_cast<double>(rt.size())))]; };
+    fmt::print("{}kv: {} calls in {:.2f} s: {:.0f} calls/s, {} concurrent; round trip p50 {:.1f} us, p99 {:.1f} us\n"
+               "kv: {} PUTs, {} GETs found and checked, {} missing, {} wrong, {} failed\n",
+               terminal ? "\r\033[K" : "", load->done, seconds, static_cast<double>(load->done) / seconds,
+               a->concurrent, at(0.5), at(0.99), load->puts, load->hits, load->misses, load->wrong, load->failed);
+    *done = true;
+}
+
+int generate_load(const Args& a) {
+    asio::io_context io;
+    auto client = rpc::Endpoint::create(io, {.device = a.device});
+    if (!client) {
+        fmt::print(stderr, "kv: {}\n", client.error());
+        return 1;
+    }
+    Load load;
+    bool done = false;
+    asio::co_spawn(io, generate(client->get(), &a, &load, &done), asio::detached);
+    while (!done)
+        io.run_for(std::chrono::milliseconds(10));
+    return load.wrong == 0 && load.failed == 0 && load.done == a.ops ? 0 : 1;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+    Args a;
+    if (!parse(argc, argv, a))
+        return usage();
+    return a.serve ? serve(a) : generate_load(a);
+}
