@@ -33,6 +33,7 @@
 #include <rdmaxx/rpc/endpoint.hpp>
 
 #include "../support/device.hpp"
+#include "../support/rpc_rig.hpp"
 #include "packet.hpp"
 #include "session_codec.hpp"
 #include "ud_transport.hpp"
@@ -44,80 +45,10 @@
 
 using namespace rdmaxx;
 using namespace std::chrono_literals;
+using namespace rdmaxx::rpc_test;
 using rdmaxx::test::must;
 
 namespace {
-
-constexpr std::uint8_t echo = 1, drop_it = 2, hold_it = 3, unknown = 9;
-
-std::uint16_t next_port() {
-    static std::uint16_t port = 31850;
-    return port++;
-}
-
-// Message n: n % 251 repeated, then its length's low byte: any size, checkable.
-std::vector<std::byte> message(std::uint32_t n, std::size_t size) {
-    std::vector<std::byte> bytes(size, static_cast<std::byte>(n % 251));
-    if (size > 0)
-        bytes.back() = static_cast<std::byte>(size);
-    return bytes;
-}
-
-// Whether `response` starts with `request`'s bytes (memcmp may not take an empty
-// vector's null data()).
-bool echoed(std::span<const std::byte> response, std::span<const std::byte> request) {
-    return response.size() >= request.size() && std::ranges::equal(response.first(request.size()), request);
-}
-
-// Runs `work` on `io` until it finishes, within `limit` (the endpoints keep run() busy).
-void run(asio::io_context& io, asio::awaitable<void> work, std::chrono::seconds limit) {
-    bool done = false;
-    asio::co_spawn(io, std::move(work), [&done](std::exception_ptr e) {
-        done = true;
-        if (e)
-            std::rethrow_exception(e);
-    });
-    const auto deadline = std::chrono::steady_clock::now() + limit;
-    while (!done && std::chrono::steady_clock::now() < deadline)
-        io.run_for(10ms);
-    REQUIRE(done);
-}
-
-// Runs `io` for `span` (what is in flight moves on).
-void spin(asio::io_context& io, std::chrono::milliseconds span) {
-    const auto deadline = std::chrono::steady_clock::now() + span;
-    while (std::chrono::steady_clock::now() < deadline)
-        io.run_for(5ms);
-}
-
-struct Rig {
-    asio::io_context io;
-    std::unique_ptr<rpc::Endpoint> server;
-    std::unique_ptr<rpc::Endpoint> client;
-    std::vector<rpc::Responder> held; // hold_it's requests, unanswered
-    std::uint16_t port = next_port();
-
-    explicit Rig(rpc::EndpointOptions server_options = {}, rpc::EndpointOptions client_options = {}) {
-        server_options.listen_port = port;
-        server_options.listen_address = "127.0.0.1";
-        server = must(rpc::Endpoint::create(io, server_options));
-        client = must(rpc::Endpoint::create(io, client_options));
-        server->set_handler(echo, [](rpc::Request request, rpc::Responder responder) {
-            responder.respond(request.bytes());
-        });
-        server->set_handler(drop_it, [](rpc::Request, rpc::Responder) {});
-        server->set_handler(hold_it, [this](rpc::Request, rpc::Responder responder) {
-            held.push_back(std::move(responder));
-        });
-    }
-    ~Rig() { held.clear(); }
-};
-
-asio::awaitable<void> connect_into(Rig* rig, std::optional<rpc::Session>* out) {
-    auto session = co_await rig->client->connect("127.0.0.1", rig->port);
-    REQUIRE_MESSAGE(session.has_value(), session.error().message());
-    out->emplace(std::move(*session));
-}
 
 // `calls` echo calls of sizes from 0 to 4 packets and a bit, checked byte for byte.
 asio::awaitable<void> echo_calls(rpc::Session* session, std::uint32_t first, std::uint32_t calls,
@@ -211,19 +142,9 @@ asio::awaitable<void> provoke(Rig* rig, std::optional<rpc::Session>* session, Ou
     co_await timer.async_wait(asio::use_awaitable);
     CHECK(std::ranges::all_of(response, [](std::byte b) { return b == std::byte{0x5a}; }));
 
-    asio::cancellation_signal cancel;
-    std::optional<Result<std::size_t>> cancelled;
-    s.call(hold_it, request, response, {.timeout = 10s},
-           asio::bind_cancellation_slot(cancel.slot(), [&cancelled](Result<std::size_t> r) { cancelled = std::move(r); }));
-    timer.expires_after(50ms);
-    co_await timer.async_wait(asio::use_awaitable);
-    cancel.emit(asio::cancellation_type::terminal);
-    while (!cancelled) {
-        timer.expires_after(1ms);
-        co_await timer.async_wait(asio::use_awaitable);
-    }
-    if (!*cancelled)
-        out->cancelled = cancelled->error();
+    const auto cancelled = co_await cancelled_call(&s, hold_it, request, response, 50ms);
+    if (!cancelled)
+        out->cancelled = cancelled.error();
 
     got = co_await s.call(echo, request, response);
     out->after_errors = got ? *got : 0;

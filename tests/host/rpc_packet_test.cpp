@@ -58,9 +58,16 @@ std::vector<PacketHeader> one_of_each_kind() {
     return {request,
             like_request(Kind::response, 1),
             like_request(Kind::response, 0, Status::handler_dropped, 0),
+            like_request(Kind::response, 0, Status::transfer_failed, 0),
             like_request(Kind::credit_return, 2),
             like_request(Kind::request_for_response, 1),
             reset};
+}
+
+// `h` as a descriptor (the rdma flag).
+PacketHeader by_rdma(PacketHeader h) {
+    h.rdma = true;
+    return h;
 }
 
 DropReason dropped(std::span<const std::byte> bytes, const PacketLimits& with = limits) {
@@ -78,6 +85,12 @@ TEST_CASE("rpc packet: every kind round-trips through its 32 big-endian bytes") 
         const auto got = decode(bytes, limits);
         REQUIRE(got.has_value());
         CHECK(*got == h);
+    }
+    for (const PacketHeader& h : {by_rdma(request), by_rdma(like_request(Kind::response, 0))}) {
+        const auto got = decode(valid(h), limits);
+        REQUIRE(got.has_value());
+        CHECK(*got == h);
+        CHECK(static_cast<std::uint8_t>(valid(h)[26]) == 1);
     }
     const auto bytes = packet(request, 0);
     const std::vector<std::uint8_t> expected = {0x52, 0x58, 1,    1,    42,   0,    0xbe, 0xef, 0xde, 0xad, 0xbe,
@@ -103,10 +116,16 @@ TEST_CASE("rpc packet: each malformed packet is dropped with its reason") {
     CHECK(dropped(with_byte(5, 1)) == DropReason::bad_status); // a request carries none
     for (std::size_t offset = 26; offset < header_bytes; ++offset)
         CHECK(dropped(with_byte(offset, 0x80)) == DropReason::reserved_set);
+    CHECK(dropped(with_byte(26, 2)) == DropReason::reserved_set); // flags other than rdma
+    // the rdma flag: a request's or an ok response's only
+    CHECK(dropped(valid(by_rdma(like_request(Kind::credit_return, 2)))) == DropReason::reserved_set);
+    CHECK(dropped(valid(by_rdma(like_request(Kind::request_for_response, 1)))) == DropReason::reserved_set);
+    CHECK(dropped(valid(by_rdma(like_request(Kind::response, 0, Status::no_handler, 0)))) == DropReason::reserved_set);
+    CHECK(dropped(valid(by_rdma(reset))) == DropReason::reserved_set);
 
     PacketHeader h = like_request(Kind::response, 0, Status::session_unknown); // a reset's status
     CHECK(dropped(valid(h)) == DropReason::bad_status);
-    h.status = static_cast<Status>(6);
+    h.status = static_cast<Status>(7);
     CHECK(dropped(valid(h)) == DropReason::bad_status);
     h = reset;
     h.status = Status::ok;

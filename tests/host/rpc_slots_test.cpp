@@ -64,6 +64,7 @@ struct Ended {
     CallOutcome outcome;
     std::uint32_t response_size;
     Bytes response;
+    bool rdma = false;
 };
 
 // A client and a server session and the packets between them.
@@ -137,7 +138,8 @@ struct Wire {
     }
     void record(const CallEnd& end) {
         CHECK_MESSAGE(ended.count(end.request) == 0, "call ", end.request, " ended twice");
-        ended[end.request] = {end.outcome, end.response_size, Bytes(end.response.begin(), end.response.end())};
+        ended[end.request] = {end.outcome, end.response_size, Bytes(end.response.begin(), end.response.end()),
+                              end.rdma};
     }
     void hear(const Bytes& bytes) {
         const auto header = decode(bytes, limits);
@@ -596,8 +598,56 @@ TEST_CASE("rpc slots: misuse is a programming error naming the caller") {
     const Bytes request = make_request(8, 8);
     REQUIRE(server.receive(client_packet(Kind::request, 0, 8, 0), request).has_value());
     RDMAXX_CHECK_DEATH((void)server.respond(0, Status::server_busy, {}), "status 5 is not a response's");
+    RDMAXX_CHECK_DEATH((void)server.respond(0, Status::ok, Bytes(4), true), "a request that offered no memory");
     RDMAXX_CHECK_DEATH((void)server.respond(0, Status::no_handler, request), "8 response bytes with status 1");
     (void)server.respond(0, Status::ok, request);
     RDMAXX_CHECK_DEATH((void)server.respond(0, Status::ok, {}), "request 0 is not awaiting its handler");
     RDMAXX_CHECK_DEATH((void)ServerWindow(0, limits, server_route), "a window of 0 slots");
+}
+
+TEST_CASE("rpc slots: a descriptor call keeps its rdma flag on every packet, either way, and through resends") {
+    Wire wire;
+    wire.defer_handlers = true;
+    std::vector<PacketHeader> seen;
+    wire.fate = [&](const PacketHeader& h) {
+        seen.push_back(h);
+        return Fate::deliver;
+    };
+    const Bytes descriptor = make_request(3 * per, 8); // a multi-packet descriptor (inline bytes)
+    const auto started = wire.client.begin(3, descriptor, 1 << 16, true);
+    REQUIRE(started.has_value());
+    wire.deliver();
+    REQUIRE(wire.pending.size() == 1);
+    CHECK(wire.pending[0].rdma);
+    const Bytes answer_descriptor(4, std::byte{7});
+    wire.put(wire.to_client, wire.server.respond(wire.pending[0].request, Status::ok, answer_descriptor, true));
+    wire.run();
+    REQUIRE(wire.ended.count(*started) == 1);
+    CHECK(wire.ended[*started].outcome == CallOutcome::ok);
+    CHECK(wire.ended[*started].rdma);
+    CHECK(wire.ended[*started].response == answer_descriptor);
+    for (const PacketHeader& h : seen)
+        CHECK(h.rdma == (h.kind == Kind::request || h.kind == Kind::response));
+
+    // a plain call's response may not be a descriptor, nor a descriptor's later packets
+    // differ from its first (a dishonest server): dropped as inconsistent
+    wire.pending.clear();
+    const auto plain = wire.begin(make_request(8, 8));
+    wire.deliver();
+    REQUIRE(wire.pending.size() == 1);
+    Outgoing forged = wire.server.respond(wire.pending[0].request, Status::ok, answer(wire.pending[0].message));
+    forged.header.rdma = true;
+    wire.hear(frame(forged));
+    CHECK(wire.client_drops[DropReason::inconsistent] == 1);
+    CHECK(wire.ended.count(plain) == 0);
+
+    // the server's too: a descriptor's second packet without the flag
+    ServerWindow server(8, limits, server_route);
+    const Bytes three = make_request(3 * per, 8);
+    PacketHeader first = client_packet(Kind::request, 0, 3 * per, 0);
+    first.rdma = true;
+    REQUIRE(server.receive(first, std::span(three).first(per)).has_value());
+    const auto second = server.receive(client_packet(Kind::request, 0, 3 * per, 1), std::span(three).subspan(per, per));
+    REQUIRE_FALSE(second.has_value());
+    CHECK(second.error() == DropReason::inconsistent);
 }

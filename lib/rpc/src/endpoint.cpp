@@ -4,6 +4,7 @@
 #include <rdmaxx/rpc/endpoint.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 #include <deque>
 #include <thread>
@@ -25,6 +26,8 @@
 #include <rdmaxx/wrap/log.hpp>
 
 #include "packet.hpp"
+#include "rc_codec.hpp"
+#include "rc_transport.hpp"
 #include "session_codec.hpp"
 #include "session_table.hpp"
 #include "slots.hpp"
@@ -73,7 +76,75 @@ struct QueuedCall {
 
 Error call_error(int errnum, std::string detail) { return Error::from_errno("rpc::Session::call", errnum, std::move(detail)); }
 
+// Staging memory is allocated in powers of two from this size up (a slot that grows
+// re-registers rarely).
+constexpr std::size_t min_staging = 64 * 1024;
+
+// The region `held` if it holds `size` bytes and no transfer may still touch it, else
+// a new one of `access`. `retire_into`: a transfer may still touch `held`, which goes
+// there rather than being freed (and is not reused).
+Result<MemoryRegion*> staging(const ProtectionDomain& pd, std::optional<MemoryRegion>& held, std::size_t size,
+                              Access access, std::vector<MemoryRegion>* retire_into) {
+    if (held && held->size() >= size && retire_into == nullptr)
+        return &*held;
+    auto fresh = MemoryRegion::allocate(pd, std::max(min_staging, std::bit_ceil(size)), access);
+    if (!fresh)
+        return std::unexpected(std::move(fresh.error()));
+    if (held && retire_into != nullptr)
+        retire_into->push_back(std::move(*held));
+    held.emplace(std::move(*fresh));
+    return &*held;
+}
+
+// A server transfer's wr_id: the session (number and generation), the window slot
+// (below max_window: 10 bits), READ or WRITE.
+std::uint64_t transfer_id(SessionId id, std::uint32_t slot, RcTransport::Op op) noexcept {
+    return std::uint64_t{id.number} << 43 | std::uint64_t{id.generation} << 11 | std::uint64_t{slot} << 1 |
+           (op == RcTransport::Op::write ? 1 : 0);
+}
+static_assert(max_window <= 1024);
+
+// The RC path's CQ entries, shared by every session's RC QP, and the transfers the
+// servers' sessions may have in flight on it at once (half: room for the late
+// completions of QPs destroyed mid-transfer).
+constexpr std::uint32_t rc_cq_depth = 4096;
+constexpr std::uint32_t rc_budget = rc_cq_depth / 2;
+
 } // namespace
+
+// The RC path of one session (endpoint.hpp tells the protocol).
+struct RcPath {
+    enum class State : std::uint8_t { none, offered, ready, unavailable };
+    // client: per window slot, the request the server READs and the memory it may
+    // WRITE the response into; `touched`: an abandoned call's transfer may still reach
+    // them, so the next call takes fresh regions and these wait in `retired` until a
+    // later call of the slot hears from the server (which serves a slot's calls in order).
+    struct ClientSlot {
+        std::optional<MemoryRegion> request, response;
+        std::uint32_t offered = 0; // response bytes the slot's call offered
+        bool rdma = false;         // its call is a descriptor call
+        bool touched = false;
+        std::vector<MemoryRegion> retired;
+    };
+    // server: per window slot, the request READ into and the response WRITTEN from
+    struct ServerSlot {
+        enum class Phase : std::uint8_t { idle, reading, handling, writing };
+        Phase phase = Phase::idle;
+        std::uint64_t call = 0;
+        std::uint8_t rpc_type = 0;
+        RemoteMemory source{}, target{}; // the client's request, and the memory offered
+        std::uint32_t response_size = 0;
+        std::optional<MemoryRegion> request, response;
+    };
+
+    State state = State::none;
+    Clock::time_point offered_at{};
+    std::vector<ClientSlot> client_slots;
+    std::vector<ServerSlot> server_slots;
+    std::uint32_t transfers = 0; // server: posted, not completed
+    // last: destroyed first, before the memory it reaches
+    std::optional<QueuePair> qp;
+};
 
 // One session at this end. A client session has a ClientWindow and its calls; a server
 // session a ServerWindow. Both have the peer's address and the TCP connection whose end
@@ -92,6 +163,7 @@ struct SessionState {
     std::uint32_t in_flight = 0;    // client: busy entries of `calls`
     bool active = false;            // client: on the core's active list
     tcp::socket* socket = nullptr;
+    RcPath rc;
 };
 
 // Coroutines outlive nothing: each holds the anchor and finds the core through it after
@@ -135,8 +207,25 @@ struct EndpointCore {
 
     // server
     void handle(SessionState& s, const HandlerCall& call);
+    void run_handler(SessionState& s, std::uint8_t type, std::uint64_t request, std::span<const std::byte> message);
     void respond(std::uint16_t number, std::uint32_t generation, std::uint64_t request, Status status,
                  std::span<const std::byte> response);
+
+    // the RC path
+    bool wants_rdma(const SessionState& s, std::size_t request, std::uint32_t capacity) const noexcept;
+    Result<std::span<const std::byte>> describe(SessionState& s, std::span<const std::byte> request,
+                                                std::uint32_t capacity);
+    void call_left_slot(SessionState& s, std::uint64_t request, bool heard_from_server);
+    Result<QueuePair> make_rc_qp(RcRole role, std::uint32_t depth);
+    void offer_rc(SessionState& s);
+    Result<std::optional<std::array<std::byte, rc_message_bytes>>> take_rc(SessionState& s, const RcMessage& message);
+    bool post_transfer(SessionState& s, std::uint32_t slot);
+    static void transfer_done(void* self, const WorkCompletion& completion) {
+        static_cast<EndpointCore*>(self)->transfer_done(completion);
+    }
+    void transfer_done(const WorkCompletion& completion);
+    void post_waiting();
+    static asio::awaitable<void> send_rc(Anchor anchor, SessionId id, std::array<std::byte, rc_message_bytes> bytes);
 
     // sessions
     SessionLimits most() const noexcept {
@@ -160,6 +249,7 @@ struct EndpointCore {
     std::thread::id owner;
     Anchor anchor;
     std::unique_ptr<UdTransport> transport; // before the table: the sessions' AHs go first
+    std::unique_ptr<RcTransport> rc;        // made for the first RC QP; before the table too
     SessionTable<SessionState> table;
     std::array<Handler, 256> handlers;
     Counters counters;
@@ -168,6 +258,13 @@ struct EndpointCore {
     bool ticking = false;
     std::vector<SessionId> active; // client sessions with calls in flight or queued
     std::uint32_t handles = 0;     // Session handles alive
+    std::vector<std::byte> descriptor; // the request descriptor being built (reused)
+    std::uint32_t rc_in_flight = 0;    // server transfers posted on live sessions' QPs
+    struct WaitingTransfer {
+        SessionId session;
+        std::uint32_t slot = 0;
+    };
+    std::deque<WaitingTransfer> rc_waiting; // for rc_budget
 };
 
 EndpointCore::~EndpointCore() {
@@ -283,9 +380,30 @@ void EndpointCore::start(SessionId id, std::uint8_t type, std::span<const std::b
 bool EndpointCore::try_begin(SessionState& s, std::uint8_t type, std::span<const std::byte> request,
                              std::span<std::byte> response, Clock::time_point deadline, StoredCall& handler) {
     const auto capacity = static_cast<std::uint32_t>(std::min<std::size_t>(response.size(), s.limits.max_response));
-    const auto begun = s.client->begin(type, request, capacity);
+    if (s.calls[s.client->next_request() % s.calls.size()].busy)
+        return false; // the window is full (begin() would say so)
+    std::span<const std::byte> message = request;
+    bool rdma = false;
+    if (wants_rdma(s, request.size(), capacity)) {
+        if (s.rc.state == RcPath::State::none)
+            offer_rc(s);
+        if (s.rc.state == RcPath::State::offered)
+            return false; // until the server answers (or the offer times out)
+        if (s.rc.state == RcPath::State::ready) {
+            if (auto described = describe(s, request, capacity); described) {
+                message = *described;
+                rdma = true;
+            } else {
+                logger()->warn("rdmaxx rpc: staging a large call of session {} (it goes by UD): {}", s.local.number,
+                               described.error());
+            }
+        }
+    }
+    const auto begun = s.client->begin(type, message, capacity, rdma);
     if (!begun)
         return false;
+    if (s.rc.state == RcPath::State::ready)
+        s.rc.client_slots[*begun % s.calls.size()].rdma = rdma;
     PendingCall& call = s.calls[*begun % s.calls.size()];
     call.busy = true;
     call.request = *begun;
@@ -321,8 +439,22 @@ void EndpointCore::finish(PendingCall& call, SessionState& s, Result<std::size_t
 
 void EndpointCore::end_call(SessionState& s, const CallEnd& end) {
     PendingCall& call = s.calls[end.request % s.calls.size()];
+    call_left_slot(s, end.request, end.outcome != CallOutcome::timed_out);
     switch (end.outcome) {
     case CallOutcome::ok:
+        if (end.rdma) {
+            const RcPath::ClientSlot& slot = s.rc.client_slots[end.request % s.calls.size()];
+            const auto size = decode_response_descriptor(end.response);
+            if (!size)
+                return finish(call, s, std::unexpected(size.error()));
+            if (*size > slot.offered)
+                return finish(call, s,
+                              std::unexpected(Error::protocol(
+                                  "rpc::Session::call", fmt::format("the server wrote a {}-byte response into {} bytes",
+                                                                    *size, slot.offered))));
+            std::memcpy(call.response.data(), slot.response->data(), *size);
+            return finish(call, s, std::size_t{*size});
+        }
         if (!end.response.empty())
             std::memcpy(call.response.data(), end.response.data(), end.response.size());
         return finish(call, s, end.response_size);
@@ -333,6 +465,8 @@ void EndpointCore::end_call(SessionState& s, const CallEnd& end) {
                       std::unexpected(call_error(EMSGSIZE, "the response exceeded the session's max_response")));
     case CallOutcome::handler_dropped:
         return finish(call, s, std::unexpected(call_error(EPIPE, "the server's handler ended without answering")));
+    case CallOutcome::transfer_failed:
+        return finish(call, s, std::unexpected(call_error(EIO, "the server could not READ the request")));
     case CallOutcome::response_truncated:
         return finish(call, s, std::unexpected(call_error(
                                    ENOBUFS, fmt::format("a {}-byte response, the buffer holds {}", end.response_size,
@@ -351,6 +485,7 @@ void EndpointCore::cancel(const StoredCall::Target& target) {
     if (!call.busy || call.request != target.call)
         return;
     s->client->abandon(target.call);
+    call_left_slot(*s, target.call, false);
     finish(call, *s, std::unexpected(Error::cancelled("rpc::Session::call")));
     begin_queued(*s, Clock::now());
     pump(*s);
@@ -394,9 +529,16 @@ void EndpointCore::tick() {
         SessionState* s = table.lookup(active[i]);
         if (s == nullptr)
             continue;
+        if (s->rc.state == RcPath::State::offered && now - s->rc.offered_at > options.setup_timeout) {
+            logger()->warn("rdmaxx rpc: session {}: no answer to its RC offer in {} ms: large messages go by UD",
+                           s->local.number, options.setup_timeout.count());
+            s->rc.state = RcPath::State::unavailable;
+            s->rc.qp.reset();
+        }
         for (PendingCall& call : s->calls)
             if (call.busy && call.deadline <= now) {
                 s->client->abandon(call.request);
+                call_left_slot(*s, call.request, false);
                 finish(call, *s, std::unexpected(Error::timeout("rpc::Session::call", "no response in time")));
             }
         const std::uint32_t before = s->client->in_flight();
@@ -419,11 +561,40 @@ void EndpointCore::tick() {
 // Server
 
 void EndpointCore::handle(SessionState& s, const HandlerCall& call) {
-    ++counters.handled;
-    const Handler& handler = handlers[call.rpc_type];
-    if (!handler)
+    if (!handlers[call.rpc_type])
         return send(s, s.server->respond(call.request, Status::no_handler, {}));
-    handler(Request(call.rpc_type, call.message), Responder(this, s.local.number, s.local.generation, call.request));
+    if (!call.rdma)
+        return run_handler(s, call.rpc_type, call.request, call.message);
+    const auto described = decode_request_descriptor(call.message, s.limits.max_request, s.limits.max_response);
+    if (!described || s.rc.state != RcPath::State::ready) {
+        logger()->debug("rdmaxx rpc: session {}: a large request not to be read: {}", s.local.number,
+                        described ? std::string("the session has no RC QP") : described.error().message());
+        return send(s, s.server->respond(call.request, Status::transfer_failed, {}));
+    }
+    const auto k = static_cast<std::uint32_t>(call.request % s.rc.server_slots.size());
+    RcPath::ServerSlot& slot = s.rc.server_slots[k];
+    slot.call = call.request;
+    slot.rpc_type = call.rpc_type;
+    slot.source = described->request;
+    slot.target = described->response;
+    if (slot.source.length == 0) {
+        slot.phase = RcPath::ServerSlot::Phase::handling;
+        return run_handler(s, call.rpc_type, call.request, described->inline_request);
+    }
+    if (auto region = staging(transport->pd(), slot.request, slot.source.length, Access::local_write, nullptr);
+        !region) {
+        logger()->warn("rdmaxx rpc: session {}: memory to READ a large request into: {}", s.local.number,
+                       region.error());
+        return send(s, s.server->respond(call.request, Status::transfer_failed, {}));
+    }
+    slot.phase = RcPath::ServerSlot::Phase::reading;
+    post_transfer(s, k);
+}
+
+void EndpointCore::run_handler(SessionState& s, std::uint8_t type, std::uint64_t request,
+                               std::span<const std::byte> message) {
+    ++counters.handled;
+    handlers[type](Request(type, message), Responder(this, s.local.number, s.local.generation, request));
 }
 
 void EndpointCore::respond(std::uint16_t number, std::uint32_t generation, std::uint64_t request, Status status,
@@ -431,7 +602,223 @@ void EndpointCore::respond(std::uint16_t number, std::uint32_t generation, std::
     SessionState* s = table.lookup({.number = number, .generation = generation});
     if (s == nullptr)
         return; // the session ended while its handler ran
+    if (s->rc.state == RcPath::State::ready) {
+        const auto k = static_cast<std::uint32_t>(request % s->rc.server_slots.size());
+        RcPath::ServerSlot& slot = s->rc.server_slots[k];
+        if (slot.phase == RcPath::ServerSlot::Phase::handling && slot.call == request) {
+            slot.phase = RcPath::ServerSlot::Phase::idle;
+            if (status == Status::ok && response.size() > options.rdma_threshold &&
+                response.size() <= slot.target.length) {
+                auto region = staging(transport->pd(), slot.response, response.size(), Access::none, nullptr);
+                if (region) {
+                    std::memcpy((*region)->data(), response.data(), response.size());
+                    slot.response_size = static_cast<std::uint32_t>(response.size());
+                    slot.phase = RcPath::ServerSlot::Phase::writing;
+                    post_transfer(*s, k);
+                    return;
+                }
+                logger()->warn("rdmaxx rpc: session {}: memory to WRITE a large response from (it goes by UD): {}",
+                               s->local.number, region.error());
+            }
+        }
+    }
     send(*s, s->server->respond(request, status, response));
+}
+
+// ---------------------------------------------------------------------------------
+// The RC path
+
+bool EndpointCore::wants_rdma(const SessionState& s, std::size_t request, std::uint32_t capacity) const noexcept {
+    if (s.rc.state == RcPath::State::unavailable)
+        return false;
+    const std::uint32_t threshold = options.rdma_threshold;
+    if (request > threshold)
+        return true;
+    // a small request offers memory for a large response: inline, within the session's limit
+    return capacity > threshold && request_descriptor_bytes + request <= s.limits.max_request;
+}
+
+// The descriptor of a call about to begin in the next slot (its window slot is free):
+// a large request copied into the slot's staging memory, memory offered for a large
+// response.
+Result<std::span<const std::byte>> EndpointCore::describe(SessionState& s, std::span<const std::byte> request,
+                                                         std::uint32_t capacity) {
+    RcPath::ClientSlot& slot = s.rc.client_slots[s.client->next_request() % s.calls.size()];
+    std::vector<MemoryRegion>* retire = slot.touched ? &slot.retired : nullptr;
+    RemoteMemory read_from{}, write_into{};
+    if (request.size() > options.rdma_threshold) {
+        auto region = staging(transport->pd(), slot.request, request.size(), Access::remote_read, retire);
+        if (!region)
+            return std::unexpected(std::move(region.error()));
+        std::memcpy((*region)->data(), request.data(), request.size());
+        read_from = (*region)->remote().slice(0, request.size());
+    }
+    slot.offered = 0;
+    if (capacity > options.rdma_threshold) {
+        auto region = staging(transport->pd(), slot.response, capacity, Access::local_write | Access::remote_write,
+                              retire);
+        if (!region)
+            return std::unexpected(std::move(region.error()));
+        write_into = (*region)->remote().slice(0, capacity);
+        slot.offered = capacity;
+    }
+    const auto head = encode_request_head(read_from, write_into);
+    descriptor.assign(head.begin(), head.end());
+    if (read_from.length == 0)
+        descriptor.insert(descriptor.end(), request.begin(), request.end());
+    return std::span<const std::byte>(descriptor);
+}
+
+// A call left its window slot: with an answer from the server (which serves a slot's
+// calls in order, so every transfer of the slot's earlier calls is over), or abandoned
+// (a transfer of its own may still come).
+void EndpointCore::call_left_slot(SessionState& s, std::uint64_t request, bool heard_from_server) {
+    if (s.rc.client_slots.empty())
+        return;
+    RcPath::ClientSlot& slot = s.rc.client_slots[request % s.calls.size()];
+    if (heard_from_server) {
+        slot.touched = false;
+        slot.retired.clear();
+    } else if (slot.rdma) {
+        slot.touched = true;
+    }
+    slot.rdma = false;
+}
+
+Result<QueuePair> EndpointCore::make_rc_qp(RcRole role, std::uint32_t depth) {
+    if (!rc) {
+        auto made = RcTransport::create(executor.context(), transport->context(), transport->pd(), rc_cq_depth,
+                                        options.drive, &EndpointCore::transfer_done, this);
+        if (!made)
+            return std::unexpected(std::move(made.error()));
+        rc = std::move(*made);
+    }
+    return rc->create_qp(role, depth, transport->port(), transport->gid_index());
+}
+
+void EndpointCore::offer_rc(SessionState& s) {
+    auto qp = make_rc_qp(RcRole::client, 1);
+    if (!qp) {
+        logger()->warn("rdmaxx rpc: session {}: an RC QP (large messages go by UD): {}", s.local.number, qp.error());
+        s.rc.state = RcPath::State::unavailable;
+        return;
+    }
+    s.rc.qp.emplace(std::move(*qp));
+    s.rc.state = RcPath::State::offered;
+    s.rc.offered_at = Clock::now();
+    const RcMessage offer{.kind = RcMessage::Kind::offer, .available = true, .qp = s.rc.qp->endpoint()};
+    asio::co_spawn(executor, send_rc(anchor, s.local, encode(offer)), asio::detached);
+}
+
+asio::awaitable<void> EndpointCore::send_rc(Anchor anchor, SessionId id, std::array<std::byte, rc_message_bytes> bytes) {
+    EndpointCore* core = *anchor;
+    if (core == nullptr)
+        co_return;
+    SessionState* s = core->table.lookup(id);
+    if (s == nullptr || s->socket == nullptr)
+        co_return; // ended (or its watcher not yet begun: the offer times out)
+    // a failed write ends the session through its watcher's read
+    co_await asio::async_write(*s->socket, asio::buffer(bytes), no_throw);
+}
+
+// An RC setup message from the peer: what to answer (server), or an Error: the peer
+// broke the protocol.
+Result<std::optional<std::array<std::byte, rc_message_bytes>>> EndpointCore::take_rc(SessionState& s,
+                                                                                     const RcMessage& message) {
+    constexpr const char* call = "rpc session";
+    if (s.server) {
+        if (message.kind != RcMessage::Kind::offer || s.rc.state != RcPath::State::none)
+            return std::unexpected(Error::protocol(call, "an RC message other than one offer from a client"));
+        RcMessage answer{.kind = RcMessage::Kind::answer, .available = false, .qp = {}};
+        auto qp = make_rc_qp(RcRole::server, s.limits.window);
+        Result<void> up = qp ? qp->connect(message.qp) : std::unexpected(qp.error());
+        if (up) {
+            s.rc.qp.emplace(std::move(*qp));
+            s.rc.state = RcPath::State::ready;
+            s.rc.server_slots.resize(s.limits.window);
+            answer = {.kind = RcMessage::Kind::answer, .available = true, .qp = s.rc.qp->endpoint()};
+        } else {
+            logger()->warn("rdmaxx rpc: session {}: no RC QP for the client (it keeps to UD): {}", s.local.number,
+                           up.error());
+            s.rc.state = RcPath::State::unavailable;
+        }
+        return encode(answer);
+    }
+    if (message.kind != RcMessage::Kind::answer)
+        return std::unexpected(Error::protocol(call, "an RC offer from a server"));
+    if (s.rc.state != RcPath::State::offered)
+        return std::nullopt; // late: the offer timed out, the session keeps to UD
+    if (!message.available) {
+        s.rc.state = RcPath::State::unavailable;
+        s.rc.qp.reset();
+    } else if (auto up = s.rc.qp->connect(message.qp); !up) {
+        logger()->warn("rdmaxx rpc: session {}: connecting its RC QP (large messages go by UD): {}", s.local.number,
+                       up.error());
+        s.rc.state = RcPath::State::unavailable;
+        s.rc.qp.reset();
+    } else {
+        s.rc.state = RcPath::State::ready;
+        s.rc.client_slots.resize(s.limits.window);
+    }
+    begin_queued(s, Clock::now());
+    pump(s);
+    return std::nullopt;
+}
+
+// Posts the transfer the server slot's phase calls for (READ the request, WRITE the
+// response), or queues it for the budget. False: posting failed and ended the session.
+bool EndpointCore::post_transfer(SessionState& s, std::uint32_t k) {
+    if (rc_in_flight >= rc_budget) {
+        rc_waiting.push_back({.session = s.local, .slot = k});
+        return true;
+    }
+    RcPath::ServerSlot& slot = s.rc.server_slots[k];
+    const bool read = slot.phase == RcPath::ServerSlot::Phase::reading;
+    const auto op = read ? RcTransport::Op::read : RcTransport::Op::write;
+    const LocalSlice local = read ? slot.request->slice(0, slot.source.length) : slot.response->slice(0, slot.response_size);
+    const RemoteMemory remote = read ? slot.source : slot.target.slice(0, slot.response_size);
+    if (auto posted = RcTransport::post(*s.rc.qp, op, local, remote, transfer_id(s.local, k, op)); !posted) {
+        end_session(s.local, fmt::format("posting an RDMA transfer: {}", posted.error().message()));
+        return false;
+    }
+    ++rc_in_flight;
+    ++s.rc.transfers;
+    ++(read ? counters.rdma_reads : counters.rdma_writes);
+    return true;
+}
+
+void EndpointCore::transfer_done(const WorkCompletion& wc) {
+    const std::uint64_t id = wc.wr_id();
+    const SessionId session{.number = static_cast<std::uint16_t>(id >> 43),
+                            .generation = static_cast<std::uint32_t>(id >> 11)};
+    const auto k = static_cast<std::uint32_t>((id >> 1) & 0x3ff);
+    SessionState* s = table.lookup(session);
+    if (s == nullptr || !s->rc.qp || s->rc.qp->qpn() != wc.qp_num())
+        return post_waiting(); // a completion of a QP gone with its session
+    --rc_in_flight;
+    --s->rc.transfers;
+    if (!wc.ok()) {
+        end_session(session, fmt::format("an RDMA transfer failed: {}", wc.error().message()));
+        return post_waiting();
+    }
+    RcPath::ServerSlot& slot = s->rc.server_slots[k];
+    if ((id & 1) == 0) {
+        slot.phase = RcPath::ServerSlot::Phase::handling;
+        run_handler(*s, slot.rpc_type, slot.call, slot.request->bytes().first(slot.source.length));
+    } else {
+        slot.phase = RcPath::ServerSlot::Phase::idle;
+        send(*s, s->server->respond(slot.call, Status::ok, encode_response_descriptor(slot.response_size), true));
+    }
+    post_waiting();
+}
+
+void EndpointCore::post_waiting() {
+    while (rc_in_flight < rc_budget && !rc_waiting.empty()) {
+        const WaitingTransfer next = rc_waiting.front();
+        rc_waiting.pop_front();
+        if (SessionState* s = table.lookup(next.session))
+            post_transfer(*s, next.slot);
+    }
 }
 
 // ---------------------------------------------------------------------------------
@@ -453,7 +840,8 @@ SessionState& EndpointCore::attach(SessionId local, const SessionId& remote, con
                        .queued = {},
                        .in_flight = 0,
                        .active = false,
-                       .socket = nullptr};
+                       .socket = nullptr,
+                       .rc = {}};
     if (client) {
         state.client.emplace(ClientOptions{.window = limits.window, .credits = limits.credits, .rto = {}},
                              PacketLimits(limits.max_request, limits.payload_per_packet), route);
@@ -477,6 +865,7 @@ void EndpointCore::end_session(SessionId id, std::string_view why) {
         std::error_code ignored;
         s->socket->close(ignored);
     }
+    rc_in_flight -= s->rc.transfers; // their completions, if they come, are a dead QP's
     table.release(id);
 }
 
@@ -537,20 +926,50 @@ asio::awaitable<std::pair<std::error_code, std::vector<std::byte>>> read_message
 
 } // namespace
 
-// Until its TCP connection ends (or sends anything: nothing follows the setup), then
-// the session ends.
+// Until its TCP connection ends, then the session ends. The RC setup (rc_codec.hpp) is
+// all that may follow the session's setup on it: anything else breaks the session.
 asio::awaitable<void> EndpointCore::watch(Anchor anchor, SessionId id, tcp::socket socket) {
     const SocketRegistration registration(anchor, id, &socket);
     if (!registration.registered)
         co_return; // the session ended before its watch began: the socket closes here
-    std::byte byte{};
-    auto [ec, n] = co_await asio::async_read(socket, asio::buffer(&byte, 1), no_throw);
+    std::string why = "the peer closed the session (its TCP connection ended)";
+    for (;;) {
+        std::array<std::byte, rc_message_bytes> bytes{};
+        if (auto [ec, n] = co_await asio::async_read(socket, asio::buffer(bytes.data(), rc_prefix_bytes), no_throw); ec)
+            break;
+        if (auto prefix = decode_rc_prefix(std::span(bytes).first<rc_prefix_bytes>()); !prefix) {
+            why = fmt::format("the peer broke the session's protocol: {}", prefix.error().message());
+            break;
+        }
+        if (auto [ec, n] = co_await asio::async_read(
+                socket, asio::buffer(bytes.data() + rc_prefix_bytes, rc_message_bytes - rc_prefix_bytes), no_throw);
+            ec)
+            break;
+        EndpointCore* core = *anchor;
+        if (core == nullptr)
+            co_return;
+        SessionState* s = core->table.lookup(id);
+        if (s == nullptr || s->socket != &socket)
+            co_return;
+        const auto message = decode_rc(bytes);
+        if (!message) {
+            why = fmt::format("the peer broke the session's protocol: {}", message.error().message());
+            break;
+        }
+        const auto answer = core->take_rc(*s, *message);
+        if (!answer) {
+            why = fmt::format("the peer broke the session's protocol: {}", answer.error().message());
+            break;
+        }
+        if (*answer)
+            if (auto [ec, n] = co_await asio::async_write(socket, asio::buffer(**answer), no_throw); ec)
+                break;
+    }
     EndpointCore* core = *anchor;
     if (core == nullptr)
         co_return;
     if (SessionState* s = core->table.lookup(id); s != nullptr && s->socket == &socket)
-        core->end_session(id, ec ? "the peer closed the session (its TCP connection ended)"
-                                 : "the peer broke the session's protocol (bytes after the setup)");
+        core->end_session(id, why);
 }
 
 asio::awaitable<void> EndpointCore::accept_loop(Anchor anchor, tcp::acceptor* acceptor) {

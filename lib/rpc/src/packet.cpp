@@ -6,6 +6,8 @@
 namespace rdmaxx::rpc::detail {
 namespace {
 
+constexpr std::uint8_t flag_rdma = 1;
+
 bool known_kind(std::uint8_t raw) noexcept {
     return raw >= static_cast<std::uint8_t>(Kind::request) && raw <= static_cast<std::uint8_t>(Kind::reset);
 }
@@ -13,7 +15,9 @@ bool known_kind(std::uint8_t raw) noexcept {
 // Whether a packet of `kind` may carry status `raw` (table in packet.hpp).
 bool status_fits(Kind kind, std::uint8_t raw) noexcept {
     switch (kind) {
-    case Kind::response: return raw <= static_cast<std::uint8_t>(Status::handler_dropped);
+    case Kind::response:
+        return raw <= static_cast<std::uint8_t>(Status::handler_dropped) ||
+               raw == static_cast<std::uint8_t>(Status::transfer_failed);
     case Kind::reset:
         return raw == static_cast<std::uint8_t>(Status::session_unknown) ||
                raw == static_cast<std::uint8_t>(Status::server_busy);
@@ -97,7 +101,8 @@ void encode(const PacketHeader& h, std::span<std::byte, header_bytes> out) noexc
     wire::put(at + 12, h.message_size, 4);
     wire::put(at + 16, h.request, 8);
     wire::put(at + 24, h.index, 2);
-    wire::put(at + 26, 0, 6);
+    wire::put(at + 26, h.rdma ? flag_rdma : 0, 1);
+    wire::put(at + 27, 0, 5);
 }
 
 std::optional<SessionId> peek_session(std::span<const std::byte> packet) noexcept {
@@ -123,7 +128,12 @@ std::expected<PacketHeader, DropReason> decode(std::span<const std::byte> packet
     const auto raw_status = static_cast<std::uint8_t>(wire::get(at + 5, 1));
     if (!status_fits(kind, raw_status))
         return refuse(DropReason::bad_status);
-    if (wire::get(at + 26, 6) != 0)
+    const auto flags = static_cast<std::uint8_t>(wire::get(at + 26, 1));
+    if ((flags & ~flag_rdma) != 0 || wire::get(at + 27, 5) != 0)
+        return refuse(DropReason::reserved_set);
+    // a descriptor is a request's or an answered (ok) response's
+    const bool rdma = (flags & flag_rdma) != 0;
+    if (rdma && kind != Kind::request && !(kind == Kind::response && raw_status == 0))
         return refuse(DropReason::reserved_set);
     const PacketHeader h{.kind = kind,
                          .rpc_type = static_cast<std::uint8_t>(wire::get(at + 4, 1)),
@@ -132,7 +142,8 @@ std::expected<PacketHeader, DropReason> decode(std::span<const std::byte> packet
                          .generation = static_cast<std::uint32_t>(wire::get(at + 8, 4)),
                          .message_size = static_cast<std::uint32_t>(wire::get(at + 12, 4)),
                          .request = wire::get(at + 16, 8),
-                         .index = static_cast<std::uint16_t>(wire::get(at + 24, 2))};
+                         .index = static_cast<std::uint16_t>(wire::get(at + 24, 2)),
+                         .rdma = rdma};
     if (h.message_size > limits.max_message())
         return refuse(DropReason::too_large);
     if (!index_fits(kind, h.index, packet_count(h.message_size, limits.payload_per_packet())))

@@ -14,7 +14,8 @@
 //       12     4  message size: the whole request or response, not this packet
 //       16     8  request number: per session, increasing (slot = request % window)
 //       24     2  packet index (what it means per kind: below)
-//       26     2  reserved, 0
+//       26     1  flags: bit 0 "rdma" (requests and responses only; below), others 0
+//       27     1  reserved, 0
 //       28     4  reserved, 0
 //       32     n  payload: packet `index` of the message, request and response only
 //
@@ -29,11 +30,16 @@
 //                                            asks for, 1 <= k < packets
 //   reset                 0                  0                          none
 //
+// A request or response with the rdma flag carries a descriptor, not the message: the
+// bytes travel over the session's RC QP (rdma.hpp: the request's descriptor names the
+// client's memory the server READs and the memory it may WRITE the response into; the
+// response's says how many bytes it wrote). Every packet of a message has the same flag.
+//
 // "packets" is packet_count(message size, payload_per_packet): every packet but the
 // last carries payload_per_packet bytes; a 0-byte message is one empty packet. A
 // response whose status is not ok carries an empty message. A response's status is
-// ok, no_handler, too_large or handler_dropped; a reset's is session_unknown or
-// server_busy.
+// ok, no_handler, too_large, handler_dropped or transfer_failed; a reset's is
+// session_unknown or server_busy.
 //
 // decode() takes untrusted bytes: it checks everything that needs no session state
 // and never reads outside the span. What the session state decides (is this the packet
@@ -75,6 +81,8 @@ enum class Status : std::uint8_t {
     handler_dropped = 3, // response: the handler ended without answering (retry if the call is idempotent)
     session_unknown = 4, // reset: the server has no such session (connect again)
     server_busy = 5,     // reset: the server cannot take the session now (connect again later)
+    transfer_failed = 6, // response: the server could not READ the request's bytes (its
+                         // descriptor was unusable, or the session has no RC QP)
 };
 
 // Why a packet was dropped: one enum, so that an endpoint counts its drops in one table.
@@ -145,6 +153,7 @@ struct PacketHeader {
     std::uint32_t message_size = 0;
     std::uint64_t request = 0;
     std::uint16_t index = 0;
+    bool rdma = false; // the message is a descriptor: its bytes travel by RDMA
     friend bool operator==(const PacketHeader&, const PacketHeader&) = default;
 };
 

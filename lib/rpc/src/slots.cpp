@@ -14,7 +14,8 @@ bool addressed_to(const PacketHeader& header, const SessionId& session) noexcept
 
 // A packet of `kind` for the peer's end of the route, about message `size` of call `request`.
 PacketHeader header_for(const Route& route, Kind kind, std::uint64_t request, std::uint8_t rpc_type,
-                        std::uint32_t size, std::uint32_t index, Status status = Status::ok) noexcept {
+                        std::uint32_t size, std::uint32_t index, Status status = Status::ok,
+                        bool rdma = false) noexcept {
     return {.kind = kind,
             .rpc_type = rpc_type,
             .status = status,
@@ -22,7 +23,8 @@ PacketHeader header_for(const Route& route, Kind kind, std::uint64_t request, st
             .generation = route.remote.generation,
             .message_size = size,
             .request = request,
-            .index = static_cast<std::uint16_t>(index)};
+            .index = static_cast<std::uint16_t>(index),
+            .rdma = rdma};
 }
 
 // Packet `index` of `message`: its bytes.
@@ -44,6 +46,7 @@ CallOutcome outcome_of(Status status) noexcept {
     case Status::no_handler: return CallOutcome::no_handler;
     case Status::too_large: return CallOutcome::too_large;
     case Status::handler_dropped: return CallOutcome::handler_dropped;
+    case Status::transfer_failed: return CallOutcome::transfer_failed;
     case Status::ok:
     case Status::session_unknown:
     case Status::server_busy: break; // decode() lets neither of the last two into a response
@@ -63,7 +66,7 @@ ClientWindow::ClientWindow(const ClientOptions& options, PacketLimits limits, Ro
 }
 
 std::expected<std::uint64_t, WindowFull> ClientWindow::begin(std::uint8_t rpc_type, std::span<const std::byte> request,
-                                                             std::uint32_t response_capacity,
+                                                             std::uint32_t response_capacity, bool rdma,
                                                              std::source_location where) {
     require(request.size() <= limits_.max_message(), where, "ClientWindow::begin: a {}-byte request, the most is {}",
             request.size(), limits_.max_message());
@@ -74,6 +77,8 @@ std::expected<std::uint64_t, WindowFull> ClientWindow::begin(std::uint8_t rpc_ty
     slot.request = next_request_++;
     slot.rpc_type = rpc_type;
     slot.request_bytes.assign(request.begin(), request.end());
+    slot.request_rdma = rdma;
+    slot.response_rdma = false;
     slot.request_packets = packet_count(static_cast<std::uint32_t>(request.size()), limits_.payload_per_packet());
     slot.response_capacity = response_capacity;
     slot.response_packets = 0;
@@ -100,7 +105,8 @@ std::uint32_t ClientWindow::sendable(const Slot& slot) noexcept {
 Outgoing ClientWindow::packet_at(const Slot& slot, std::uint32_t position) const noexcept {
     if (position < slot.request_packets)
         return {header_for(route_, Kind::request, slot.request, slot.rpc_type,
-                           static_cast<std::uint32_t>(slot.request_bytes.size()), position),
+                           static_cast<std::uint32_t>(slot.request_bytes.size()), position, Status::ok,
+                           slot.request_rdma),
                 share(slot.request_bytes, position, limits_.payload_per_packet())};
     return {header_for(route_, Kind::request_for_response, slot.request, slot.rpc_type,
                        static_cast<std::uint32_t>(slot.response_bytes.size()), position - slot.request_packets + 1),
@@ -154,7 +160,11 @@ std::expected<std::optional<CallEnd>, DropReason> ClientWindow::take(Slot& slot,
         return std::unexpected(DropReason::unsolicited);
     // header.index >= 1: response packet 0 set the size, an ok status and n_resp > 1
     if (is_response && header.index >= 1 &&
-        (header.message_size != slot.response_bytes.size() || header.status != Status::ok))
+        (header.message_size != slot.response_bytes.size() || header.status != Status::ok ||
+         header.rdma != slot.response_rdma))
+        return std::unexpected(DropReason::inconsistent);
+    // a descriptor answers only a descriptor (it names memory the request offered)
+    if (is_response && header.rdma && !slot.request_rdma)
         return std::unexpected(DropReason::inconsistent);
 
     ++slot.received;
@@ -170,6 +180,7 @@ std::expected<std::optional<CallEnd>, DropReason> ClientWindow::take(Slot& slot,
             return end(slot, outcome_of(header.status), 0);
         if (header.message_size > slot.response_capacity)
             return end(slot, CallOutcome::response_truncated, header.message_size);
+        slot.response_rdma = header.rdma;
         slot.response_packets = packet_count(header.message_size, limits_.payload_per_packet());
         slot.response_bytes.resize(header.message_size);
     }
@@ -182,8 +193,10 @@ std::expected<std::optional<CallEnd>, DropReason> ClientWindow::take(Slot& slot,
 CallEnd ClientWindow::end(Slot& slot, CallOutcome outcome, std::uint32_t response_size) noexcept {
     release(slot);
     CallEnd ended{.request = slot.request, .outcome = outcome, .response_size = response_size, .response = {}};
-    if (outcome == CallOutcome::ok)
+    if (outcome == CallOutcome::ok) {
         ended.response = slot.response_bytes;
+        ended.rdma = slot.response_rdma;
+    }
     return ended;
 }
 
@@ -255,11 +268,14 @@ std::expected<ServerStep, DropReason> ServerWindow::take_request(Slot& slot, con
         slot.phase = Phase::receiving;
         slot.request = header.request;
         slot.rpc_type = header.rpc_type;
+        slot.request_rdma = header.rdma;
+        slot.response_rdma = false;
         slot.request_bytes.resize(header.message_size);
         slot.request_packets = packet_count(header.message_size, limits_.payload_per_packet());
         slot.received = 0;
         slot.response_bytes.clear(); // the previous call's response: released
-    } else if (header.message_size != slot.request_bytes.size() || header.rpc_type != slot.rpc_type) {
+    } else if (header.message_size != slot.request_bytes.size() || header.rpc_type != slot.rpc_type ||
+               header.rdma != slot.request_rdma) {
         return std::unexpected(DropReason::inconsistent);
     } else if (header.index < slot.received) {
         // a retransmission: its answer was lost (or is late)
@@ -275,7 +291,8 @@ std::expected<ServerStep, DropReason> ServerWindow::take_request(Slot& slot, con
     if (++slot.received < slot.request_packets)
         return credit_return(slot, header.index);
     slot.phase = Phase::handling;
-    return HandlerCall{.request = slot.request, .rpc_type = slot.rpc_type, .message = slot.request_bytes};
+    return HandlerCall{
+        .request = slot.request, .rpc_type = slot.rpc_type, .message = slot.request_bytes, .rdma = slot.request_rdma};
 }
 
 std::expected<ServerStep, DropReason> ServerWindow::take_request_for_response(const Slot& slot,
@@ -287,12 +304,15 @@ std::expected<ServerStep, DropReason> ServerWindow::take_request_for_response(co
     return response_packet(slot, header.index);
 }
 
-Outgoing ServerWindow::respond(std::uint64_t request, Status status, std::span<const std::byte> response,
+Outgoing ServerWindow::respond(std::uint64_t request, Status status, std::span<const std::byte> response, bool rdma,
                                std::source_location where) {
     Slot& slot = slots_[request % slots_.size()];
     require(slot.phase == Phase::handling && slot.request == request, where,
             "ServerWindow::respond: request {} is not awaiting its handler", request);
-    require(status <= Status::handler_dropped, where, "ServerWindow::respond: status {} is not a response's",
+    require(status <= Status::handler_dropped || status == Status::transfer_failed, where,
+            "ServerWindow::respond: status {} is not a response's", static_cast<unsigned>(status));
+    require(!rdma || (status == Status::ok && slot.request_rdma), where,
+            "ServerWindow::respond: a descriptor response to a request that offered no memory (or with status {})",
             static_cast<unsigned>(status));
     require(status == Status::ok || response.empty(), where,
             "ServerWindow::respond: {} response bytes with status {}", response.size(), static_cast<unsigned>(status));
@@ -302,6 +322,7 @@ Outgoing ServerWindow::respond(std::uint64_t request, Status status, std::span<c
     }
     slot.phase = Phase::answered;
     slot.status = status;
+    slot.response_rdma = rdma;
     slot.response_bytes.assign(response.begin(), response.end());
     return response_packet(slot, 0);
 }
@@ -314,7 +335,8 @@ Outgoing ServerWindow::credit_return(const Slot& slot, std::uint16_t index) cons
 
 Outgoing ServerWindow::response_packet(const Slot& slot, std::uint16_t index) const noexcept {
     return {header_for(route_, Kind::response, slot.request, slot.rpc_type,
-                       static_cast<std::uint32_t>(slot.response_bytes.size()), index, slot.status),
+                       static_cast<std::uint32_t>(slot.response_bytes.size()), index, slot.status,
+                       slot.response_rdma),
             share(slot.response_bytes, index, limits_.payload_per_packet())};
 }
 

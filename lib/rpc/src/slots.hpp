@@ -91,6 +91,7 @@ enum class CallOutcome : std::uint8_t {
     no_handler,         // the server's status (nothing delivered)
     too_large,          // the server's status (nothing delivered)
     handler_dropped,    // the server's status (nothing delivered)
+    transfer_failed,    // the server's status (nothing delivered)
     response_truncated, // the response (CallEnd::response_size bytes) exceeds the call's
                         // response capacity: nothing delivered
     timed_out,          // RtoConfig::max_timeouts expiries in a row: the server or the
@@ -104,6 +105,8 @@ struct CallEnd {
     std::uint32_t response_size = 0;
     // ok: the response, valid until the next begin(); else empty
     std::span<const std::byte> response;
+    // ok: the response is a descriptor (its bytes came by RDMA)
+    bool rdma = false;
 };
 
 // begin()'s answer when the call's slot is taken: begin again once the call
@@ -129,10 +132,11 @@ public:
 
     // Starts a call of handler `rpc_type` with the message `request` (copied: the
     // caller's buffer is free at once) that accepts a response of up to
-    // `response_capacity` bytes. Returns its request number, which names it from now on.
+    // `response_capacity` bytes; `rdma`: the message is a descriptor (packet.hpp), and
+    // so may the response be. Returns its request number, which names it from now on.
     // Programming error: a request above limits.max_message().
     std::expected<std::uint64_t, WindowFull> begin(std::uint8_t rpc_type, std::span<const std::byte> request,
-                                                   std::uint32_t response_capacity,
+                                                   std::uint32_t response_capacity, bool rdma = false,
                                                    std::source_location where = std::source_location::current());
 
     // The call's caller is gone: its slot is free, whatever the server still sends for
@@ -157,6 +161,9 @@ public:
     // and ends the first that reached the retry cap: call again until it returns nothing.
     std::optional<CallEnd> expire(Clock::time_point now);
 
+    // The number the next call begun will have (its slot: next_request() % window).
+    std::uint64_t next_request() const noexcept { return next_request_; }
+
     // Packets sent and not answered yet (at most ClientOptions::credits).
     std::uint32_t in_flight() const noexcept { return in_flight_; }
     // The session's current retransmission timeout, for statistics.
@@ -168,6 +175,7 @@ private:
         std::uint64_t request = 0;
         std::uint8_t rpc_type = 0;
         std::vector<std::byte> request_bytes;
+        bool request_rdma = false, response_rdma = false; // descriptors
         std::uint32_t request_packets = 0;   // n_req
         std::uint32_t response_capacity = 0;
         std::uint32_t response_packets = 0;  // n_resp; 0 until response packet 0 arrives
@@ -209,6 +217,7 @@ struct HandlerCall {
     std::uint64_t request = 0;
     std::uint8_t rpc_type = 0;
     std::span<const std::byte> message;
+    bool rdma = false; // the message is a descriptor (packet.hpp)
 };
 
 // What a packet from the client asks the server's driver to do.
@@ -233,11 +242,13 @@ public:
 
     // The handler's answer to `request`: its response packet 0 to send. The response is
     // copied and kept for resends; one above limits.max_message() becomes status
-    // too_large with no bytes.
+    // too_large with no bytes. `rdma`: the response is a descriptor (the bytes went by
+    // RDMA into the memory the request's descriptor offered).
     // Programming error: `request` is not awaiting its handler (no HandlerCall named it,
     // or respond() ran already); a status that is not a response's (session_unknown,
-    // server_busy); a response with bytes and a status other than ok.
-    Outgoing respond(std::uint64_t request, Status status, std::span<const std::byte> response,
+    // server_busy); a response with bytes and a status other than ok; `rdma` with a
+    // status other than ok, or for a request that was not a descriptor.
+    Outgoing respond(std::uint64_t request, Status status, std::span<const std::byte> response, bool rdma = false,
                      std::source_location where = std::source_location::current());
 
 private:
@@ -246,6 +257,7 @@ private:
         Phase phase = Phase::unused;
         std::uint64_t request = 0;
         std::uint8_t rpc_type = 0;
+        bool request_rdma = false, response_rdma = false; // descriptors
         std::vector<std::byte> request_bytes;
         std::uint32_t request_packets = 0;
         std::uint32_t received = 0; // request packets, in order

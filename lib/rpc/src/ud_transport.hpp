@@ -81,6 +81,13 @@ public:
                       std::span<const std::byte> payload,
                       std::source_location where = std::source_location::current());
 
+    // The device and protection domain, for the endpoint's RC path and its memory.
+    const Context& context() const noexcept { return context_; }
+    const ProtectionDomain& pd() const noexcept { return pd_; }
+    // The port and GID index of the UD QP, for RC QPs on the same port.
+    std::uint8_t port() const noexcept { return qp_->port(); }
+    std::uint32_t gid_index() const noexcept { return qp_->gid().index; }
+
     std::uint64_t copies() const noexcept { return copies_; }
     // Completions that failed (a send the device refused, receives flushed at the end).
     std::uint64_t failed_completions() const noexcept { return failed_; }

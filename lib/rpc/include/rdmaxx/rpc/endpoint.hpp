@@ -36,6 +36,7 @@
 //   response truncated       the response is larger than the response buffer: nothing
 //                            is copied, the Error's detail says the size (errno ENOBUFS)
 //   handler dropped          the server's handler ended without answering (errno EPIPE)
+//   transfer failed          the server could not READ a large request (errno EIO)
 //   cancelled                an Asio cancellation (Error::is_cancelled)
 // A call that ends early (timeout, cancelled) frees its slot: a late response to it is
 // dropped and counted, never copied anywhere.
@@ -44,11 +45,25 @@
 // counted by reason (Counters::drops) and dropped; a malformed or hostile session setup
 // gets a refusal or an Error, and the endpoint serves the next peer.
 //
-// Copies: a request is copied into its session's window when the call begins (the
-// caller's buffer is free at once, and a resend needs it), each packet into a send
-// buffer, and a response out of the window into the caller's buffer: Counters::copies
-// counts the packet copies. (Zero-copy message buffers come with the RC path for large
-// messages.)
+// Large messages (above EndpointOptions::rdma_threshold) take the session's RC path:
+// a client's first large call sends an offer of an RC QP over the session's TCP
+// connection and waits (in the queue of calls beyond the window) for the server's QP;
+// from then on a large request is copied into registered staging memory of its window
+// slot and READ by the server into a buffer its handler reads in place, and a response
+// above the threshold is WRITTEN by the server into staging memory the call offered,
+// then announced by a UD response (sent once the WRITE completed: the UD window stays
+// the one judge of what was answered, so a resend is answered without a second WRITE).
+// Staging memory allows only what its role needs (remote READ of requests, remote
+// WRITE of responses), and a slot's memory that an abandoned call's transfer may still
+// touch is retired, not reused, until the server has provably moved past that call.
+// If the server cannot set up an RC QP (or does not answer within setup_timeout),
+// the session carries large messages as UD packets. An RC transfer that fails ends
+// the session (its calls: session reset).
+//
+// Copies: a request is copied into its session's window (or staging memory) when the
+// call begins (the caller's buffer is free at once, and a resend needs it), each packet
+// into a send buffer, and a response out of the window (or staging memory) into the
+// caller's buffer: Counters::copies counts the packet copies.
 //
 // Thread safety: none, as the io_context's one thread. Every call but the handlers'
 // Responder checks that it runs on the thread that created the endpoint, and aborts
@@ -101,6 +116,12 @@ struct EndpointOptions {
     std::uint32_t credits = 16;      // packets in flight; each session reserves this many ring buffers
     std::uint32_t max_request = 64 * 1024;
     std::uint32_t max_response = 64 * 1024;
+    // A request above this many bytes, or a response buffer above it, takes the
+    // session's RC path (set up over its TCP connection when first needed): the server
+    // READs the request from the client's memory and WRITEs a response above it into
+    // memory the client offered. Below, and when the RC path is unavailable, messages
+    // travel as UD packets. UINT32_MAX: UD only.
+    std::uint32_t rdma_threshold = 16 * 1024;
     async::DriveOptions drive = {};
     std::chrono::milliseconds setup_timeout{5000}; // connect, and a client's setup at the listener
     // How often an endpoint with calls in flight checks their retransmission timeouts
@@ -121,6 +142,8 @@ struct Counters {
     std::uint64_t retransmissions = 0; // packets sent again after an RTO expired
     std::uint64_t send_stalls = 0;     // packets not sent for want of a send buffer (sent again later)
     std::uint64_t copies = 0;          // packets copied into send buffers
+    std::uint64_t rdma_reads = 0;      // large requests READ from clients (server)
+    std::uint64_t rdma_writes = 0;     // large responses WRITTEN into clients' memory (server)
     std::uint64_t sessions_refused = 0;
     std::array<std::uint64_t, 24> drops = {}; // by reason: drop_reason_name(i)
     std::uint64_t dropped() const noexcept;
@@ -258,8 +281,10 @@ public:
     // Calls the handler of `type` at the server with `request` (copied when the call
     // begins); its response lands in `response`. Completion signature
     // void(Result<std::size_t>) (the response's size); any Asio completion token, by
-    // default use_awaitable. Calls beyond the window wait for a slot, in order. A
-    // callback's caller keeps `response` valid until the callback runs.
+    // default use_awaitable. Calls beyond the window (and large calls while the
+    // session's RC path is being set up) wait, in order, before they begin. Asio's rule
+    // for buffers: the caller keeps `request` and `response` valid until the
+    // completion runs (a coroutine that awaits the call does so by itself).
     // Programming error: a moved-from Session; not the endpoint's thread.
     template <class Token = asio::use_awaitable_t<>>
     auto call(std::uint8_t type, std::span<const std::byte> request, std::span<std::byte> response,

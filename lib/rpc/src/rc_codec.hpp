@@ -1,0 +1,95 @@
+// The wire formats of a session's RC path, for messages above the endpoint's
+// rdma_threshold: the two messages that connect a session's RC QPs over its TCP
+// connection, and the descriptors that travel in place of a large message's bytes in
+// UD packets with the rdma flag (packet.hpp).
+//
+// RC setup. A client that first needs the RC path sends an RcOffer over the session's
+// TCP connection (the one kept open for the session's life); the server answers with
+// an RcAnswer, then nothing more is said on it. Both are 40 bytes, big-endian:
+//
+//   offset  size  field
+//        0     4  magic "RXRC"
+//        4     2  version (1)
+//        6     2  length (40)
+//        8     1  kind: 1 offer (client), 2 answer (server)
+//        9     1  status: 0 a QP follows; 1 unavailable (answer only: the server has
+//                 no RC QP for the session; the client keeps to UD)
+//       10     2  reserved, 0
+//       12     4  QPN of the sender's RC QP (24 bits)
+//       16     4  its first PSN (24 bits)
+//       20    16  GID of its port
+//       36     2  LID of its port
+//       38     1  MTU of its port, an ibv_mtu (1..5)
+//       39     1  reserved, 0
+// An unavailable answer's bytes 12..40 are 0.
+//
+// A request descriptor (the message of a request with the rdma flag), 40 bytes and
+// maybe the request itself:
+//
+//   offset  size  field
+//        0    20  the request's bytes in the client's memory (RemoteMemory's wire
+//                 form: address, length, rkey), for the server to READ; length 0: the
+//                 request follows inline, from offset 40
+//       20    20  memory the response may be written into (address, length, rkey);
+//                 length 0: none (the response comes back in UD packets)
+//       40     n  the request, when not read (n = message size - 40)
+//
+// A response descriptor (the message of a response with the rdma flag), 4 bytes: the
+// response's size, written into the memory the request offered before this was sent.
+//
+// decode_*() take untrusted bytes: anything malformed is an Error of kind protocol.
+// Thread safety: the functions keep no state: safe.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include <rdmaxx/wrap/error.hpp>
+#include <rdmaxx/wrap/mr.hpp>
+#include <rdmaxx/wrap/qp.hpp>
+
+namespace rdmaxx::rpc::detail {
+
+inline constexpr std::uint32_t rc_magic = 0x52585243; // "RXRC"
+inline constexpr std::uint16_t rc_version = 1;
+inline constexpr std::size_t rc_prefix_bytes = 8;
+inline constexpr std::size_t rc_message_bytes = 40;
+inline constexpr std::size_t request_descriptor_bytes = 40;
+inline constexpr std::size_t response_descriptor_bytes = 4;
+
+struct RcMessage {
+    enum class Kind : std::uint8_t { offer = 1, answer = 2 };
+    Kind kind = Kind::offer;
+    bool available = true;    // false: an answer without a QP
+    rdmaxx::Endpoint qp = {}; // when available
+    friend bool operator==(const RcMessage&, const RcMessage&) = default;
+};
+
+std::array<std::byte, rc_message_bytes> encode(const RcMessage& message) noexcept;
+// How many bytes the message whose first rc_prefix_bytes these are has in all (the
+// reader reads that many before decode): a wrong magic, version or length is an Error.
+Result<std::size_t> decode_rc_prefix(std::span<const std::byte, rc_prefix_bytes> prefix);
+Result<RcMessage> decode_rc(std::span<const std::byte> bytes);
+
+struct RequestDescriptor {
+    RemoteMemory request;                  // length 0: `inline_request` holds it
+    RemoteMemory response;                 // length 0: no memory offered
+    std::span<const std::byte> inline_request;
+};
+
+// The descriptor's first request_descriptor_bytes (the inline request follows them).
+std::array<std::byte, request_descriptor_bytes> encode_request_head(const RemoteMemory& request,
+                                                                    const RemoteMemory& response) noexcept;
+// `message`: a whole request descriptor, untrusted. Memory longer than the session's
+// limits, or an inline request beside memory to read, is an Error.
+Result<RequestDescriptor> decode_request_descriptor(std::span<const std::byte> message, std::uint32_t max_request,
+                                                    std::uint32_t max_response);
+
+std::array<std::byte, response_descriptor_bytes> encode_response_descriptor(std::uint32_t size) noexcept;
+// The size a response descriptor announces. Untrusted: not 4 bytes is an Error (the
+// caller checks the size against the memory it offered).
+Result<std::uint32_t> decode_response_descriptor(std::span<const std::byte> message);
+
+} // namespace rdmaxx::rpc::detail

@@ -1,0 +1,71 @@
+// An endpoint's RC path for large messages: the completion queue its sessions' RC QPs
+// share, made when the first session needs one (an endpoint that never moves a large
+// message pays nothing), and the READs and WRITEs a server posts on them.
+//
+//  * A client's RC QP is only a target: the server READs requests from, and WRITEs
+//    responses into, the client's staging memory (rc_codec.hpp); the client posts
+//    nothing on it. Its QP allows remote READ and WRITE; each staging region allows
+//    only the one its role needs.
+//  * A server's RC QP only initiates: it allows the peer nothing.
+//  * Every READ and WRITE is signaled and named by a wr_id the endpoint chooses; each
+//    completion, success or failure, goes to the Done function in the CQ's batch.
+//  * The CQ has `depth` entries: the endpoint keeps the transfers in flight across all
+//    QPs well below it (the completions of a QP destroyed with transfers in flight may
+//    still come, uncounted).
+//
+// Thread safety: as the io_context (one thread).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <source_location>
+#include <span>
+
+#include <asio/io_context.hpp>
+
+#include <rdmaxx/async/completions.hpp>
+#include <rdmaxx/data/completion.hpp>
+#include <rdmaxx/wrap/context.hpp>
+#include <rdmaxx/wrap/mr.hpp>
+#include <rdmaxx/wrap/pd.hpp>
+#include <rdmaxx/wrap/qp.hpp>
+
+namespace rdmaxx::rpc::detail {
+
+enum class RcRole : std::uint8_t { client, server };
+
+class RcTransport {
+public:
+    using Done = void (*)(void* context, const WorkCompletion& completion);
+
+    // Runtime errors: the device's. Programming error: depth 0, a null done.
+    static Result<std::unique_ptr<RcTransport>> create(asio::io_context& io, const Context& context,
+                                                       const ProtectionDomain& pd, std::uint32_t depth,
+                                                       async::DriveOptions drive, Done done, void* done_context,
+                                                       std::source_location where = std::source_location::current());
+    RcTransport(const RcTransport&) = delete;
+    RcTransport& operator=(const RcTransport&) = delete;
+
+    // An RC QP of `role` on the shared CQ, in RESET (connect() it towards the peer's).
+    // `depth`: the transfers a server QP may have in flight.
+    Result<QueuePair> create_qp(RcRole role, std::uint32_t depth, std::uint8_t port,
+                                std::optional<std::uint32_t> gid_index) const;
+
+    enum class Op : std::uint8_t { read, write };
+    // READs `remote` into `local` (op read) or WRITEs `local` to `remote` (op write),
+    // signaled. Runtime error: the post failed (the QP is broken).
+    static Result<void> post(QueuePair& qp, Op op, const LocalSlice& local, const RemoteMemory& remote,
+                             std::uint64_t wr_id);
+
+private:
+    RcTransport(const ProtectionDomain& pd, Done done, void* done_context)
+        : pd_(&pd), done_(done), done_context_(done_context) {}
+    static void take(void* self, std::span<const WorkCompletion> completions);
+
+    const ProtectionDomain* pd_;
+    Done done_;
+    void* done_context_;
+    std::optional<async::CompletionQueue> cq_;
+};
+
+} // namespace rdmaxx::rpc::detail

@@ -1,0 +1,132 @@
+// The RC path's wire formats (lib/rpc/src/rc_codec.hpp): the setup messages round-trip
+// through their byte table and every malformation is a protocol Error; request and
+// response descriptors round-trip, and a descriptor that names more than the session
+// allows, or both memory and inline bytes, is refused; random corruption of a setup
+// message is never accepted unless it re-encodes the same.
+#include <random>
+#include <vector>
+
+#include <doctest/doctest.h>
+
+#include "../support/check.hpp"
+#include "rc_codec.hpp"
+
+using namespace rdmaxx::rpc::detail;
+using rdmaxx::Mtu;
+using rdmaxx::RemoteMemory;
+using rdmaxx::test::check_protocol_error;
+using rdmaxx::test::must;
+
+namespace {
+
+rdmaxx::Endpoint qp_endpoint() {
+    rdmaxx::Endpoint e;
+    e.qpn = 0xabcdef;
+    e.psn = 0x123456;
+    for (std::size_t i = 0; i < e.gid.bytes.size(); ++i)
+        e.gid.bytes[i] = static_cast<std::uint8_t>(0xa0 + i);
+    e.lid = 0x0102;
+    e.mtu = Mtu::b1024;
+    return e;
+}
+
+const RcMessage offer{.kind = RcMessage::Kind::offer, .available = true, .qp = qp_endpoint()};
+const RcMessage unavailable{.kind = RcMessage::Kind::answer, .available = false, .qp = {}};
+
+std::vector<std::byte> bytes_of(const RcMessage& m) {
+    const auto a = encode(m);
+    return {a.begin(), a.end()};
+}
+
+} // namespace
+
+TEST_CASE("rpc rc codec: the setup messages round-trip through their 40 bytes") {
+    for (const RcMessage& m : {offer, RcMessage{.kind = RcMessage::Kind::answer, .available = true, .qp = qp_endpoint()},
+                               unavailable}) {
+        const auto bytes = bytes_of(m);
+        CHECK(must(decode_rc_prefix(std::span(bytes).first<rc_prefix_bytes>())) == rc_message_bytes);
+        CHECK(must(decode_rc(bytes)) == m);
+    }
+    const auto bytes = bytes_of(offer);
+    const std::vector<std::uint8_t> head = {'R', 'X', 'R', 'C', 0, 1, 0, 40, 1, 0, 0, 0,
+                                            0,   0xab, 0xcd, 0xef, 0, 0x12, 0x34, 0x56};
+    for (std::size_t i = 0; i < head.size(); ++i)
+        CHECK(static_cast<std::uint8_t>(bytes[i]) == head[i]);
+    CHECK(static_cast<std::uint8_t>(bytes[38]) == 3); // IBV_MTU_1024
+}
+
+TEST_CASE("rpc rc codec: each malformed setup message is a protocol Error that says what") {
+    const auto good = bytes_of(offer);
+    const auto with_byte = [&](std::size_t offset, std::uint8_t value) {
+        auto copy = good;
+        copy[offset] = std::byte{value};
+        return copy;
+    };
+    check_protocol_error(decode_rc(with_byte(0, 'Q')), "wrong magic");
+    check_protocol_error(decode_rc(with_byte(5, 2)), "version 2");
+    check_protocol_error(decode_rc(with_byte(7, 41)), "length 41");
+    check_protocol_error(decode_rc(with_byte(8, 3)), "kind 3 is unknown");
+    check_protocol_error(decode_rc(with_byte(9, 1)), "status 1 for kind 1"); // an offer is never unavailable
+    check_protocol_error(decode_rc(with_byte(10, 1)), "reserved");
+    check_protocol_error(decode_rc(with_byte(39, 1)), "reserved");
+    check_protocol_error(decode_rc(with_byte(12, 1)), "wider than 24 bits");
+    check_protocol_error(decode_rc(with_byte(16, 1)), "wider than 24 bits");
+    check_protocol_error(decode_rc(with_byte(38, 0)), "MTU code 0");
+    check_protocol_error(decode_rc(with_byte(38, 6)), "MTU code 6");
+    check_protocol_error(decode_rc(std::span(good).first(39)), "39 bytes");
+    auto answer = bytes_of(unavailable);
+    answer[20] = std::byte{1};
+    check_protocol_error(decode_rc(answer), "an unavailable answer with a QP");
+}
+
+TEST_CASE("rpc rc codec: random corruption of a setup message is refused or re-encodes the same") {
+    std::mt19937 random(7);
+    const auto good = bytes_of(offer);
+    for (int round = 0; round < 20'000; ++round) {
+        auto bytes = good;
+        for (int flips = 1 + static_cast<int>(random() % 3); flips > 0; --flips)
+            bytes[random() % bytes.size()] ^= static_cast<std::byte>(1 + random() % 255);
+        const auto decoded = decode_rc(bytes);
+        if (decoded)
+            CHECK(bytes_of(*decoded) == bytes);
+    }
+}
+
+TEST_CASE("rpc rc codec: request descriptors carry memory to READ, memory offered, or the request inline") {
+    const RemoteMemory request{.addr = 0x1000, .length = 300'000, .rkey = 7};
+    const RemoteMemory response{.addr = 0x900000, .length = 1 << 20, .rkey = 9};
+    const auto head = encode_request_head(request, response);
+    const auto d = must(decode_request_descriptor(head, 1 << 20, 1 << 20));
+    CHECK(d.request == request);
+    CHECK(d.response == response);
+    CHECK(d.inline_request.empty());
+
+    std::vector<std::byte> with_inline;
+    const auto small_head = encode_request_head({}, response);
+    with_inline.assign(small_head.begin(), small_head.end());
+    for (int i = 0; i < 100; ++i)
+        with_inline.push_back(static_cast<std::byte>(i));
+    const auto inline_d = must(decode_request_descriptor(with_inline, 1 << 20, 1 << 20));
+    CHECK(inline_d.request.length == 0);
+    REQUIRE(inline_d.inline_request.size() == 100);
+    CHECK(inline_d.inline_request[99] == std::byte{99});
+
+    check_protocol_error(decode_request_descriptor(std::span(head).first(39), 1 << 20, 1 << 20), "shorter than");
+    check_protocol_error(decode_request_descriptor(head, 299'999, 1 << 20), "a 300000-byte request");
+    check_protocol_error(decode_request_descriptor(head, 1 << 20, (1 << 20) - 1), "offered for the response");
+    check_protocol_error(decode_request_descriptor(with_inline, 99, 1 << 20), "a 100-byte request");
+    std::vector<std::byte> both(head.begin(), head.end());
+    both.push_back(std::byte{1});
+    check_protocol_error(decode_request_descriptor(both, 1 << 20, 1 << 20), "memory to read and an inline request");
+    // memory whose end overflows the address space
+    const auto overflow = encode_request_head({.addr = ~std::uint64_t{0} - 10, .length = 100, .rkey = 1}, {});
+    CHECK_FALSE(decode_request_descriptor(overflow, 1 << 20, 1 << 20).has_value());
+}
+
+TEST_CASE("rpc rc codec: a response descriptor is the size written, 4 bytes and nothing else") {
+    const auto d = encode_response_descriptor(1 << 20);
+    CHECK(must(decode_response_descriptor(d)) == 1u << 20);
+    check_protocol_error(decode_response_descriptor(std::span(d).first(3)), "3 bytes, not 4");
+    const std::vector<std::byte> five(5);
+    check_protocol_error(decode_response_descriptor(five), "5 bytes, not 4");
+}
