@@ -57,9 +57,19 @@ std::vector<std::byte> message(std::uint64_t n, std::size_t size, std::uint8_t s
         std::memcpy(bytes.data(), &n, 8);
     return bytes;
 }
-// Mostly small, some of many packets: 32 B to 8 KiB.
-std::size_t request_size(std::uint64_t n) { return n % 10 == 0 ? 32 + (n * 977) % 8160 : 32 + n % 200; }
-std::size_t response_size(std::uint64_t n) { return n % 7 == 0 ? 8 + (n * 613) % 8184 : 8 + n % 100; }
+// Mostly small, some of many packets (up to 8 KiB), about 1 % large (16 KiB + 1 to
+// 1 MiB: the RC path), each way.
+constexpr std::size_t kib16 = 16 * 1024, mib = 1 << 20;
+std::size_t request_size(std::uint64_t n) {
+    if (n % 97 == 0)
+        return kib16 + 1 + (n * 7919) % (mib - kib16);
+    return n % 10 == 0 ? 32 + (n * 977) % 8160 : 32 + n % 200;
+}
+std::size_t response_size(std::uint64_t n) {
+    if (n % 89 == 0)
+        return kib16 + 1 + (n * 6151) % (mib - kib16);
+    return n % 7 == 0 ? 8 + (n * 613) % 8184 : 8 + n % 100;
+}
 
 struct Server {
     std::vector<int> executions = std::vector<int>(calls, 0);
@@ -67,7 +77,7 @@ struct Server {
 };
 
 asio::awaitable<void> caller(rpc::Session* session, std::uint32_t first, int* wrong, std::uint32_t* finished) {
-    std::vector<std::byte> response(8192);
+    std::vector<std::byte> response(mib);
     for (std::uint64_t n = first; n < calls; n += coroutines) {
         const auto request = message(n, request_size(n), 1);
         const auto want = message(n, response_size(n), 2);
@@ -100,7 +110,7 @@ asio::awaitable<void> lossy_calls(rpc::Endpoint* client, std::uint16_t port, con
 
 } // namespace
 
-TEST_CASE("rpc across a wire losing 1 % and 5 % of packets: 2,000 calls each (or RDMAXX_RPC_PAIR_CALLS), every one right and run once" *
+TEST_CASE("rpc across a wire losing 1 % and 5 % of packets: 2,000 calls of 32 B to 1 MiB each (or RDMAXX_RPC_PAIR_CALLS), every one right and run once" *
           doctest::skip(!have_pair())) {
     std::uint16_t port = 31900;
     std::vector<std::string> rates{"1%", "5%"};
@@ -114,8 +124,11 @@ TEST_CASE("rpc across a wire losing 1 % and 5 % of packets: 2,000 calls each (or
         auto server = must(rpc::Endpoint::create(io, {.device = env("RDMAXX_PAIR_A_DEV"),
                                                       .gid_index = gid_index,
                                                       .listen_port = port,
-                                                      .listen_address = env("RDMAXX_PAIR_A_ADDR")}));
-        auto client = must(rpc::Endpoint::create(io, {.device = env("RDMAXX_PAIR_B_DEV"), .gid_index = gid_index}));
+                                                      .listen_address = env("RDMAXX_PAIR_A_ADDR"),
+                                                      .max_request = mib,
+                                                      .max_response = mib}));
+        auto client = must(rpc::Endpoint::create(
+            io, {.device = env("RDMAXX_PAIR_B_DEV"), .gid_index = gid_index, .max_request = mib, .max_response = mib}));
         Server state;
         server->set_handler(work, [&state](rpc::Request request, rpc::Responder responder) {
             std::uint64_t n = 0;
@@ -146,8 +159,12 @@ TEST_CASE("rpc across a wire losing 1 % and 5 % of packets: 2,000 calls each (or
         const auto& c = client->counters();
         CHECK(c.completed == calls);
         CHECK(c.retransmissions > 0);
+        const auto& s = server->counters();
+        CHECK(s.rdma_reads == (calls + 96) / 97);  // the large requests: n % 97 == 0
+        CHECK(s.rdma_writes == (calls + 88) / 89); // the large responses: n % 89 == 0
         MESSAGE("loss ", rate, ", ", calls, " calls: client retransmissions ", c.retransmissions, ", drops ", c.dropped(),
-                "; server drops ", server->counters().dropped(), ", handled ", server->counters().handled);
+                "; server drops ", s.dropped(), ", handled ", s.handled, ", RDMA READs ", s.rdma_reads, ", WRITEs ",
+                s.rdma_writes);
     }
 }
 

@@ -128,12 +128,13 @@ struct Wire {
         } else if (const auto* out = std::get_if<Outgoing>(&*step)) {
             put(to_client, *out);
         } else {
-            const auto& call = std::get<HandlerCall>(*step);
+            HandlerCall call = std::get<HandlerCall>(*step);
             ++handler_runs[call.request];
-            if (defer_handlers)
-                pending.push_back(call);
-            else
-                respond(call);
+            if (!defer_handlers)
+                return respond(call);
+            if (call.lent) // the packet goes with this function: the window keeps a copy
+                call.message = server.keep(call.request, call.message);
+            pending.push_back(call);
         }
     }
     void record(const CallEnd& end) {
@@ -650,4 +651,42 @@ TEST_CASE("rpc slots: a descriptor call keeps its rdma flag on every packet, eit
     const auto second = server.receive(client_packet(Kind::request, 0, 3 * per, 1), std::span(three).subspan(per, per));
     REQUIRE_FALSE(second.has_value());
     CHECK(second.error() == DropReason::inconsistent);
+}
+
+TEST_CASE("rpc slots: a one-packet request is lent to its handler, kept only when asked, copied otherwise") {
+    std::uint64_t copies = 0;
+    ServerWindow server(8, limits, server_route, &copies);
+    const Bytes small = make_request(100, 8);
+    const auto step = server.receive(client_packet(Kind::request, 0, 100, 0), small);
+    REQUIRE(step.has_value());
+    REQUIRE(std::holds_alternative<HandlerCall>(*step));
+    const auto call = std::get<HandlerCall>(*step);
+    CHECK(call.lent);
+    CHECK(call.message.data() == small.data()); // where it arrived: no copy
+    CHECK(copies == 0);
+    CHECK(server.awaiting(0));
+    // a resend while the handler runs: dropped, the loan untouched
+    const auto again = server.receive(client_packet(Kind::request, 0, 100, 0), small);
+    REQUIRE_FALSE(again.has_value());
+    CHECK(again.error() == DropReason::handler_running);
+    const auto kept = server.keep(0, call.message);
+    CHECK(copies == 1);
+    CHECK(kept.data() != small.data());
+    CHECK(Bytes(kept.begin(), kept.end()) == small);
+    (void)server.respond(0, Status::ok, answer(kept));
+    CHECK_FALSE(server.awaiting(0));
+    RDMAXX_CHECK_DEATH((void)server.keep(0, kept), "request 0 is not a lent request");
+
+    // a multi-packet request is copied packet by packet, never lent
+    const Bytes big = make_request(2 * per + 5, 8);
+    REQUIRE(server.receive(client_packet(Kind::request, 1, 2 * per + 5, 0), std::span(big).first(per)).has_value());
+    REQUIRE(server.receive(client_packet(Kind::request, 1, 2 * per + 5, 1), std::span(big).subspan(per, per))
+                .has_value());
+    const auto last = server.receive(client_packet(Kind::request, 1, 2 * per + 5, 2), std::span(big).subspan(2 * per));
+    REQUIRE(last.has_value());
+    REQUIRE(std::holds_alternative<HandlerCall>(*last));
+    const auto& whole = std::get<HandlerCall>(*last);
+    CHECK_FALSE(whole.lent);
+    CHECK(Bytes(whole.message.begin(), whole.message.end()) == big);
+    CHECK(copies == 4);
 }

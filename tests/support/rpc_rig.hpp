@@ -37,7 +37,7 @@ using test::must;
 
 using namespace std::chrono_literals;
 
-constexpr std::uint8_t echo = 1, drop_it = 2, hold_it = 3, unknown = 9;
+constexpr std::uint8_t echo = 1, drop_it = 2, hold_it = 3, later = 5, unknown = 9;
 
 inline std::uint16_t next_port() {
     static std::uint16_t port = 31850;

@@ -159,6 +159,7 @@ struct SessionState {
     std::optional<ClientWindow> client;
     std::optional<ServerWindow> server;
     std::vector<PendingCall> calls; // client: by request % window
+    std::vector<std::span<const std::byte>> views; // server: the request each slot's handler reads
     std::deque<QueuedCall> queued;  // client: beyond the window, in order
     std::uint32_t in_flight = 0;    // client: busy entries of `calls`
     bool active = false;            // client: on the core's active list
@@ -207,7 +208,8 @@ struct EndpointCore {
 
     // server
     void handle(SessionState& s, const HandlerCall& call);
-    void run_handler(SessionState& s, std::uint8_t type, std::uint64_t request, std::span<const std::byte> message);
+    void run_handler(SessionState& s, std::uint8_t type, std::uint64_t request, std::span<const std::byte> message,
+                     std::span<const std::byte> lent = {});
     void respond(std::uint16_t number, std::uint32_t generation, std::uint64_t request, Status status,
                  std::span<const std::byte> response);
 
@@ -563,8 +565,9 @@ void EndpointCore::tick() {
 void EndpointCore::handle(SessionState& s, const HandlerCall& call) {
     if (!handlers[call.rpc_type])
         return send(s, s.server->respond(call.request, Status::no_handler, {}));
+    const auto lent = call.lent ? call.message : std::span<const std::byte>{};
     if (!call.rdma)
-        return run_handler(s, call.rpc_type, call.request, call.message);
+        return run_handler(s, call.rpc_type, call.request, call.message, lent);
     const auto described = decode_request_descriptor(call.message, s.limits.max_request, s.limits.max_response);
     if (!described || s.rc.state != RcPath::State::ready) {
         logger()->debug("rdmaxx rpc: session {}: a large request not to be read: {}", s.local.number,
@@ -579,7 +582,7 @@ void EndpointCore::handle(SessionState& s, const HandlerCall& call) {
     slot.target = described->response;
     if (slot.source.length == 0) {
         slot.phase = RcPath::ServerSlot::Phase::handling;
-        return run_handler(s, call.rpc_type, call.request, described->inline_request);
+        return run_handler(s, call.rpc_type, call.request, described->inline_request, lent);
     }
     if (auto region = staging(transport->pd(), slot.request, slot.source.length, Access::local_write, nullptr);
         !region) {
@@ -591,10 +594,23 @@ void EndpointCore::handle(SessionState& s, const HandlerCall& call) {
     post_transfer(s, k);
 }
 
+// `lent`: the whole request message as the window lent it (`message` lies in it), to
+// keep if the handler returns without answering.
 void EndpointCore::run_handler(SessionState& s, std::uint8_t type, std::uint64_t request,
-                               std::span<const std::byte> message) {
+                               std::span<const std::byte> message, std::span<const std::byte> lent) {
     ++counters.handled;
-    handlers[type](Request(type, message), Responder(this, s.local.number, s.local.generation, request));
+    const SessionId id = s.local;
+    std::span<const std::byte>& view = s.views[request % s.views.size()];
+    view = message;
+    handlers[type](Request(type, &view), Responder(this, id.number, id.generation, request));
+    if (lent.empty())
+        return;
+    SessionState* still = table.lookup(id);
+    if (still == nullptr || !still->server->awaiting(request))
+        return; // answered (or the session ended) while the packet was there to read
+    const auto kept = still->server->keep(request, lent);
+    still->views[request % still->views.size()] =
+        kept.subspan(static_cast<std::size_t>(message.data() - lent.data()), message.size());
 }
 
 void EndpointCore::respond(std::uint16_t number, std::uint32_t generation, std::uint64_t request, Status status,
@@ -837,6 +853,7 @@ SessionState& EndpointCore::attach(SessionId local, const SessionId& remote, con
                        .client = {},
                        .server = {},
                        .calls = {},
+                       .views = {},
                        .queued = {},
                        .in_flight = 0,
                        .active = false,
@@ -847,7 +864,9 @@ SessionState& EndpointCore::attach(SessionId local, const SessionId& remote, con
                              PacketLimits(limits.max_request, limits.payload_per_packet), route);
         state.calls.resize(limits.window);
     } else {
-        state.server.emplace(limits.window, PacketLimits(limits.max_response, limits.payload_per_packet), route);
+        state.server.emplace(limits.window, PacketLimits(limits.max_response, limits.payload_per_packet), route,
+                             &counters.request_copies);
+        state.views.resize(limits.window);
     }
     return table.attach(local, std::move(state));
 }

@@ -233,8 +233,9 @@ std::optional<CallEnd> ClientWindow::expire(Clock::time_point now) {
 // ---------------------------------------------------------------------------------
 // ServerWindow
 
-ServerWindow::ServerWindow(std::uint32_t window, PacketLimits limits, Route route, std::source_location where)
-    : limits_(limits), route_(route), slots_(window) {
+ServerWindow::ServerWindow(std::uint32_t window, PacketLimits limits, Route route, std::uint64_t* copies,
+                           std::source_location where)
+    : limits_(limits), route_(route), slots_(window), copies_(copies) {
     require(window > 0, where, "ServerWindow: a window of 0 slots");
 }
 
@@ -270,11 +271,23 @@ std::expected<ServerStep, DropReason> ServerWindow::take_request(Slot& slot, con
         slot.rpc_type = header.rpc_type;
         slot.request_rdma = header.rdma;
         slot.response_rdma = false;
-        slot.request_bytes.resize(header.message_size);
+        slot.request_size = header.message_size;
         slot.request_packets = packet_count(header.message_size, limits_.payload_per_packet());
         slot.received = 0;
         slot.response_bytes.clear(); // the previous call's response: released
-    } else if (header.message_size != slot.request_bytes.size() || header.rpc_type != slot.rpc_type ||
+        if (slot.request_packets == 1) {
+            // the whole request is this packet: lent to the handler where it lies
+            slot.received = 1;
+            slot.phase = Phase::handling;
+            slot.lent = true;
+            return HandlerCall{.request = slot.request,
+                               .rpc_type = slot.rpc_type,
+                               .message = payload,
+                               .rdma = slot.request_rdma,
+                               .lent = true};
+        }
+        slot.request_bytes.resize(header.message_size);
+    } else if (header.message_size != slot.request_size || header.rpc_type != slot.rpc_type ||
                header.rdma != slot.request_rdma) {
         return std::unexpected(DropReason::inconsistent);
     } else if (header.index < slot.received) {
@@ -288,11 +301,35 @@ std::expected<ServerStep, DropReason> ServerWindow::take_request(Slot& slot, con
         return std::unexpected(DropReason::out_of_order);
     }
     place(slot.request_bytes, header.index, limits_.payload_per_packet(), payload);
+    if (copies_ != nullptr)
+        ++*copies_;
     if (++slot.received < slot.request_packets)
         return credit_return(slot, header.index);
     slot.phase = Phase::handling;
-    return HandlerCall{
-        .request = slot.request, .rpc_type = slot.rpc_type, .message = slot.request_bytes, .rdma = slot.request_rdma};
+    slot.lent = false;
+    return HandlerCall{.request = slot.request,
+                       .rpc_type = slot.rpc_type,
+                       .message = slot.request_bytes,
+                       .rdma = slot.request_rdma,
+                       .lent = false};
+}
+
+bool ServerWindow::awaiting(std::uint64_t request) const noexcept {
+    const Slot& slot = slots_[request % slots_.size()];
+    return slot.phase == Phase::handling && slot.request == request;
+}
+
+std::span<const std::byte> ServerWindow::keep(std::uint64_t request, std::span<const std::byte> lent,
+                                              std::source_location where) {
+    Slot& slot = slots_[request % slots_.size()];
+    require(slot.phase == Phase::handling && slot.request == request && slot.lent && lent.size() == slot.request_size,
+            where, "ServerWindow::keep: request {} is not a lent request of {} bytes awaiting its handler", request,
+            lent.size());
+    slot.request_bytes.assign(lent.begin(), lent.end());
+    slot.lent = false;
+    if (copies_ != nullptr)
+        ++*copies_;
+    return slot.request_bytes;
 }
 
 std::expected<ServerStep, DropReason> ServerWindow::take_request_for_response(const Slot& slot,
@@ -329,7 +366,7 @@ Outgoing ServerWindow::respond(std::uint64_t request, Status status, std::span<c
 
 Outgoing ServerWindow::credit_return(const Slot& slot, std::uint16_t index) const noexcept {
     return {header_for(route_, Kind::credit_return, slot.request, slot.rpc_type,
-                       static_cast<std::uint32_t>(slot.request_bytes.size()), index),
+                       slot.request_size, index),
             {}};
 }
 

@@ -212,12 +212,16 @@ private:
 // Server
 
 // The handler must run for a request that arrived whole: respond(request, ...) when it
-// has. `message` stays valid until then.
+// has. `message` stays valid until then, unless it is `lent`: a one-packet request is
+// not copied into the window but lent where it arrived (the payload given to
+// receive()), valid only as long as that is; keep() copies it when the handler needs
+// it longer.
 struct HandlerCall {
     std::uint64_t request = 0;
     std::uint8_t rpc_type = 0;
     std::span<const std::byte> message;
     bool rdma = false; // the message is a descriptor (packet.hpp)
+    bool lent = false;
 };
 
 // What a packet from the client asks the server's driver to do.
@@ -232,8 +236,10 @@ using ServerStep = std::variant<Outgoing, HandlerCall>;
 // Thread safety: distinct objects: safe; shared: unsafe.
 class ServerWindow {
 public:
+    // `copies`, if not null: counts the request packets copied into the window (every
+    // packet of a multi-packet request, and a lent request kept).
     // Programming error: window 0.
-    ServerWindow(std::uint32_t window, PacketLimits limits, Route route,
+    ServerWindow(std::uint32_t window, PacketLimits limits, Route route, std::uint64_t* copies = nullptr,
                  std::source_location where = std::source_location::current());
 
     // A packet the client sent to this session (decoded; the payload follows the header).
@@ -244,6 +250,16 @@ public:
     // copied and kept for resends; one above limits.max_message() becomes status
     // too_large with no bytes. `rdma`: the response is a descriptor (the bytes went by
     // RDMA into the memory the request's descriptor offered).
+    // Whether `request` awaits its handler's answer (a HandlerCall named it, respond() has not).
+    bool awaiting(std::uint64_t request) const noexcept;
+
+    // The lent request `lent` (the HandlerCall's message, still valid) copied into the
+    // window, valid until respond(): for a handler that answers later.
+    // Programming error: `request` is not a lent request awaiting its handler, or
+    // `lent` is not its size.
+    std::span<const std::byte> keep(std::uint64_t request, std::span<const std::byte> lent,
+                                    std::source_location where = std::source_location::current());
+
     // Programming error: `request` is not awaiting its handler (no HandlerCall named it,
     // or respond() ran already); a status that is not a response's (session_unknown,
     // server_busy); a response with bytes and a status other than ok; `rdma` with a
@@ -258,6 +274,8 @@ private:
         std::uint64_t request = 0;
         std::uint8_t rpc_type = 0;
         bool request_rdma = false, response_rdma = false; // descriptors
+        bool lent = false;          // the request is the handler's loan, not in request_bytes
+        std::uint32_t request_size = 0;
         std::vector<std::byte> request_bytes;
         std::uint32_t request_packets = 0;
         std::uint32_t received = 0; // request packets, in order
@@ -275,6 +293,7 @@ private:
     Route route_;
     std::vector<Slot> slots_;
     std::uint64_t seen_below_ = 0; // 1 + the highest new request number seen within the bound
+    std::uint64_t* copies_;
 };
 
 } // namespace rdmaxx::rpc::detail

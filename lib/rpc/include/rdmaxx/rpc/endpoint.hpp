@@ -62,8 +62,10 @@
 //
 // Copies: a request is copied into its session's window (or staging memory) when the
 // call begins (the caller's buffer is free at once, and a resend needs it), each packet
-// into a send buffer, and a response out of the window (or staging memory) into the
-// caller's buffer: Counters::copies counts the packet copies.
+// into a send buffer (Counters::copies), and a response out of the window (or staging
+// memory) into the caller's buffer. At the server, a one-packet request is not copied
+// unless its handler returns without answering; the packets of a longer one are
+// (Counters::request_copies).
 //
 // Thread safety: none, as the io_context's one thread. Every call but the handlers'
 // Responder checks that it runs on the thread that created the endpoint, and aborts
@@ -142,6 +144,8 @@ struct Counters {
     std::uint64_t retransmissions = 0; // packets sent again after an RTO expired
     std::uint64_t send_stalls = 0;     // packets not sent for want of a send buffer (sent again later)
     std::uint64_t copies = 0;          // packets copied into send buffers
+    std::uint64_t request_copies = 0;  // request packets copied into a window (server; a
+                                       // one-packet request answered by its handler: none)
     std::uint64_t rdma_reads = 0;      // large requests READ from clients (server)
     std::uint64_t rdma_writes = 0;     // large responses WRITTEN into clients' memory (server)
     std::uint64_t sessions_refused = 0;
@@ -218,16 +222,21 @@ void cancel_call(const StoredCall::Target& target) noexcept;
 } // namespace detail
 
 // A handler's view of a request: its type and bytes, valid until its Responder answers
-// or is destroyed (the session's window keeps them while the handler runs).
+// or is destroyed (or the session ends). Zero-copy: a one-packet request is read where
+// it arrived, in the receive ring, while the handler runs; if the handler returns
+// without answering, the endpoint copies it into the session's window then
+// (Counters::request_copies) and bytes() shows the copy. A large request is read in
+// the buffer the server READ it into.
 class Request {
 public:
-    Request(std::uint8_t type, std::span<const std::byte> bytes) noexcept : type_(type), bytes_(bytes) {}
+    // `bytes`: where the endpoint keeps the request's current place.
+    Request(std::uint8_t type, const std::span<const std::byte>* bytes) noexcept : type_(type), bytes_(bytes) {}
     std::uint8_t type() const noexcept { return type_; }
-    std::span<const std::byte> bytes() const noexcept { return bytes_; }
+    std::span<const std::byte> bytes() const noexcept { return *bytes_; }
 
 private:
     std::uint8_t type_;
-    std::span<const std::byte> bytes_;
+    const std::span<const std::byte>* bytes_;
 };
 
 // The answer to one request, move-only: respond() once, now or later (from a coroutine
