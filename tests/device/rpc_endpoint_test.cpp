@@ -556,3 +556,64 @@ TEST_CASE("rpc endpoint: one-packet requests reach their handler uncopied; one k
     CHECK(rig.server->counters().request_copies == 8);
     CHECK(rig.server->counters().handled == 708);
 }
+
+namespace {
+
+struct Waiting {
+    std::optional<Result<std::size_t>> cancelled, timed_out;
+    std::chrono::milliseconds timed_out_after{};
+    std::uint64_t handled_while_waiting = 0;
+    int answered_right = 0;
+};
+
+// A full window of held calls; behind them a patient call, then one with a short
+// timeout and one cancelled: both end where they wait, never sent; then the held
+// calls are answered and the patient one goes.
+asio::awaitable<void> wait_in_queue(Rig* rig, std::optional<rpc::Session>* session, Waiting* out) {
+    co_await connect_into(rig, session);
+    rpc::Session& s = **session;
+    const std::uint32_t window = s.info().window;
+    const auto request = message(3, 40);
+    std::vector<std::vector<std::byte>> responses(window, std::vector<std::byte>(64));
+    for (std::uint32_t n = 0; n < window; ++n)
+        s.call(hold_it, request, responses[n], {.timeout = 20s}, [out](Result<std::size_t> got) {
+            out->answered_right += got && *got == 40;
+        });
+    co_await until([rig, window] { return rig->held.size() == window; });
+    std::vector<std::byte> response(64), patient_response(64);
+    std::optional<Result<std::size_t>> patient; // first in the queue: the others wait behind it
+    s.call(echo, request, patient_response, {.timeout = 20s}, [&patient](Result<std::size_t> got) { patient = got; });
+    const auto start = std::chrono::steady_clock::now();
+    std::optional<Result<std::size_t>> timed_out;
+    s.call(echo, request, response, {.timeout = 200ms},
+           [&timed_out](Result<std::size_t> got) { timed_out = std::move(got); });
+    out->cancelled = co_await cancelled_call(&s, echo, request, response, 50ms);
+    co_await until([&timed_out] { return timed_out.has_value(); });
+    out->timed_out_after = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+    out->timed_out = std::move(timed_out);
+    out->handled_while_waiting = rig->server->counters().handled;
+    for (rpc::Responder& responder : rig->held)
+        responder.respond(request);
+    rig->held.clear();
+    co_await until([out, window, &patient] { return out->answered_right == static_cast<int>(window) && patient; });
+    out->answered_right += *patient && **patient == 40;
+}
+
+} // namespace
+
+TEST_CASE("rpc endpoint: a call waiting for a window slot is cancelled, or times out, where it waits, unsent") {
+    Rig rig;
+    std::optional<rpc::Session> session;
+    Waiting out;
+    run(rig.io, wait_in_queue(&rig, &session, &out), 60s);
+    REQUIRE(out.cancelled);
+    REQUIRE_FALSE(out.cancelled->has_value());
+    CHECK(out.cancelled->error().is_cancelled());
+    REQUIRE(out.timed_out);
+    REQUIRE_FALSE(out.timed_out->has_value());
+    CHECK(out.timed_out->error().is_timeout());
+    CHECK(out.timed_out_after < 2s); // not held until the window had room
+    CHECK(out.handled_while_waiting == session->info().window);
+    CHECK(out.answered_right == static_cast<int>(session->info().window) + 1);
+    CHECK(rig.server->counters().handled == session->info().window + 1); // the patient call
+}

@@ -61,6 +61,7 @@ std::vector<PacketHeader> one_of_each_kind() {
             like_request(Kind::response, 0, Status::transfer_failed, 0),
             like_request(Kind::credit_return, 2),
             like_request(Kind::request_for_response, 1),
+            like_request(Kind::in_progress, 3), // the last of 4 request packets
             reset};
 }
 
@@ -112,7 +113,7 @@ TEST_CASE("rpc packet: each malformed packet is dropped with its reason") {
     CHECK(dropped(with_byte(0, 0x53)) == DropReason::bad_magic);
     CHECK(dropped(with_byte(2, 2)) == DropReason::bad_version);
     CHECK(dropped(with_byte(3, 0)) == DropReason::bad_kind);
-    CHECK(dropped(with_byte(3, 6)) == DropReason::bad_kind);
+    CHECK(dropped(with_byte(3, 7)) == DropReason::bad_kind);
     CHECK(dropped(with_byte(5, 1)) == DropReason::bad_status); // a request carries none
     for (std::size_t offset = 26; offset < header_bytes; ++offset)
         CHECK(dropped(with_byte(offset, 0x80)) == DropReason::reserved_set);
@@ -143,6 +144,9 @@ TEST_CASE("rpc packet: each malformed packet is dropped with its reason") {
     // response packet 0 comes unasked
     CHECK(dropped(valid(like_request(Kind::request_for_response, 0))) == DropReason::bad_index);
     CHECK(dropped(valid(like_request(Kind::request_for_response, 4))) == DropReason::bad_index);
+    // in_progress answers the last request packet only
+    CHECK(dropped(valid(like_request(Kind::in_progress, 2))) == DropReason::bad_index);
+    CHECK(dropped(packet(like_request(Kind::in_progress, 3), 1)) == DropReason::bad_length);
     h = reset;
     h.index = 1;
     CHECK(dropped(valid(h)) == DropReason::bad_index);

@@ -302,18 +302,30 @@ TEST_CASE("rpc slots: a response to an abandoned call is dropped, never delivere
     CHECK(wire.ended.count(old_id) == 0);
 }
 
-TEST_CASE("rpc slots: a call whose handler still runs holds its server slot, even after the client gave up") {
+TEST_CASE("rpc slots: a long handler keeps its call alive past the retry cap, and holds its slot after the client gave up") {
     Wire wire(ClientOptions{.window = 1});
     wire.defer_handlers = true;
     const auto old_id = wire.begin(make_request(8, 10));
-    wire.run(); // the request arrived; its handler waits; the client retransmits in vain
-    CHECK(wire.ended.count(old_id) == 1);
-    CHECK(wire.ended[old_id].outcome == CallOutcome::timed_out);
-    CHECK(wire.server_drops[DropReason::handler_running] == 7);
+    wire.deliver(); // the request arrived; its handler waits
+    REQUIRE(wire.pending.size() == 1);
+    // 20 RTOs, far past the cap of 8: each resend is answered in_progress
+    for (int round = 0; round < 20; ++round) {
+        const auto deadline = wire.client.next_deadline();
+        REQUIRE(deadline.has_value());
+        wire.now = std::max(wire.now, *deadline);
+        while (const auto end = wire.client.expire(wire.now))
+            wire.record(*end);
+        wire.deliver();
+        CHECK(wire.client.in_flight() == 0); // the answer returned the credit
+    }
+    CHECK(wire.ended.count(old_id) == 0);
+    CHECK(wire.sent_by_client == 21);
+    CHECK(wire.server_drops.empty());
+    wire.client.abandon(old_id); // the caller's deadline: the endpoint gives up
     const Bytes request = make_request(8, 20);
     const auto id = wire.begin(request);
     wire.run(); // the server drops the new call while the old handler runs ...
-    CHECK(wire.server_drops[DropReason::handler_running] > 7);
+    CHECK(wire.server_drops[DropReason::handler_running] == 8);
     CHECK(wire.ended[id].outcome == CallOutcome::timed_out);
     REQUIRE(wire.pending.size() == 1);
     wire.respond(wire.pending[0]); // ... and takes the next once it has answered
@@ -468,7 +480,12 @@ TEST_CASE("rpc slots: the server drops what is stale, too far ahead, early, inco
     const auto call = std::get<HandlerCall>(take(client_packet(Kind::request, 1, 2 * per, 1), per));
     CHECK(call.request == 1);
     CHECK(call.message.size() == 2 * per);
-    CHECK(drop(client_packet(Kind::request, 1, 2 * per, 1), per) == DropReason::handler_running);
+    // the last packet again while the handler runs: in progress, ask later
+    const auto busy = std::get<Outgoing>(take(client_packet(Kind::request, 1, 2 * per, 1), per));
+    CHECK(busy.header.kind == Kind::in_progress);
+    CHECK(busy.header.index == 1);
+    CHECK(busy.header.message_size == 2 * per);
+    CHECK(busy.payload.empty());
     CHECK(drop(client_packet(Kind::request, 5, 8, 0), 8) == DropReason::handler_running); // the slot's next call
     CHECK(drop(client_packet(Kind::request_for_response, 1, 2 * per, 1)) == DropReason::unsolicited);
     // the handler's response exceeds max_message: too_large, no bytes
@@ -665,10 +682,11 @@ TEST_CASE("rpc slots: a one-packet request is lent to its handler, kept only whe
     CHECK(call.message.data() == small.data()); // where it arrived: no copy
     CHECK(copies == 0);
     CHECK(server.awaiting(0));
-    // a resend while the handler runs: dropped, the loan untouched
+    // a resend while the handler runs: answered in progress, the loan untouched
     const auto again = server.receive(client_packet(Kind::request, 0, 100, 0), small);
-    REQUIRE_FALSE(again.has_value());
-    CHECK(again.error() == DropReason::handler_running);
+    REQUIRE(again.has_value());
+    REQUIRE(std::holds_alternative<Outgoing>(*again));
+    CHECK(std::get<Outgoing>(*again).header.kind == Kind::in_progress);
     const auto kept = server.keep(0, call.message);
     CHECK(copies == 1);
     CHECK(kept.data() != small.data());

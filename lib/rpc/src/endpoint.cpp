@@ -65,8 +65,9 @@ struct PendingCall {
     StoredCall handler;
 };
 
-// A call waiting for its window slot (client).
+// A call waiting for its window slot (client), named by its ticket until it begins.
 struct QueuedCall {
+    std::uint64_t ticket = 0;
     std::uint8_t type = 0;
     std::span<const std::byte> request;
     std::span<std::byte> response;
@@ -161,6 +162,7 @@ struct SessionState {
     std::vector<PendingCall> calls; // client: by request % window
     std::vector<std::span<const std::byte>> views; // server: the request each slot's handler reads
     std::deque<QueuedCall> queued;  // client: beyond the window, in order
+    std::uint64_t next_ticket = 0;  // client: the next queued call's
     std::uint32_t in_flight = 0;    // client: busy entries of `calls`
     bool active = false;            // client: on the core's active list
     tcp::socket* socket = nullptr;
@@ -298,7 +300,8 @@ void EndpointCore::take(UdSource from, std::span<const std::byte> packet) {
     const auto payload = packet.subspan(header_bytes);
     switch (header->kind) {
     case Kind::response:
-    case Kind::credit_return: {
+    case Kind::credit_return:
+    case Kind::in_progress: {
         if (!s->client)
             return drop(DropReason::wrong_kind);
         const auto now = Clock::now();
@@ -372,9 +375,13 @@ void EndpointCore::start(SessionId id, std::uint8_t type, std::span<const std::b
                                                                          request.size(), s->limits.max_request)));
     const auto now = Clock::now();
     const auto deadline = now + call_options.timeout;
-    if (!s->queued.empty() || !try_begin(*s, type, request, response, deadline, handler))
-        s->queued.push_back({.type = type, .request = request, .response = response, .deadline = deadline,
-                             .handler = std::move(handler)});
+    if (!s->queued.empty() || !try_begin(*s, type, request, response, deadline, handler)) {
+        const std::uint64_t ticket = s->next_ticket++;
+        handler.on_cancel({.core = this, .session = id.number, .generation = id.generation, .call = ticket,
+                           .queued = true});
+        s->queued.push_back({.ticket = ticket, .type = type, .request = request, .response = response,
+                             .deadline = deadline, .handler = std::move(handler)});
+    }
     activate(*s);
     pump(*s);
 }
@@ -412,19 +419,27 @@ bool EndpointCore::try_begin(SessionState& s, std::uint8_t type, std::span<const
     call.response = response;
     call.deadline = deadline;
     call.handler = std::move(handler);
-    call.handler.on_cancel({.core = this, .session = s.local.number, .generation = s.local.generation, .call = *begun});
+    call.handler.on_cancel(
+        {.core = this, .session = s.local.number, .generation = s.local.generation, .call = *begun, .queued = false});
     ++s.in_flight;
     return true;
 }
 
+// Calls past their deadline leave the queue (timeout), wherever they wait in it; then
+// what can begin, begins, in order.
 void EndpointCore::begin_queued(SessionState& s, Clock::time_point now) {
+    for (auto it = s.queued.begin(); it != s.queued.end();) {
+        if (it->deadline > now) {
+            ++it;
+            continue;
+        }
+        fail(std::move(it->handler), Error::timeout("rpc::Session::call", "waiting for a window slot"));
+        it = s.queued.erase(it);
+    }
     while (!s.queued.empty()) {
         QueuedCall& next = s.queued.front();
-        if (next.deadline <= now) {
-            fail(std::move(next.handler), Error::timeout("rpc::Session::call", "waiting for a window slot"));
-        } else if (!try_begin(s, next.type, next.request, next.response, next.deadline, next.handler)) {
+        if (!try_begin(s, next.type, next.request, next.response, next.deadline, next.handler))
             return;
-        }
         s.queued.pop_front();
     }
 }
@@ -483,6 +498,14 @@ void EndpointCore::cancel(const StoredCall::Target& target) {
     SessionState* s = table.lookup({.number = target.session, .generation = target.generation});
     if (s == nullptr)
         return;
+    if (target.queued) { // not begun: it leaves the queue, nothing was sent
+        const auto it = std::ranges::find(s->queued, target.call, &QueuedCall::ticket);
+        if (it != s->queued.end()) {
+            fail(std::move(it->handler), Error::cancelled("rpc::Session::call", "before it began"));
+            s->queued.erase(it);
+        }
+        return;
+    }
     PendingCall& call = s->calls[target.call % s->calls.size()];
     if (!call.busy || call.request != target.call)
         return;

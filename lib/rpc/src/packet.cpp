@@ -9,7 +9,7 @@ namespace {
 constexpr std::uint8_t flag_rdma = 1;
 
 bool known_kind(std::uint8_t raw) noexcept {
-    return raw >= static_cast<std::uint8_t>(Kind::request) && raw <= static_cast<std::uint8_t>(Kind::reset);
+    return raw >= static_cast<std::uint8_t>(Kind::request) && raw <= static_cast<std::uint8_t>(Kind::in_progress);
 }
 
 // Whether a packet of `kind` may carry status `raw` (table in packet.hpp).
@@ -23,7 +23,8 @@ bool status_fits(Kind kind, std::uint8_t raw) noexcept {
                raw == static_cast<std::uint8_t>(Status::server_busy);
     case Kind::request:
     case Kind::credit_return:
-    case Kind::request_for_response: break;
+    case Kind::request_for_response:
+    case Kind::in_progress: break;
     }
     return raw == static_cast<std::uint8_t>(Status::ok);
 }
@@ -35,6 +36,7 @@ bool index_fits(Kind kind, std::uint32_t index, std::uint32_t packets) noexcept 
     case Kind::response: return index < packets;
     case Kind::credit_return: return index + 1 < packets; // the last is answered by the response
     case Kind::request_for_response: return index >= 1 && index < packets; // packet 0 comes unasked
+    case Kind::in_progress: return index + 1 == packets;                  // the last request packet
     case Kind::reset: break;
     }
     return index == 0;
@@ -49,7 +51,8 @@ bool length_fits(const PacketHeader& h, std::size_t payload, std::uint32_t paylo
                payload == payload_bytes(h.message_size, h.index, payload_per_packet);
     case Kind::reset: return h.message_size == 0 && payload == 0;
     case Kind::credit_return:
-    case Kind::request_for_response: break;
+    case Kind::request_for_response:
+    case Kind::in_progress: break;
     }
     return payload == 0;
 }

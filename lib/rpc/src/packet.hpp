@@ -29,6 +29,9 @@
 //   request_for_response  the response's     the response packet it     none
 //                                            asks for, 1 <= k < packets
 //   reset                 0                  0                          none
+//   in_progress           the request's      packets - 1: the last      none
+//                                            request packet, whose
+//                                            handler still runs
 //
 // A request or response with the rdma flag carries a descriptor, not the message: the
 // bytes travel over the session's RC QP (rdma.hpp: the request's descriptor names the
@@ -71,6 +74,9 @@ enum class Kind : std::uint8_t {
     credit_return = 3,
     request_for_response = 4,
     reset = 5,
+    // the server's answer to a resent last request packet while its handler (or the
+    // RDMA transfer it needs) runs: the request is whole there, ask again later
+    in_progress = 6,
 };
 
 // The server's answer in a response or a reset, and what the client should do next.

@@ -87,6 +87,7 @@ std::expected<std::uint64_t, WindowFull> ClientWindow::begin(std::uint8_t rpc_ty
     slot.received = 0;
     slot.timeouts = 0;
     slot.transmissions = Transmissions::once;
+    slot.resend_at = {};
     return slot.request;
 }
 
@@ -118,7 +119,7 @@ std::optional<Outgoing> ClientWindow::next_packet(Clock::time_point now) {
         return std::nullopt;
     for (std::size_t i = 0; i < slots_.size(); ++i) {
         Slot& slot = slots_[(cursor_ + i) % slots_.size()];
-        if (slot.sent >= sendable(slot))
+        if (slot.sent >= sendable(slot) || now < slot.resend_at)
             continue;
         cursor_ = (cursor_ + i + 1) % slots_.size();
         const Outgoing out = packet_at(slot, slot.sent);
@@ -136,7 +137,7 @@ std::expected<std::optional<CallEnd>, DropReason> ClientWindow::receive(const Pa
                                                                         Clock::time_point now) {
     if (!addressed_to(header, route_.local))
         return std::unexpected(DropReason::stale_session);
-    if (header.kind != Kind::credit_return && header.kind != Kind::response)
+    if (header.kind != Kind::credit_return && header.kind != Kind::response && header.kind != Kind::in_progress)
         return std::unexpected(DropReason::wrong_kind);
     Slot& slot = slots_[header.request % slots_.size()];
     if (!slot.busy || slot.request != header.request)
@@ -158,6 +159,16 @@ std::expected<std::optional<CallEnd>, DropReason> ClientWindow::take(Slot& slot,
         return std::unexpected(DropReason::out_of_order);
     if (position >= slot.sent)
         return std::unexpected(DropReason::unsolicited);
+    if (header.kind == Kind::in_progress) {
+        // the server has the whole request and works on it: no progress, but an answer
+        // (a round trip, and the path alive); the last request packet goes again after
+        // an RTO, as a question whether the response is ready
+        rto_.measured(now - slot.last_sent, slot.transmissions);
+        write_off(slot);
+        slot.timeouts = 0;
+        slot.resend_at = now + rto_.rto();
+        return std::nullopt;
+    }
     // header.index >= 1: response packet 0 set the size, an ok status and n_resp > 1
     if (is_response && header.index >= 1 &&
         (header.message_size != slot.response_bytes.size() || header.status != Status::ok ||
@@ -212,9 +223,16 @@ void ClientWindow::release(Slot& slot) noexcept {
 
 std::optional<Clock::time_point> ClientWindow::next_deadline() const noexcept {
     std::optional<Clock::time_point> earliest;
-    for (const Slot& slot : slots_)
-        if (slot.busy && slot.sent > slot.received && (!earliest || slot.deadline < *earliest))
+    for (const Slot& slot : slots_) {
+        if (!slot.busy)
+            continue;
+        if (slot.sent > slot.received && (!earliest || slot.deadline < *earliest))
             earliest = slot.deadline;
+        // a call told its request is in progress asks again then
+        if (slot.sent == slot.received && slot.sent < sendable(slot) && slot.resend_at != Clock::time_point{} &&
+            (!earliest || slot.resend_at < *earliest))
+            earliest = slot.resend_at;
+    }
     return earliest;
 }
 
@@ -295,7 +313,7 @@ std::expected<ServerStep, DropReason> ServerWindow::take_request(Slot& slot, con
         if (header.index + 1u < slot.request_packets)
             return credit_return(slot, header.index);
         if (slot.phase == Phase::handling)
-            return std::unexpected(DropReason::handler_running);
+            return in_progress(slot);
         return response_packet(slot, 0);
     } else if (header.index > slot.received) {
         return std::unexpected(DropReason::out_of_order);
@@ -367,6 +385,12 @@ Outgoing ServerWindow::respond(std::uint64_t request, Status status, std::span<c
 Outgoing ServerWindow::credit_return(const Slot& slot, std::uint16_t index) const noexcept {
     return {header_for(route_, Kind::credit_return, slot.request, slot.rpc_type,
                        slot.request_size, index),
+            {}};
+}
+
+Outgoing ServerWindow::in_progress(const Slot& slot) const noexcept {
+    return {header_for(route_, Kind::in_progress, slot.request, slot.rpc_type, slot.request_size,
+                       slot.request_packets - 1),
             {}};
 }
 

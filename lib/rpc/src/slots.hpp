@@ -40,7 +40,11 @@
 // slot until the client begins call r + W there, and answers a retransmitted request
 // packet or a request_for_response from it. While a handler runs, the slot is its: the
 // packets of call r + W are dropped (handler_running) and come again after an RTO, so
-// the handler's view of its request never changes under it.
+// the handler's view of its request never changes under it; and a resent last packet
+// of call r is answered in_progress: the client then counts no timeout (a handler may
+// take longer than the retry cap's RTOs), returns the credit, and asks again one RTO
+// later. The call's own deadline still bounds it, and the session's liveness is its
+// TCP connection's.
 //
 // Both ends number a session's calls from 0; a session set up again in the same table
 // entry has a new generation, so packets of the old one are dropped (stale_session).
@@ -186,6 +190,7 @@ private:
         Transmissions transmissions = Transmissions::once;
         Clock::time_point last_sent{};
         Clock::time_point deadline{}; // while sent > received
+        Clock::time_point resend_at{}; // told in_progress: the last request packet goes again then
     };
 
     // The positions the call has to send as far as it knows: n_req until response
@@ -287,6 +292,7 @@ private:
                                                        std::span<const std::byte> payload);
     std::expected<ServerStep, DropReason> take_request_for_response(const Slot& slot, const PacketHeader& header) const;
     Outgoing credit_return(const Slot& slot, std::uint16_t index) const noexcept;
+    Outgoing in_progress(const Slot& slot) const noexcept;
     Outgoing response_packet(const Slot& slot, std::uint16_t index) const noexcept;
 
     PacketLimits limits_;

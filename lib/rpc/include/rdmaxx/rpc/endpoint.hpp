@@ -171,7 +171,8 @@ public:
         EndpointCore* core = nullptr;
         std::uint16_t session = 0;
         std::uint32_t generation = 0;
-        std::uint64_t call = 0;
+        std::uint64_t call = 0; // its request number, or while `queued` its ticket
+        bool queued = false;
     };
 
     template <class H>
