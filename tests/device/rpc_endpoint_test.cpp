@@ -617,3 +617,67 @@ TEST_CASE("rpc endpoint: a call waiting for a window slot is cancelled, or times
     CHECK(out.answered_right == static_cast<int>(session->info().window) + 1);
     CHECK(rig.server->counters().handled == session->info().window + 1); // the patient call
 }
+
+namespace {
+
+struct BothWays {
+    int wrong = 0;
+    std::optional<Error> after_server_left;
+};
+
+asio::awaitable<void> echo_session(rpc::Session* session, std::uint32_t first, std::uint32_t calls, std::size_t max_size,
+                                   int* wrong, std::uint32_t* finished) {
+    std::vector<std::byte> response(max_size);
+    for (std::uint32_t n = first; n < first + calls; ++n) {
+        const auto request = message(n, (n * 7919u) % (max_size + 1));
+        const auto got = co_await session->call(echo, request, response, {.timeout = 20s});
+        if (!got || *got != request.size() || !echoed(response, request))
+            ++*wrong;
+    }
+    ++*finished;
+}
+
+// Calls both ways at once on one session, 40 KiB the largest (UD both ways: the
+// server's calls never take the RC path); then the server drops its handle.
+asio::awaitable<void> call_both_ways(Rig* rig, std::optional<rpc::Session>* session,
+                                     std::vector<rpc::Session>* accepted, BothWays* out) {
+    co_await connect_into(rig, session);
+    co_await until([accepted] { return accepted->size() == 1; });
+    std::uint32_t finished = 0;
+    const auto executor = co_await asio::this_coro::executor;
+    for (std::uint32_t c = 0; c < 3; ++c) {
+        asio::co_spawn(executor, echo_session(&**session, c * 100, 100, 40'000, &out->wrong, &finished),
+                       asio::detached);
+        asio::co_spawn(executor, echo_session(&accepted->front(), 1000 + c * 100, 100, 40'000, &out->wrong, &finished),
+                       asio::detached);
+    }
+    co_await until([&finished] { return finished == 6; });
+    accepted->clear(); // the server ends the session
+    co_await until([rig] { return rig->client->sessions() == 0; });
+    std::vector<std::byte> response(64);
+    const auto got = co_await (*session)->call(echo, message(1, 10), response);
+    if (!got)
+        out->after_server_left = got.error();
+}
+
+} // namespace
+
+TEST_CASE("rpc endpoint: a server with an accept handler calls its clients back on their sessions") {
+    Rig rig;
+    std::vector<rpc::Session> accepted;
+    rig.server->set_accept_handler([&accepted](rpc::Session session) { accepted.push_back(std::move(session)); });
+    rig.client->set_handler(echo, [](rpc::Request request, rpc::Responder responder) {
+        responder.respond(request.bytes());
+    });
+    std::optional<rpc::Session> session;
+    BothWays out;
+    run(rig.io, call_both_ways(&rig, &session, &accepted, &out), 120s);
+    CHECK(out.wrong == 0);
+    CHECK(rig.client->counters().handled == 300);
+    CHECK(rig.server->counters().handled == 300);
+    CHECK(rig.client->counters().rdma_reads + rig.client->counters().rdma_writes == 0); // the server's calls: UD
+    CHECK(rig.server->counters().rdma_reads > 0); // the client's large ones: its RC path
+    REQUIRE(out.after_server_left);
+    CHECK(out.after_server_left->is_errno(ECONNRESET));
+    CHECK(rig.server->sessions() == 0);
+}

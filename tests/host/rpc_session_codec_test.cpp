@@ -177,8 +177,9 @@ TEST_CASE("rpc session codec: each malformed reply is an Error that says what") 
     check_protocol_error(decode_reply(with_field(good, 4, 2, 2)), "version 2 is newer than this build's 1");
     check_protocol_error(decode_reply(with_byte(good, 8, 6)), "status 6 is unknown");
     check_protocol_error(decode_reply(with_byte(good, 8, 0xff)), "status 255 is unknown");
-    for (const std::size_t offset : {9, 10, 11, 39, 42, 43})
+    for (const std::size_t offset : {10, 11, 39, 42, 43})
         check_protocol_error(decode_reply(with_byte(good, offset, 1)), "reserved field is not 0");
+    check_protocol_error(decode_reply(with_byte(good, 9, 2)), "reserved field is not 0"); // flags but "both ways"
     check_protocol_error(decode_reply(with_field(good, 44, 0, 4)), "generation 0");
     check_protocol_error(decode_reply(with_field(good, 48, 0, 4)), "window 0");
     check_protocol_error(decode_reply(with_byte(good, 38, 9)), "MTU code 9");
@@ -188,6 +189,19 @@ TEST_CASE("rpc session codec: each malformed reply is an Error that says what") 
     const Bytes refused = bytes_of(encode(SessionReply::refused(Refusal::ring_full)));
     for (std::size_t offset = 12; offset < session_reply_bytes; ++offset)
         check_protocol_error(decode_reply(with_byte(refused, offset, 1)), "a refusal with more than its status");
+    check_protocol_error(decode_reply(with_byte(refused, 9, 1)), "a refusal with more than its status");
+}
+
+TEST_CASE("rpc session codec: a both-ways reply says so in its flags byte") {
+    SessionReply both = accepted;
+    both.both_ways = true;
+    const auto bytes = encode(both);
+    CHECK(static_cast<std::uint8_t>(bytes[9]) == 1);
+    CHECK(must(decode_reply(bytes)) == both);
+    CHECK(static_cast<std::uint8_t>(encode(accepted)[9]) == 0);
+    SessionReply refused = SessionReply::refused(Refusal::too_many_sessions);
+    refused.both_ways = true; // a refusal says nothing else
+    CHECK(static_cast<std::uint8_t>(encode(refused)[9]) == 0);
 }
 
 TEST_CASE("rpc session codec: the limits at their bounds") {

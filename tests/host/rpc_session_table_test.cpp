@@ -144,6 +144,7 @@ TEST_CASE("rpc session table: admit agrees to the smaller limits, reserves their
     CHECK(table.admit(request, most).error() == Refusal::too_many_sessions);
     table.release(first->session);
     CHECK(table.admit(request, roomy).error() == Refusal::ring_full); // 32 credits, 16 free
+    CHECK(table.admit(request, most, true).error() == Refusal::ring_full); // both ways: 2 x 16
     CHECK(table.admit(request, most).has_value());                    // 16 credits fit
 }
 

@@ -147,10 +147,13 @@ struct RcPath {
     std::optional<QueuePair> qp;
 };
 
-// One session at this end. A client session has a ClientWindow and its calls; a server
-// session a ServerWindow. Both have the peer's address and the TCP connection whose end
-// is theirs (the socket lives in the session's watcher coroutine).
+// One session at this end: a ClientWindow and its calls where this end calls (the
+// initiator; both ends of a both-ways session), a ServerWindow where it answers (the
+// other end; both ends of a both-ways session). Both have the peer's address and the
+// TCP connection whose end is theirs (the socket lives in the session's watcher
+// coroutine).
 struct SessionState {
+    bool initiator = false; // this end set the session up (connect)
     SessionId local;
     SessionId remote;
     UdAddress peer;
@@ -240,7 +243,7 @@ struct EndpointCore {
                 .payload_per_packet = transport->mtu() - static_cast<std::uint32_t>(header_bytes)};
     }
     SessionState& attach(SessionId local, const SessionId& remote, const UdAddress& peer, AddressHandle ah,
-                         const SessionLimits& limits, bool client);
+                         const SessionLimits& limits, bool initiator, bool both_ways);
     void end_session(SessionId id, std::string_view why);
 
     static asio::awaitable<void> accept_loop(Anchor anchor, tcp::acceptor* acceptor);
@@ -256,6 +259,7 @@ struct EndpointCore {
     std::unique_ptr<RcTransport> rc;        // made for the first RC QP; before the table too
     SessionTable<SessionState> table;
     std::array<Handler, 256> handlers;
+    AcceptHandler accept_handler; // set: sessions are both ways
     Counters counters;
     std::optional<tcp::acceptor> acceptor;
     asio::steady_timer ticker;
@@ -411,7 +415,7 @@ bool EndpointCore::try_begin(SessionState& s, std::uint8_t type, std::span<const
     const auto begun = s.client->begin(type, message, capacity, rdma);
     if (!begun)
         return false;
-    if (s.rc.state == RcPath::State::ready)
+    if (!s.rc.client_slots.empty())
         s.rc.client_slots[*begun % s.calls.size()].rdma = rdma;
     PendingCall& call = s.calls[*begun % s.calls.size()];
     call.busy = true;
@@ -592,7 +596,7 @@ void EndpointCore::handle(SessionState& s, const HandlerCall& call) {
     if (!call.rdma)
         return run_handler(s, call.rpc_type, call.request, call.message, lent);
     const auto described = decode_request_descriptor(call.message, s.limits.max_request, s.limits.max_response);
-    if (!described || s.rc.state != RcPath::State::ready) {
+    if (!described || s.rc.server_slots.empty()) { // no RC QP here, or a descriptor from the server
         logger()->debug("rdmaxx rpc: session {}: a large request not to be read: {}", s.local.number,
                         described ? std::string("the session has no RC QP") : described.error().message());
         return send(s, s.server->respond(call.request, Status::transfer_failed, {}));
@@ -641,7 +645,7 @@ void EndpointCore::respond(std::uint16_t number, std::uint32_t generation, std::
     SessionState* s = table.lookup({.number = number, .generation = generation});
     if (s == nullptr)
         return; // the session ended while its handler ran
-    if (s->rc.state == RcPath::State::ready) {
+    if (!s->rc.server_slots.empty()) {
         const auto k = static_cast<std::uint32_t>(request % s->rc.server_slots.size());
         RcPath::ServerSlot& slot = s->rc.server_slots[k];
         if (slot.phase == RcPath::ServerSlot::Phase::handling && slot.call == request) {
@@ -667,8 +671,10 @@ void EndpointCore::respond(std::uint16_t number, std::uint32_t generation, std::
 // ---------------------------------------------------------------------------------
 // The RC path
 
+// The RC path carries the initiator's calls only (its QP is the target of the other
+// end's READs and WRITEs): calls from the other end of a both-ways session go by UD.
 bool EndpointCore::wants_rdma(const SessionState& s, std::size_t request, std::uint32_t capacity) const noexcept {
-    if (s.rc.state == RcPath::State::unavailable)
+    if (!s.initiator || s.rc.state == RcPath::State::unavailable)
         return false;
     const std::uint32_t threshold = options.rdma_threshold;
     if (request > threshold)
@@ -765,7 +771,7 @@ asio::awaitable<void> EndpointCore::send_rc(Anchor anchor, SessionId id, std::ar
 Result<std::optional<std::array<std::byte, rc_message_bytes>>> EndpointCore::take_rc(SessionState& s,
                                                                                      const RcMessage& message) {
     constexpr const char* call = "rpc session";
-    if (s.server) {
+    if (!s.initiator) {
         if (message.kind != RcMessage::Kind::offer || s.rc.state != RcPath::State::none)
             return std::unexpected(Error::protocol(call, "an RC message other than one offer from a client"));
         RcMessage answer{.kind = RcMessage::Kind::answer, .available = false, .qp = {}};
@@ -864,9 +870,10 @@ void EndpointCore::post_waiting() {
 // Sessions
 
 SessionState& EndpointCore::attach(SessionId local, const SessionId& remote, const UdAddress& peer, AddressHandle ah,
-                                   const SessionLimits& limits, bool client) {
+                                   const SessionLimits& limits, bool initiator, bool both_ways) {
     const Route route{.local = local, .remote = remote};
-    SessionState state{.local = local,
+    SessionState state{.initiator = initiator,
+                       .local = local,
                        .remote = remote,
                        .peer = peer,
                        .ah = std::move(ah),
@@ -882,11 +889,12 @@ SessionState& EndpointCore::attach(SessionId local, const SessionId& remote, con
                        .active = false,
                        .socket = nullptr,
                        .rc = {}};
-    if (client) {
+    if (initiator || both_ways) {
         state.client.emplace(ClientOptions{.window = limits.window, .credits = limits.credits, .rto = {}},
                              PacketLimits(limits.max_request, limits.payload_per_packet), route);
         state.calls.resize(limits.window);
-    } else {
+    }
+    if (!initiator || both_ways) {
         state.server.emplace(limits.window, PacketLimits(limits.max_response, limits.payload_per_packet), route,
                              &counters.request_copies);
         state.views.resize(limits.window);
@@ -1043,7 +1051,8 @@ asio::awaitable<void> EndpointCore::serve_setup(Anchor anchor, tcp::socket socke
         const auto request = decode_request(bytes);
         if (!request)
             co_return;
-        const auto admission = core->table.admit(*request, core->most());
+        const bool both_ways = static_cast<bool>(core->accept_handler);
+        const auto admission = core->table.admit(*request, core->most(), both_ways);
         if (!admission) {
             reply = SessionReply::refused(admission.error());
         } else if (auto ah = core->transport->handle_to(request->client); !ah) {
@@ -1053,11 +1062,12 @@ asio::awaitable<void> EndpointCore::serve_setup(Anchor anchor, tcp::socket socke
         } else {
             admitted = *admission;
             core->attach(admission->session, request->session, request->client, std::move(*ah), admission->limits,
-                         false);
+                         false, both_ways);
             reply = {.refusal = {},
                      .server = core->transport->address(),
                      .session = admission->session,
-                     .limits = admission->limits};
+                     .limits = admission->limits,
+                     .both_ways = both_ways};
         }
     }
     if (!admitted)
@@ -1073,6 +1083,10 @@ asio::awaitable<void> EndpointCore::serve_setup(Anchor anchor, tcp::socket socke
         co_return;
     }
     timer.cancel();
+    if (core->accept_handler) { // the server's handle: it may call the client from now on
+        ++core->handles;
+        core->accept_handler(Session(core, admitted->session.number, admitted->session.generation));
+    }
     co_await watch(anchor, admitted->session, std::move(socket));
 }
 
@@ -1080,7 +1094,8 @@ asio::awaitable<Result<Session>> EndpointCore::connect(Anchor anchor, std::strin
     constexpr const char* call = "rpc::Endpoint::connect";
     EndpointCore* core = *anchor;
     const SessionLimits asked = core->most();
-    const auto reserved = core->table.reserve(asked.credits);
+    // room for a both-ways session; what the server does not use goes back
+    const auto reserved = core->table.reserve(2 * asked.credits);
     if (!reserved)
         co_return std::unexpected(
             Error::from_errno(call, EAGAIN, fmt::format("this endpoint: {}", to_string(reserved.error()))));
@@ -1135,8 +1150,8 @@ asio::awaitable<Result<Session>> EndpointCore::connect(Anchor anchor, std::strin
     auto ah = core->transport->handle_to(reply->server);
     if (!ah)
         co_return std::unexpected(ah.error());
-    core->table.reduce_credits(id, reply->limits.credits);
-    core->attach(id, reply->session, reply->server, std::move(*ah), reply->limits, true);
+    core->table.reduce_credits(id, reply->both_ways ? 2 * reply->limits.credits : reply->limits.credits);
+    core->attach(id, reply->session, reply->server, std::move(*ah), reply->limits, true, reply->both_ways);
     reservation.kept = true;
     asio::co_spawn(core->executor, watch(anchor, id, std::move(socket)), asio::detached);
     ++core->handles;
@@ -1262,6 +1277,11 @@ Result<std::unique_ptr<Endpoint>> Endpoint::create(asio::io_context& io, Endpoin
 void Endpoint::set_handler(std::uint8_t type, Handler handler, std::source_location where) {
     core_->check_thread(where);
     core_->handlers[type] = std::move(handler);
+}
+
+void Endpoint::set_accept_handler(AcceptHandler handler, std::source_location where) {
+    core_->check_thread(where);
+    core_->accept_handler = std::move(handler);
 }
 
 asio::awaitable<Result<Session>> Endpoint::connect(std::string host, std::uint16_t port, std::source_location where) {

@@ -166,6 +166,7 @@ std::array<std::byte, session_reply_bytes> encode(const SessionReply& reply) noe
     std::array<std::byte, session_reply_bytes> out{}; // a refusal's terms stay 0
     put_prefix(out.data(), session_reply_magic, out.size());
     wire::put(out.data() + reply_status_at, reply.refusal ? static_cast<std::uint8_t>(*reply.refusal) : 0, 1);
+    wire::put(out.data() + reply_status_at + 1, !reply.refusal && reply.both_ways ? 1 : 0, 1);
     if (!reply.refusal)
         put_terms(out.data() + reply_terms_at, {reply.server, reply.session, reply.limits});
     return out;
@@ -194,20 +195,25 @@ Result<SessionReply> decode_reply(std::span<const std::byte> bytes) {
     if (auto whole = check_whole(bytes, session_reply_magic, session_reply_bytes, call, "reply"); !whole)
         return std::unexpected(std::move(whole.error()));
     const auto status = static_cast<std::uint8_t>(wire::get(bytes.data() + reply_status_at, 1));
-    if (wire::get(bytes.data() + reply_status_at + 1, 3) != 0)
+    const auto flags = wire::get(bytes.data() + reply_status_at + 1, 1);
+    if (wire::get(bytes.data() + reply_status_at + 2, 2) != 0 || flags > 1)
         return std::unexpected(Error::protocol(call, "reserved field is not 0"));
     if (status > static_cast<std::uint8_t>(Refusal::shutting_down))
         return std::unexpected(Error::protocol(call, fmt::format("status {} is unknown", status)));
     if (status != 0) {
         const auto terms = bytes.subspan(reply_terms_at);
-        if (std::any_of(terms.begin(), terms.end(), [](std::byte b) { return b != std::byte{0}; }))
+        if (flags != 0 || std::any_of(terms.begin(), terms.end(), [](std::byte b) { return b != std::byte{0}; }))
             return std::unexpected(Error::protocol(call, "a refusal with more than its status"));
         return SessionReply::refused(static_cast<Refusal>(status));
     }
     auto terms = get_terms(bytes.data() + reply_terms_at, call);
     if (!terms)
         return std::unexpected(std::move(terms.error()));
-    return SessionReply{.refusal = {}, .server = terms->address, .session = terms->session, .limits = terms->limits};
+    return SessionReply{.refusal = {},
+                        .server = terms->address,
+                        .session = terms->session,
+                        .limits = terms->limits,
+                        .both_ways = flags == 1};
 }
 
 Result<void> check_limits(const SessionLimits& limits) {

@@ -43,7 +43,9 @@
 //   offset  size  field
 //        0     8  prefix ("RXSR", 1, 68)
 //        8     1  status: 0 accepted, or a Refusal (1..5)
-//        9     3  reserved, 0
+//        9     1  flags: bit 0 "both ways": the server may call the client too (each end
+//                 then reserves 2 C receive buffers); other bits 0, and 0 in a refusal
+//       10     2  reserved, 0
 //       12    28  the server's UD address (layout as in the request)
 //       40     8  the server's SessionId: the client's packets to it carry it
 //       48    20  the agreed limits (layout as in the request)
@@ -137,9 +139,10 @@ struct SessionReply {
     UdAddress server;
     SessionId session; // the server's: the client's packets to it carry this
     SessionLimits limits; // agreed
+    bool both_ways = false; // the server may call the client
 
     static SessionReply refused(Refusal refusal) noexcept {
-        return {.refusal = refusal, .server = {}, .session = {}, .limits = {}};
+        return {.refusal = refusal, .server = {}, .session = {}, .limits = {}, .both_ways = false};
     }
     friend bool operator==(const SessionReply&, const SessionReply&) = default;
 };

@@ -86,15 +86,17 @@ public:
     }
 
     // The server's accept path in one call: the limits agreed with `request` (agree()
-    // with `most`, the server's maxima) and a reserved entry with their credits, or why
-    // not: too_many_sessions (no free number), then ring_full (fewer free buffers than
-    // the agreed credits). attach() the session's state next.
+    // with `most`, the server's maxima) and a reserved entry with their credits (twice
+    // `both_ways`: requests come in from the client and answers to the server's own
+    // calls), or why not: too_many_sessions (no free number), then ring_full (fewer free
+    // buffers than that). attach() the session's state next.
     // Programming error: `request` or `most` outside check_limits()'s bounds (a
     // decoded request never is).
     std::expected<Admitted, Refusal> admit(const SessionRequest& request, const SessionLimits& most,
+                                           bool both_ways = false,
                                            std::source_location where = std::source_location::current()) {
         const SessionLimits agreed = agree(request.limits, most, where);
-        const auto session = reserve(agreed.credits, where);
+        const auto session = reserve(both_ways ? 2 * agreed.credits : agreed.credits, where);
         if (!session)
             return std::unexpected(session.error());
         return Admitted{.session = *session, .limits = agreed};

@@ -272,13 +272,21 @@ private:
 // Runs for each request of its type that arrived whole, on the endpoint's thread.
 using Handler = std::function<void(Request, Responder)>;
 
+// Runs for each session a client set up, on the endpoint's thread, with the server's
+// handle of it.
+using AcceptHandler = std::function<void(Session)>;
+
 // The limits both ends of a session agreed to.
 struct SessionInfo {
     std::uint32_t window = 0, credits = 0, max_request = 0, max_response = 0, payload_per_packet = 0;
 };
 
-// A client's session: an RAII handle (destroying it ends the session: its calls in
-// flight end with "session reset", the server hears of it through the TCP connection).
+// A session's handle at either end: at the client, from Endpoint::connect; at a server
+// with an accept handler, given to it for each session a client set up (the session is
+// then both ways: the server calls the client through it, with the same limits). An
+// RAII handle: destroying it ends the session (its calls in flight end with "session
+// reset", the peer hears of it through the TCP connection). A server without an accept
+// handler keeps no handle: its sessions end when their clients end them.
 class Session {
 public:
     Session(Session&& other) noexcept
@@ -334,6 +342,13 @@ public:
     // The handler of requests of `type`; an empty one removes it (its requests are
     // answered "no handler"). Programming error: not the endpoint's thread.
     void set_handler(std::uint8_t type, Handler handler, std::source_location where = std::source_location::current());
+
+    // From now on, sessions clients set up are both ways: `handler` gets each one's
+    // Session, to call the client back (the client's handlers answer; large messages
+    // from the server travel as UD packets). Each end of such a session reserves twice
+    // its credits in its receive ring. An empty handler: sessions from now on are the
+    // client's only. Programming error: not the endpoint's thread.
+    void set_accept_handler(AcceptHandler handler, std::source_location where = std::source_location::current());
 
     // A session to the endpoint listening at host:port, within setup_timeout. Runtime
     // errors: resolving and connecting (errno), a silent server (timeout), a malformed
