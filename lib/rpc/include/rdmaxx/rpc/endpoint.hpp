@@ -58,7 +58,10 @@
 // touch is retired, not reused, until the server has provably moved past that call.
 // If the server cannot set up an RC QP (or does not answer within setup_timeout),
 // the session carries large messages as UD packets. An RC transfer that fails ends
-// the session (its calls: session reset).
+// the session (its calls: session reset). Staging memory is per window slot, sized by
+// the largest message the slot has carried (in powers of two from 64 KiB) and kept for
+// the session's life: at most window x (max_request + max_response) per session at
+// each end.
 //
 // Copies: a request is copied into its session's window (or staging memory) when the
 // call begins (the caller's buffer is free at once, and a resend needs it), each packet
