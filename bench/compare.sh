@@ -2,7 +2,8 @@
 # compare.sh [BUILD_DIR] [--rpc] [options] - perftest and rdmaxx-perf side by side on
 # this machine's RDMA device, or on rxe0 in the project's Soft-RoCE VM when it has none.
 # Results (table, raw figures, plot) go to bench/results/. See bench/compare.py; with
-# --rpc, lib/rpc's rdmaxx-rpc-perf beside perftest's UD sends (bench/rpc_compare.py).
+# --rpc, rdmaxx-perf's rpc_lat and rpc_bw beside perftest's UD and RC sends and UCX's
+# active messages (bench/rpc_compare.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
@@ -10,7 +11,7 @@ shift || true
 script=bench/compare.py tool=(--perf "$build/bench/rdmaxx-perf")
 if [ "${1:-}" = --rpc ]; then
     shift
-    script=bench/rpc_compare.py tool=(--rpc "$build/bench/rdmaxx-rpc-perf")
+    script=bench/rpc_compare.py
 fi
 [ -x "${tool[1]}" ] || { echo "compare: build first: meson setup $build && ninja -C $build" >&2; exit 2; }
 runner=()

@@ -1,7 +1,7 @@
 // rdmaxx-perf: perftest's latency and bandwidth tests (ib_write_lat, ib_write_bw, ...)
 // measured the way perftest measures them, on rdmaxx's own layers, so that the two
-// compare figure for figure. `rdmaxx-perf TEST` serves, `rdmaxx-perf TEST HOST` runs;
-// see usage() in options.cpp.
+// compare figure for figure, and lib/rpc's calls beside them (rpc_lat, rpc_bw: rpc.hpp).
+// `rdmaxx-perf TEST` serves, `rdmaxx-perf TEST HOST` runs; see usage() in options.cpp.
 #include <cstdio>
 #include <string_view>
 #include <vector>
@@ -12,6 +12,7 @@
 
 #include "options.hpp"
 #include "report.hpp"
+#include "rpc.hpp"
 #include "runs.hpp"
 #include "side.hpp"
 
@@ -25,8 +26,10 @@ int fail(const Error& error) {
     return 1;
 }
 
+// S: Side (the device's tests, runs.hpp) or RpcSide (lib/rpc's, rpc.hpp).
+template <class S>
 int client(const Options& options) {
-    auto side = Side::connect(options);
+    auto side = S::connect(options);
     if (!side)
         return fail(side.error());
     const Setup& setup = side->setup();
@@ -48,7 +51,7 @@ int client(const Options& options) {
                                           : latency_row(size, options.iters, *l));
         else {
             const auto& b = std::get<Bandwidth>(*figures);
-            const std::uint64_t messages = std::uint64_t{options.iters} * options.qps;
+            const std::uint64_t messages = std::uint64_t{options.iters} * options.qps * options.sessions;
             fmt::print("{}", options.json ? bandwidth_json(setup, size, messages, b) : bandwidth_row(size, messages, b));
         }
         std::fflush(stdout);
@@ -60,15 +63,16 @@ int client(const Options& options) {
     return 0;
 }
 
+template <class S>
 int server(const Options& options) {
-    auto side = Side::accept(options);
+    auto side = S::accept(options);
     if (!side)
         return fail(side.error());
-    auto runs = serve(*side);
-    if (!runs)
-        return fail(runs.error());
-    fmt::print(stderr, "rdmaxx-perf: served {} run(s) of {} on {}\n", *runs, test_name(options.test),
-               side->setup().device);
+    auto served = serve(*side);
+    if (!served)
+        return fail(served.error());
+    fmt::print(stderr, "rdmaxx-perf: served {} {} of {} on {}\n", *served,
+               options.test.verb == Verb::rpc ? "call(s)" : "run(s)", test_name(options.test), side->setup().device);
     return 0;
 }
 
@@ -85,5 +89,7 @@ int main(int argc, char** argv) {
         fmt::print("{}", usage());
         return 0;
     }
-    return options->host.empty() ? server(*options) : client(*options);
+    if (options->test.verb == Verb::rpc)
+        return options->host.empty() ? server<RpcSide>(*options) : client<RpcSide>(*options);
+    return options->host.empty() ? server<Side>(*options) : client<Side>(*options);
 }

@@ -9,7 +9,7 @@
 namespace rdmaxx::perf {
 namespace {
 
-constexpr std::string_view verb_names[] = {"write", "read", "send", "write_imm", "atomic"};
+constexpr std::string_view verb_names[] = {"write", "read", "send", "write_imm", "atomic", "rpc"};
 
 Error invalid(std::string detail) { return Error::from_errno("options", EINVAL, std::move(detail)); }
 
@@ -52,7 +52,7 @@ std::string test_name(Test test) {
 }
 
 std::optional<Test> parse_test(std::string_view name) {
-    for (int v = 0; v < 5; ++v)
+    for (int v = 0; v <= static_cast<int>(Verb::rpc); ++v)
         for (const Measure m : {Measure::latency, Measure::bandwidth})
             if (const Test t{static_cast<Verb>(v), m}; test_name(t) == name)
                 return t;
@@ -63,7 +63,7 @@ std::vector<std::uint32_t> sweep_sizes(Verb verb) {
     if (verb == Verb::atomic)
         return {atomic_size};
     std::vector<std::uint32_t> sizes;
-    for (std::uint32_t s = min_size; s <= max_size; s *= 2)
+    for (std::uint32_t s = min_size; s <= (verb == Verb::rpc ? rpc_max_size : max_size); s *= 2)
         sizes.push_back(s);
     return sizes;
 }
@@ -96,15 +96,16 @@ std::string_view async_mode_name(AsyncMode mode) noexcept {
 std::string usage() {
     return "usage: rdmaxx-perf TEST [HOST] [options]\n"
            "  TEST: write_lat write_bw read_lat read_bw send_lat send_bw write_imm_lat write_imm_bw\n"
-           "        atomic_lat atomic_bw\n"
+           "        atomic_lat atomic_bw rpc_lat rpc_bw\n"
            "  without HOST: serve one client (the client's run parameters apply); with HOST: the client\n"
            "  -d, --ib-dev NAME       device (default $RDMAXX_DEVICE, else the first)\n"
            "  -i, --ib-port N         device port (1)\n"
            "  -x, --gid-index N       GID index (default: the RoCE v2 IPv4 entry, or 0 on InfiniBand)\n"
            "  -p, --port N            TCP port of the exchange, or the RDMA CM port (18515)\n"
            "  -R, --rdma_cm           connect the QPs through RDMA CM\n"
-           "  -s, --size N            message size in bytes (2..8388608; 65536 for bandwidth, 2 for latency)\n"
-           "  -a, --all               sweep 2 B .. 8 MiB\n"
+           "  -s, --size N            message size in bytes (2..8388608; 65536 for bandwidth, 2 for latency;\n"
+           "                          RPC tests: each way, 2..1048576, 32)\n"
+           "  -a, --all               sweep 2 B .. 8 MiB (RPC tests: .. 1 MiB)\n"
            "  -n, --iters N           iterations (1000 latency, 5000 bandwidth)\n"
            "  -t, --tx-depth N        send queue depth (1 latency, 128 bandwidth)\n"
            "  -r, --rx-depth N        receives posted (512)\n"
@@ -120,13 +121,18 @@ std::string usage() {
            "                          atomic_lat, write_bw, read_bw, atomic_bw): each post list one\n"
            "                          awaited operation, its last WR signaled\n"
            "      --timeout MS        longest the peer may stay silent (10000)\n"
-           "      --json              one JSON object per result line\n";
+           "      --json              one JSON object per result line\n"
+           "  RPC tests (rpc_lat: one call at a time, its round trip; rpc_bw: calls per second), lib/rpc's\n"
+           "  calls of SIZE bytes each way to an echo handler; the server serves until its client's\n"
+           "  sessions end, the --async mode applies to each side's own endpoint (busy by default):\n"
+           "  -w, --window N          calls in flight per session, rpc_bw (32; at most 1024)\n"
+           "      --sessions N        sessions, rpc_bw (1; at most 64): N x WINDOW calls in flight\n";
 }
 
 Result<Options> parse_options(std::span<const std::string_view> args) {
     Options o;
     std::vector<std::string_view> positional;
-    std::optional<std::uint32_t> size, iters, tx_depth;
+    std::optional<std::uint32_t> size, iters, tx_depth, window;
     bool all = false;
     for (std::size_t i = 0; i < args.size(); ++i) {
         std::string_view arg = args[i];
@@ -191,6 +197,10 @@ Result<Options> parse_options(std::span<const std::string_view> args) {
             ok = take(o.inline_size, 0, 16384);
         } else if (is("-q", "--qp")) {
             ok = take(o.qps, 1, max_qps);
+        } else if (is("-w", "--window")) {
+            ok = take(window, 1, rpc_max_window);
+        } else if (is("", "--sessions")) {
+            ok = take(o.sessions, 1, rpc_max_sessions);
         } else if (is("", "--timeout")) {
             ok = take(o.timeout, 100, 3'600'000);
         } else if (is("-m", "--mtu")) {
@@ -238,6 +248,21 @@ Result<Options> parse_options(std::span<const std::string_view> args) {
         o.host = positional[1];
 
     const bool latency = o.test.measure == Measure::latency;
+    const bool rpc = o.test.verb == Verb::rpc;
+    if (rpc) {
+        if (size && *size > rpc_max_size)
+            return std::unexpected(invalid(fmt::format("RPC tests move at most {} bytes each way", rpc_max_size)));
+        if (o.qps != 1 || o.post_list != 1 || tx_depth || o.rdma_cm || o.inline_size || o.mtu)
+            return std::unexpected(invalid("RPC tests take --window and --sessions, not --qp, --post_list, "
+                                           "--tx-depth, --rdma_cm, --inline_size or --mtu"));
+        if (latency && (o.sessions != 1 || window.value_or(1) != 1))
+            return std::unexpected(invalid("rpc_lat makes one call at a time (--window 1, --sessions 1)"));
+        o.window = window.value_or(latency ? 1 : 32);
+        if (o.async == AsyncMode::off)
+            o.async = AsyncMode::busy;
+    } else if (window || o.sessions != 1) {
+        return std::unexpected(invalid("--window and --sessions are the RPC tests' (rpc_lat, rpc_bw)"));
+    }
     if (o.test.verb == Verb::atomic && size && *size != atomic_size)
         return std::unexpected(invalid("atomics move 8 bytes: --size must be 8 or absent"));
     if (all && size)
@@ -245,7 +270,8 @@ Result<Options> parse_options(std::span<const std::string_view> args) {
     if (all)
         o.sizes = sweep_sizes(o.test.verb);
     else
-        o.sizes = {o.test.verb == Verb::atomic ? atomic_size : size.value_or(latency ? 2 : 65536)};
+        o.sizes = {o.test.verb == Verb::atomic ? atomic_size
+                                                : size.value_or(rpc ? rpc_default_size : latency ? 2 : 65536)};
     o.iters = iters.value_or(latency ? 1000 : 5000);
     o.tx_depth = tx_depth.value_or(latency ? 1 : 128); // perftest's: one WR at a time in latency tests
     if (latency && o.qps != 1)
@@ -259,9 +285,10 @@ Result<Options> parse_options(std::span<const std::string_view> args) {
     // wait on the peer's data or receives, which is the data layer's loop
     const bool one_sided = o.test.verb == Verb::read || o.test.verb == Verb::atomic ||
                            (o.test.verb == Verb::write && !latency);
-    if (o.async != AsyncMode::off && !one_sided)
+    if (o.async != AsyncMode::off && !one_sided && !rpc)
         return std::unexpected(invalid(fmt::format(
-            "--async runs read_lat, atomic_lat, write_bw, read_bw and atomic_bw, not {}", test_name(o.test))));
+            "--async runs read_lat, atomic_lat, write_bw, read_bw, atomic_bw and the RPC tests, not {}",
+            test_name(o.test))));
     if (o.inline_size && *o.inline_size != 0 && (o.test.verb == Verb::read || o.test.verb == Verb::atomic))
         return std::unexpected(invalid("READ and atomics cannot be inline: --inline_size 0 or absent"));
     return o;

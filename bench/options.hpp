@@ -15,7 +15,8 @@
 
 namespace rdmaxx::perf {
 
-enum class Verb : std::uint8_t { write, read, send, write_imm, atomic };
+// rpc: lib/rpc's calls (an echo handler), not a verb of the device's: rpc_lat, rpc_bw.
+enum class Verb : std::uint8_t { write, read, send, write_imm, atomic, rpc };
 enum class Measure : std::uint8_t { latency, bandwidth };
 enum class AtomicOp : std::uint8_t { fetch_add, compare_swap };
 // The client's loop through lib/async (co_await per operation, every operation
@@ -37,6 +38,12 @@ inline constexpr std::uint32_t min_size = 2;
 inline constexpr std::uint32_t max_size = 8u << 20; // perftest's -a goes 2 B .. 8 MiB
 inline constexpr std::uint32_t atomic_size = 8;
 inline constexpr std::uint32_t max_post_list = 64;
+// The RPC tests: the largest call (what their server agrees to, each way), the default
+// size, the most calls in flight per session and the most sessions.
+inline constexpr std::uint32_t rpc_max_size = 1u << 20;
+inline constexpr std::uint32_t rpc_default_size = 32;
+inline constexpr std::uint32_t rpc_max_window = 1024;
+inline constexpr std::uint32_t rpc_max_sessions = 64;
 inline constexpr std::uint32_t max_qps = 64;
 // Bandwidth WRs above this many bytes are all signaled (perftest does the same).
 inline constexpr std::uint32_t signal_every_wr_above = 8192;
@@ -61,7 +68,10 @@ struct Options {
     std::optional<Mtu> mtu;                  // default: min of both ports' active MTU
     std::uint32_t qps = 1;
     AtomicOp atomic = AtomicOp::fetch_add;
-    AsyncMode async = AsyncMode::off;         // client only: one-sided tests (READ, atomics; WRITE bandwidth)
+    AsyncMode async = AsyncMode::off;         // client only: one-sided tests (READ, atomics; WRITE bandwidth);
+                                              // RPC tests: the endpoint's mode, either side (busy by default)
+    std::uint32_t window = 1;                 // RPC tests: calls in flight per session (resolved: 1 latency, 32 bandwidth)
+    std::uint32_t sessions = 1;               // RPC tests: sessions of the client's endpoint (bandwidth)
     bool json = false;
     std::chrono::milliseconds timeout{10'000}; // longest silence of the peer before an Error
     bool help = false;
@@ -72,7 +82,8 @@ struct Options {
 Result<Options> parse_options(std::span<const std::string_view> args);
 std::string usage();
 
-// The sizes a run sweeps (-a): 2 B to 8 MiB, doubling; 8 B only for atomics.
+// The sizes a run sweeps (-a): 2 B to 8 MiB, doubling; 8 B only for atomics; 2 B to
+// 1 MiB for the RPC tests.
 std::vector<std::uint32_t> sweep_sizes(Verb verb);
 
 // The signal interval a bandwidth run uses at `size`: cq_mod, or every WR above 8 KiB,

@@ -22,10 +22,13 @@ struct Setup {
     std::uint32_t cq_mod = 0;
     std::uint32_t inline_size = 0;
     std::uint32_t mtu_bytes = 0;
-    AsyncMode async = AsyncMode::off; // the client's loop
+    AsyncMode async = AsyncMode::off; // the client's loop (RPC tests: its endpoint's mode)
+    std::uint32_t window = 0;         // RPC tests: calls in flight per session
+    std::uint32_t sessions = 0;       // RPC tests
 };
 
-// The banner and the column heads, perftest's layout.
+// The banner and the column heads, perftest's layout (the RPC tests': their own banner,
+// the same columns).
 std::string table_head(const Setup& setup);
 std::string latency_row(std::uint32_t size, std::uint32_t iters, const Latency& l);
 std::string bandwidth_row(std::uint32_t size, std::uint64_t iters, const Bandwidth& b);

@@ -1,23 +1,37 @@
 #!/usr/bin/env python3
-"""rpc_compare.py - lib/rpc (rdmaxx-rpc-perf) beside perftest's UD sends, in the same
-run, alternating, on this machine's device (in the VM: bench/compare.sh BUILD --rpc).
+"""rpc_compare.py - lib/rpc (rdmaxx-perf rpc_lat / rpc_bw) beside perftest's UD and RC
+sends and UCX's active messages, in the same run, alternating, on this machine's device
+(in the VM: bench/compare.sh BUILD --rpc).
 
-  rpc_compare.py --rpc BUILD/bench/rdmaxx-rpc-perf [--rounds N (5)] [--size S (32)]
+  rpc_compare.py --perf BUILD/bench/rdmaxx-perf [--rounds N (5)] [--size S (32)]
                  [--window W (32)] [--out DIR]
 
-Per round: ib_send_lat -c UD, rdmaxx-rpc-perf (one call at a time), ib_send_bw -c UD,
-rdmaxx-rpc-perf -w W. Reported, each tool's best round and the median of the rounds:
-  round trip: rpc's median round trip / (2 x ib_send_lat's t_typical)  (target <= 1.3)
-  rate: rpc's calls per second / ib_send_bw's message rate             (target >= 0.4)
+Per round, in this order: ib_send_lat -c UD, ib_send_lat -c RC, rpc_lat, ucp_am_lat,
+ib_send_bw -c UD, ib_send_bw -c RC, rpc_bw -w W, ucp_am_bw (ucx_perftest). Reported,
+each tool's best round, the median of the rounds and the range:
+  round trip: rpc_lat's t_typical (a whole round trip) / (2 x ib_send_lat UD's t_typical,
+              half of one)                                            (target <= 1.3)
+  rate:       rpc_bw's calls per second / ib_send_bw UD's message rate  (target >= 0.4)
+  UCX:        rpc against ucp_am_lat (2 x its typical: it reports half a round trip, as
+              perftest) and ucp_am_bw's message rate                (target: rpc faster)
+UCX runs on the RDMA device only if one of its verbs transports does (UCX_TLS rc_verbs,
+ud_verbs, then rc_v,ud_v, UCX_NET_DEVICES=DEVICE:1); every attempt's error is kept in
+the results. TCP is tried last and reported apart: it does not count.
 Server and client pinned to CPUs 0 and 1 (compare.py's run_pair)."""
 import argparse
 import glob
 import json
 import os
+import shutil
 import statistics
+import subprocess
 import sys
+import time
 
+import compare
 from compare import perftest_figure, run_pair
+
+UCX_VERBS = ["rc_verbs", "ud_verbs", "rc_v,ud_v"]
 
 
 def perftest_rate(output):
@@ -29,14 +43,139 @@ def perftest_rate(output):
     raise RuntimeError(f"no result line in perftest's output:\n{output}")
 
 
-def rpc_figure(output, key):
-    fields = output.strip().splitlines()[-1].split()
-    return float(fields[fields.index(key) + 1])
+def rdmaxx_row(output):
+    return json.loads(output.strip().splitlines()[-1])
+
+
+def ucx_row(output):
+    """ucx_perftest -v: a CSV head (iterations,50.0_percentile_lat,avg_lat,...) and, among
+    whatever it logs, one line of as many figures."""
+    head, row = None, None
+    for line in output.splitlines():
+        line = line.strip()
+        if line.startswith("iterations,"):
+            head = line.split(",")
+        elif head and len(line.split(",")) == len(head):
+            try:
+                row = dict(zip(head, map(float, line.split(","))))
+            except ValueError:
+                pass
+    if row is None:
+        raise RuntimeError(f"no CSV result in ucx_perftest's output:\n{telling(output)}")
+    return row
+
+
+def probe_pair(server_cmd, client_cmd, timeout):
+    """compare.run_pair_once for a tool that may fail or hang: both sides' output in the
+    error, a short timeout, the server killed at once."""
+    compare.port += 1
+    port = str(compare.port)
+    server = subprocess.Popen(compare.pinned(server_cmd + ["-p", port], 0), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    for _ in range(500):
+        if compare.listening(compare.port) or server.poll() is not None:
+            break
+        time.sleep(0.02)
+    try:
+        client = subprocess.run(compare.pinned(client_cmd + ["-p", port], 1), capture_output=True, text=True,
+                                timeout=timeout)
+        rc, out, err = client.returncode, client.stdout, client.stderr
+    except subprocess.TimeoutExpired as e:
+        rc, out, err = "timeout", e.stdout or "", (e.stderr or "") + f"\n(no result within {timeout} s)"
+        out, err = (out.decode() if isinstance(out, bytes) else out), (err.decode() if isinstance(err, bytes) else err)
+    try:
+        server_out = server.communicate(timeout=5 if rc == 0 else 1)[0]
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server_out = server.communicate()[0]
+    if rc != 0:
+        raise RuntimeError(f"client: exit {rc}\n{telling(out + err)}\nserver:\n{telling(server_out)}")
+    return out
+
+
+class Ucx:
+    """ucx_perftest on the first configuration that works on the device, found once; each
+    failed attempt's error kept (probed with UCX's debug log, its telling lines kept)."""
+
+    def __init__(self, device, size):
+        self.size, self.tls, self.env, self.attempts = size, None, {}, []
+        if not shutil.which("ucx_perftest"):
+            self.attempts.append({"config": "-", "error": "ucx_perftest not installed (Debian's ucx-utils: "
+                                  "scripts/install-deps.sh)"})
+            return
+        verbs = {"UCX_NET_DEVICES": f"{device}:1"}
+        configs = [{"UCX_TLS": tls} | verbs for tls in UCX_VERBS]
+        # UCX's UD drops every packet rxe delivers unless its Ethernet DGID check is off
+        configs += [{"UCX_TLS": "rc_v,ud_v", "UCX_UD_VERBS_ETH_DGID_CHECK": "n"} | verbs, {"UCX_TLS": "tcp"}]
+        for env in configs:
+            name = " ".join(f"{k}={v}" for k, v in env.items())
+            try:
+                row, ep_config = self.run("ucp_am_lat", 200, env | {"UCX_LOG_LEVEL": "debug"}, probe=True)
+                self.attempts.append({"config": name, "error": None, "lanes": ep_config})
+                self.tls, self.env = env["UCX_TLS"], env
+                break
+            except (RuntimeError, ValueError) as e:
+                self.attempts.append({"config": name, "error": str(e)})
+                print(f"rpc_compare: UCX with {name}: {str(e)[-400:]}", file=sys.stderr, flush=True)
+
+    def counts(self):
+        return self.tls is not None and self.tls != "tcp"
+
+    def run(self, test, iters, env=None, probe=False):
+        saved = {k: os.environ.get(k) for k in (env or self.env)}
+        os.environ.update(env or self.env)
+        try:
+            server = ["ucx_perftest"]
+            client = ["ucx_perftest", "127.0.0.1", "-t", test, "-s", str(self.size), "-n", str(iters),
+                      "-w", str(max(10, iters // 10)), "-v"]
+            if probe:  # line-buffered: a hung run killed at its timeout still shows its log
+                out = probe_pair(["stdbuf", "-oL", "-eL"] + server, ["stdbuf", "-oL", "-eL"] + client, 20)
+                lanes = [line.split("UCX  INFO")[-1].strip() for line in out.splitlines() if "ep_cfg" in line]
+                return ucx_row(out), lanes
+            out = run_pair(server, client)
+            if out is None:
+                raise RuntimeError(f"ucx_perftest {test} failed every attempt")
+            return ucx_row(out)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+def telling(log):
+    """A UCX debug log's lines that say what went wrong: errors, warnings, the lanes it
+    chose and its first resends (the rest repeats them)."""
+    keep, resends = [], 0
+    for line in log.splitlines():
+        if "resending rt_psn" in line:
+            resends += 1
+            if resends > 2:
+                continue
+        if any(k in line for k in ("ERROR", "WARN", "ep_cfg", "resending rt_psn", "connected to IFACE", "exit",
+                                   "no result within")):
+            keep.append(line.split("] ", 1)[-1].strip())
+    if resends > 2:
+        keep.append(f"... {resends} 'resending' lines in all: nothing the peer sent was received")
+    return "\n".join(keep[-25:])
+
+
+def best_median(runs, best):
+    return (best(runs), statistics.median(runs)) if runs else (None, None)
+
+
+def fmt(value, digits=2):
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def spread(runs, digits=2):
+    return f"{min(runs):.{digits}f}-{max(runs):.{digits}f}" if runs else "-"
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rpc", required=True)
+    ap.add_argument("--perf", required=True)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--size", type=int, default=32)
     ap.add_argument("--window", type=int, default=32)
@@ -47,43 +186,125 @@ def main():
         sys.exit("rpc_compare: no RDMA device here (run it with bench/compare.sh BUILD --rpc, which uses the VM)")
     device = os.environ.get("RDMAXX_DEVICE") or devices[0]
     gid = os.environ.get("RDMAXX_GID_INDEX") or os.environ.get("RDMAXX_VM_GID_INDEX")
-    pt = ["-d", device, "-c", "UD", "-s", str(args.size)] + (["-x", gid] if gid else [])
+    size = str(args.size)
     host = "127.0.0.1"
-    rpc_server = [args.rpc, "--serve", "--once", "-d", device]
-    rpc_client = [args.rpc, host, "-d", device, "-s", str(args.size)]
-    lat_iters, bw_iters = "5000", "20000"
+    lat_iters, bw_iters, ucx_lat_iters, ucx_bw_iters = 5000, 20000, 5000, 20000
 
-    runs = {"send_lat_us": [], "rpc_rtt_us": [], "send_bw_mpps": [], "rpc_mcalls": []}
+    def perftest(program, transport, iters):
+        pt = [program, "-d", device, "-c", transport, "-s", size, "-n", str(iters)] + (["-x", gid] if gid else [])
+        return run_pair(pt, pt + [host])
+
+    def rdmaxx(test, iters, extra=()):
+        mine = [args.perf, test, "-d", device, "-s", size, "-n", str(iters), *extra]
+        out = run_pair(mine, mine[:2] + [host] + mine[2:] + ["--json"])
+        return rdmaxx_row(out) if out is not None else None
+
+    ucx = Ucx(device, args.size)
+    runs = {k: [] for k in ("send_lat_ud_us", "send_lat_rc_us", "rpc_rtt_us", "ucx_am_lat_us",
+                            "send_bw_ud_mpps", "send_bw_rc_mpps", "rpc_mcalls", "ucx_am_bw_mpps")}
+    retransmissions = {"rpc_lat": [], "rpc_bw": []}
+    ucx_mean = []  # ucp_am_lat's mean half round trip (its median is in the table)
+
+    def add(key, value):
+        if value is not None:
+            runs[key].append(value)
+
     for r in range(args.rounds):
-        out = run_pair(["ib_send_lat"] + pt + ["-n", lat_iters], ["ib_send_lat"] + pt + ["-n", lat_iters, host])
-        runs["send_lat_us"].append(perftest_figure(out, True, args.size))
-        out = run_pair(rpc_server, rpc_client + ["-n", lat_iters, "-w", "1"])
-        runs["rpc_rtt_us"].append(rpc_figure(out, "median_us"))
-        out = run_pair(["ib_send_bw"] + pt + ["-n", bw_iters], ["ib_send_bw"] + pt + ["-n", bw_iters, host])
-        runs["send_bw_mpps"].append(perftest_rate(out))
-        out = run_pair(rpc_server, rpc_client + ["-n", bw_iters, "-w", str(args.window)])
-        runs["rpc_mcalls"].append(rpc_figure(out, "mcalls_per_s"))
-        print(f"rpc_compare: round {r + 1}: " + ", ".join(f"{k} {v[-1]:.3f}" for k, v in runs.items()), flush=True)
+        for transport, key in (("UD", "send_lat_ud_us"), ("RC", "send_lat_rc_us")):
+            out = perftest("ib_send_lat", transport, lat_iters)
+            add(key, perftest_figure(out, True, args.size) if out else None)
+        row = rdmaxx("rpc_lat", lat_iters)
+        if row:
+            add("rpc_rtt_us", row["t_typical"])
+            retransmissions["rpc_lat"].append(row["retransmissions"])
+        if ucx.tls:
+            row = ucx.run("ucp_am_lat", ucx_lat_iters)
+            add("ucx_am_lat_us", row["50.0_percentile_lat"])
+            ucx_mean.append(row["overall_lat"])
+        for transport, key in (("UD", "send_bw_ud_mpps"), ("RC", "send_bw_rc_mpps")):
+            out = perftest("ib_send_bw", transport, bw_iters)
+            add(key, perftest_rate(out) if out else None)
+        row = rdmaxx("rpc_bw", bw_iters, ["-w", str(args.window)])
+        if row:
+            add("rpc_mcalls", row["mpps"])
+            retransmissions["rpc_bw"].append(row["retransmissions"])
+        if ucx.tls:
+            add("ucx_am_bw_mpps", ucx.run("ucp_am_bw", ucx_bw_iters)["overall_mr"] / 1e6)
+        print(f"rpc_compare: round {r + 1}: " + ", ".join(f"{k} {v[-1]:.4g}" for k, v in runs.items() if v),
+              flush=True)
 
-    rtt_best = min(runs["rpc_rtt_us"]) / (2 * min(runs["send_lat_us"]))
-    rtt_median = statistics.median(runs["rpc_rtt_us"]) / (2 * statistics.median(runs["send_lat_us"]))
-    rate_best = max(runs["rpc_mcalls"]) / max(runs["send_bw_mpps"])
-    rate_median = statistics.median(runs["rpc_mcalls"]) / statistics.median(runs["send_bw_mpps"])
-    table = (f"# lib/rpc against perftest UD sends ({device}, {args.size} B, {args.rounds} rounds alternating)\n\n"
-             "| | perftest (best / median) | rdmaxx rpc (best / median) | ratio best (median) | target |\n"
-             "| --- | --- | --- | --- | --- |\n"
-             f"| round trip [us] vs 2 x ib_send_lat UD | {2 * min(runs['send_lat_us']):.2f} / "
-             f"{2 * statistics.median(runs['send_lat_us']):.2f} | {min(runs['rpc_rtt_us']):.2f} / "
-             f"{statistics.median(runs['rpc_rtt_us']):.2f} | {rtt_best:.2f} ({rtt_median:.2f}) | <= 1.3 |\n"
-             f"| rate [M/s], window {args.window} vs ib_send_bw UD | {max(runs['send_bw_mpps']):.4f} / "
-             f"{statistics.median(runs['send_bw_mpps']):.4f} | {max(runs['rpc_mcalls']):.4f} / "
-             f"{statistics.median(runs['rpc_mcalls']):.4f} | {rate_best:.2f} ({rate_median:.2f}) | >= 0.4 |\n")
+    lat = {k: best_median(runs[k], min) for k in ("send_lat_ud_us", "send_lat_rc_us", "rpc_rtt_us", "ucx_am_lat_us")}
+    rate = {k: best_median(runs[k], max) for k in ("send_bw_ud_mpps", "send_bw_rc_mpps", "rpc_mcalls",
+                                                    "ucx_am_bw_mpps")}
+
+    def ratio(a, b, i, scale=1.0):
+        return a[i] / (scale * b[i]) if a[i] is not None and b[i] is not None else None
+
+    r_lat, u_lat = lat["rpc_rtt_us"], lat["ucx_am_lat_us"]
+    ratios = {
+        "rtt_vs_2x_send_lat_ud": [ratio(r_lat, lat["send_lat_ud_us"], i, 2) for i in (0, 1)],
+        "rtt_vs_2x_send_lat_rc": [ratio(r_lat, lat["send_lat_rc_us"], i, 2) for i in (0, 1)],
+        "rtt_vs_2x_ucx_am_lat": [ratio(r_lat, u_lat, i, 2) for i in (0, 1)],
+        "rate_vs_send_bw_ud": [ratio(rate["rpc_mcalls"], rate["send_bw_ud_mpps"], i) for i in (0, 1)],
+        "rate_vs_send_bw_rc": [ratio(rate["rpc_mcalls"], rate["send_bw_rc_mpps"], i) for i in (0, 1)],
+        "rate_vs_ucx_am_bw": [ratio(rate["rpc_mcalls"], rate["ucx_am_bw_mpps"], i) for i in (0, 1)],
+    }
+
+    def verdict(value, ok):
+        return "-" if value is None else ("met" if ok(value) else "**not met**")
+
+    ucx_name = ("UCX AM (" + " ".join(f"{k}={v}" for k, v in ucx.env.items() if k != "UCX_NET_DEVICES") + ")"
+                if ucx.tls else "UCX AM")
+    ucx_note = "" if ucx.counts() else (" (over TCP: does not count)" if ucx.tls else " (did not run: see below)")
+    rows = [
+        ("round trip [us]: rpc_lat vs 2 x ib_send_lat UD", lat["send_lat_ud_us"], runs["send_lat_ud_us"], 2,
+         ratios["rtt_vs_2x_send_lat_ud"], "<= 1.3", lambda v: v <= 1.3),
+        ("round trip [us]: rpc_lat vs 2 x ib_send_lat RC", lat["send_lat_rc_us"], runs["send_lat_rc_us"], 2,
+         ratios["rtt_vs_2x_send_lat_rc"], "(reference)", None),
+        (f"round trip [us]: rpc_lat vs 2 x {ucx_name} ucp_am_lat{ucx_note}", u_lat, runs["ucx_am_lat_us"], 2,
+         ratios["rtt_vs_2x_ucx_am_lat"], "< 1", (lambda v: v < 1) if ucx.counts() else None),
+        (f"rate [M/s], window {args.window}: rpc_bw vs ib_send_bw UD", rate["send_bw_ud_mpps"],
+         runs["send_bw_ud_mpps"], 1, ratios["rate_vs_send_bw_ud"], ">= 0.4", lambda v: v >= 0.4),
+        (f"rate [M/s], window {args.window}: rpc_bw vs ib_send_bw RC", rate["send_bw_rc_mpps"],
+         runs["send_bw_rc_mpps"], 1, ratios["rate_vs_send_bw_rc"], "(reference)", None),
+        (f"rate [M/s], window {args.window}: rpc_bw vs {ucx_name} ucp_am_bw{ucx_note}", rate["ucx_am_bw_mpps"],
+         runs["ucx_am_bw_mpps"], 1, ratios["rate_vs_ucx_am_bw"], "> 1", (lambda v: v > 1) if ucx.counts() else None),
+    ]
+    table = (f"# lib/rpc against perftest and UCX ({device}, {args.size} B, {args.rounds} rounds alternating)\n\n"
+             "Each tool's best round / median of the rounds (range); ratio = rdmaxx rpc / other, of the best "
+             "rounds (of the medians). Round trips: the other tool's half round trip doubled. Soft-RoCE under "
+             "QEMU TCG: only the ratios of one run mean anything.\n\n"
+             "| comparison | other: best / median (range) | rdmaxx rpc: best / median (range) | ratio best (median) "
+             "| target | verdict |\n| --- | --- | --- | --- | --- | --- |\n")
+    for name, other, other_runs, scale, (best, median), target, ok in rows:
+        latency = scale == 2
+        mine, mine_runs = (r_lat, runs["rpc_rtt_us"]) if latency else (rate["rpc_mcalls"], runs["rpc_mcalls"])
+        digits = 1 if latency else 4
+        scaled = [v * scale for v in other_runs]
+        others = (f"{fmt(other[0] and other[0] * scale, digits)} / {fmt(other[1] and other[1] * scale, digits)} "
+                  f"({spread(scaled, digits)})") if other_runs else "-"
+        table += (f"| {name} | {others} | {fmt(mine[0], digits)} / {fmt(mine[1], digits)} "
+                  f"({spread(mine_runs, digits)}) | {fmt(best)} ({fmt(median)}) | {target} | "
+                  f"{verdict(best, ok) if ok else '-'} |\n")
+    table += (f"\nrdmaxx rpc retransmissions per run: rpc_lat {retransmissions['rpc_lat']}, "
+              f"rpc_bw {retransmissions['rpc_bw']}. Latencies are medians (perftest's and rdmaxx-perf's "
+              "t_typical, ucx_perftest's 50th percentile); ucp_am_lat's means (half round trips, us): "
+              f"{[round(v, 1) for v in ucx_mean]}. ucp_am_bw's rate is of one-way messages, rpc_bw's of calls "
+              "(a request and its response).\n")
+    table += "\n## UCX on this device\n\n"
+    for a in ucx.attempts:
+        if a["error"] is None:
+            table += f"- `{a['config']}`: ran ({'; '.join(a['lanes']) or 'lanes not logged'}).\n"
+        else:
+            table += f"- `{a['config']}`: failed:\n\n```\n{a['error'].strip()}\n```\n"
     print(table)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "rpc.md"), "w") as f:
         f.write(table)
     with open(os.path.join(args.out, "rpc.json"), "w") as f:
-        json.dump({"device": device, "size": args.size, "window": args.window, "runs": runs}, f, indent=1)
+        json.dump({"device": device, "size": args.size, "window": args.window, "rounds": args.rounds,
+                   "runs": runs, "retransmissions": retransmissions, "ucx_am_lat_mean_us": ucx_mean, "ratios_best_median": ratios,
+                   "ucx": {"tls": ucx.tls, "counts": ucx.counts(), "attempts": ucx.attempts}}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include <sys/resource.h>
+
 namespace rdmaxx::perf {
 
 Latency summarize_latency(std::span<const Clock::time_point> stamps, double divisor) {
@@ -42,6 +44,13 @@ Bandwidth bandwidth(std::uint64_t size, std::uint64_t messages, Clock::duration 
     return {.gbit_per_s = bytes * 8 / seconds / 1e9,
             .mib_per_s = bytes / seconds / (1 << 20),
             .mpps = static_cast<double>(messages) / seconds / 1e6};
+}
+
+Clock::duration cpu_time() {
+    rusage usage{};
+    getrusage(RUSAGE_SELF, &usage);
+    const auto us = [](const timeval& t) { return std::chrono::seconds(t.tv_sec) + std::chrono::microseconds(t.tv_usec); };
+    return us(usage.ru_utime) + us(usage.ru_stime);
 }
 
 } // namespace rdmaxx::perf

@@ -15,6 +15,7 @@ using Clock = std::chrono::steady_clock;
 struct Latency {
     double t_min = 0, t_max = 0, t_typical = 0, t_avg = 0, t_stdev = 0, p99 = 0, p999 = 0;
     double cpu_us_per_op = 0; // the client's CPU time (user + system) per operation; 0: not measured
+    std::uint64_t retransmissions = 0; // RPC tests: packets the client sent again
 };
 
 // From the initiator's timestamps, one per post plus one after the last: each sample is
@@ -28,7 +29,11 @@ Latency summarize_latency(std::span<const Clock::time_point> stamps, double divi
 struct Bandwidth {
     double gbit_per_s = 0, mib_per_s = 0, mpps = 0;
     double cpu_us_per_op = 0; // as in Latency
+    std::uint64_t retransmissions = 0; // as in Latency
 };
+
+// This process's CPU time so far (user + system).
+Clock::duration cpu_time();
 
 // `messages` of `size` bytes moved between the first post and the last completion.
 Bandwidth bandwidth(std::uint64_t size, std::uint64_t messages, Clock::duration elapsed);

@@ -2,27 +2,40 @@
 # check-install.sh - rdmaxx as its users get it: `meson install` into a prefix, then a
 # consumer project built against the installed .pc files, and the same consumer with
 # rdmaxx as a meson subproject. The wrap-only program must not need the data library.
+# The lib/rpc consumer makes a call over RDMA: on this machine's device, else on rxe0
+# in the project's Soft-RoCE VM (scripts/vm/run.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-work=$(mktemp -d "${TMPDIR:-/tmp}/rdmaxx-install.XXXXXX")
+# Without a device here the lib/rpc consumer runs in the VM, which sees the project
+# directory but not this machine's /tmp: the work tree is then a build-* directory.
+runner=() tmp=${TMPDIR:-/tmp}
+compgen -G '/sys/class/infiniband/*' >/dev/null || runner=(scripts/vm/run.sh) tmp=$root
+work=$(mktemp -d "$tmp/build-install.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 
 meson setup "$work/build" --prefix "$work/prefix" -Dtests=false -Dexamples=false >/dev/null
 ninja -C "$work/build" >/dev/null
 meson install -C "$work/build" --no-rebuild >/dev/null
 pcdir=$(dirname "$(find "$work/prefix" -name rdmaxx-wrap.pc)")
-for pc in rdmaxx rdmaxx-wrap rdmaxx-data; do
+for pc in rdmaxx rdmaxx-wrap rdmaxx-data rdmaxx-async rdmaxx-rpc; do
     [ -f "$pcdir/$pc.pc" ] || { echo "check-install: $pc.pc not installed"; exit 1; }
 done
-[ -f "$work/prefix/include/rdmaxx/wrap/qp.hpp" ] && [ -f "$work/prefix/include/rdmaxx/data/post.hpp" ] ||
+[ -f "$work/prefix/include/rdmaxx/wrap/qp.hpp" ] && [ -f "$work/prefix/include/rdmaxx/data/post.hpp" ] &&
+    [ -f "$work/prefix/include/rdmaxx/rpc/endpoint.hpp" ] ||
     { echo "check-install: headers not installed under include/rdmaxx"; exit 1; }
 
 # installed: found through pkg-config
 PKG_CONFIG_PATH=$pcdir meson setup "$work/installed" tests/consumer --wrap-mode=nofallback >/dev/null
 ninja -C "$work/installed" >/dev/null
-LD_LIBRARY_PATH=$(dirname "$(find "$work/prefix" -name 'librdmaxx-wrap.so' | head -n 1)") \
-    "$work/installed/wrap-only"
+libdir=$(dirname "$(find "$work/prefix" -name 'librdmaxx-wrap.so' | head -n 1)")
+LD_LIBRARY_PATH=$libdir "$work/installed/wrap-only"
+# lib/rpc through pkg-config: one call, on the installed libraries alone
+LD_LIBRARY_PATH=$libdir "${runner[@]}" "$work/installed/with-rpc" ||
+    { echo "check-install: the lib/rpc consumer failed"; exit 1; }
+if ! readelf -d "$work/installed/with-rpc" | grep -q 'librdmaxx-rpc'; then
+    echo "check-install: with-rpc does not link librdmaxx-rpc"; exit 1
+fi
 [ -x "$work/installed/umbrella" ] || { echo "check-install: rdmaxx.pc did not resolve"; exit 1; }
 if readelf -d "$work/installed/wrap-only" | grep -q rdmaxx-data; then
     echo "check-install: wrap-only links the data library"; exit 1

@@ -17,6 +17,8 @@ PACKAGES=(
     qemu-system-x86 linux-image-amd64 busybox-static kmod cpio xz-utils gzip iproute2
     # user space inside the VM (the guest runs the host's / read-only)
     rdma-core ibverbs-providers ibverbs-utils rdmacm-utils perftest
+    # bench/rpc_compare.py's other engine: UCX active messages (ucx_perftest)
+    ucx-utils
     # bench/compare.sh's plot (Debian's python3, not a pyenv one)
     python3-matplotlib
 )

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """perf_smoke.py RDMAXX_PERF - a short run of each rdmaxx-perf test, server and client
 on this machine's RDMA device: both must exit 0 (each checks the bytes the other's
-run left in its memory), and every output line must parse with sane figures. No
+run left in its memory; the RPC tests' client checks every echo), and every output
+line must parse with sane figures. No
 speed is asserted. Also: a sweep in the human table, and a client the server must
 refuse. Exit 77 (skipped) without an RDMA device."""
 import glob
@@ -100,6 +101,34 @@ for test, extra in [("read_lat", ["-s", "64"]), ("atomic_lat", ["-A", "CMP_AND_S
             check(f"{name}: says async {mode}, with its CPU time", all(
                 r.get("async") == mode and r.get("cpu_us_per_op", 0) > 0 for r in rows), out.strip())
 
+# lib/rpc's calls: one at a time and windows of them, single- and multi-packet, on
+# several sessions, each side's endpoint in each completion mode
+for test, extra in [("rpc_lat", ["-s", "32"]), ("rpc_lat", ["-s", "5000"]), ("rpc_bw", ["-s", "32", "-w", "8"]),
+                    ("rpc_bw", ["-s", "3000", "-w", "4", "--sessions", "3"])]:
+    for mode in ["busy", "event", "hybrid"] if extra == ["-s", "32"] else ["busy", "event"]:
+        name = f"{test} --async {mode} {' '.join(extra)}"
+        rc, out, err, src = pair(test, ["--async", mode, "-n", "20", "--json", *extra], server_args=["--async", mode])
+        check(f"{name}: client and server exit 0", rc == 0 and src == 0, err.strip())
+        if rc != 0:
+            continue
+        rows = [json.loads(line) for line in out.splitlines() if line.strip()]
+        sessions = int(extra[extra.index("--sessions") + 1]) if "--sessions" in extra else 1
+        window = int(extra[extra.index("-w") + 1]) if "-w" in extra else 1
+        check(f"{name}: one JSON line", [r["size"] for r in rows] == [int(extra[1])], out.strip())
+        for r in rows:
+            check(f"{name}: names its test, mode, window and sessions", r["test"] == test and r["async"] == mode and
+                  r["window"] == window and r["sessions"] == sessions and r["retransmissions"] >= 0, json.dumps(r))
+            if test == "rpc_lat":
+                sane = 0 < r["t_min"] <= r["t_typical"] <= r["t_max"] and r["t_typical"] <= r["p99"] <= r["t_max"]
+            else:
+                sane = r["mpps"] > 0 and r["iters"] == 20 * sessions and r["cpu_us_per_op"] > 0
+            check(f"{name}: figures", sane, json.dumps(r))
+rc, out, err, src = pair("rpc_lat", ["-a", "-n", "5"])
+rows = [line.split() for line in out.splitlines() if line[:2].strip().isdigit()]
+check("rpc_lat -a: a table row per size, 2 B .. 1 MiB", rc == 0 and src == 0 and [int(r[0]) for r in rows] ==
+      [2 << i for i in range(20)], (out + err).strip()[-600:])
+check("rpc_lat -a: perftest's columns, its own banner", "t_typical[usec]" in out and "lib/rpc sessions" in out)
+
 # QPs connected through RDMA CM (it needs an address on the RDMA device's netdev)
 cm_host = os.environ.get("RDMAXX_VM_ADDR") or subprocess.run(
     ["sh", "-c", "ip -4 -o addr show scope global | awk '{split($4, a, \"/\"); print a[1]; exit}'"],
@@ -139,6 +168,10 @@ check("mismatched tests: the client says why", "the client runs write_bw, this s
 # bad arguments never reach the device
 bad = subprocess.run([perf, "write_lat", "127.0.0.1", "--qp", "2"], capture_output=True, text=True)
 check("latency with 2 QPs: a usage error", bad.returncode == 2 and "one QP" in bad.stderr)
+bad = subprocess.run([perf, "rpc_lat", "127.0.0.1", "-w", "4"], capture_output=True, text=True)
+check("rpc_lat with a window of 4: a usage error", bad.returncode == 2 and "one call at a time" in bad.stderr)
+bad = subprocess.run([perf, "write_bw", "127.0.0.1", "--sessions", "2"], capture_output=True, text=True)
+check("write_bw with sessions: a usage error", bad.returncode == 2 and "RPC tests'" in bad.stderr)
 
 print(f"perf-smoke: {len(failures)} failure(s)")
 sys.exit(1 if failures else 0)

@@ -101,6 +101,44 @@ TEST_CASE("perf options: the sweep goes 2 B to 8 MiB, atomics stay at 8 B") {
     CHECK(must(parse({"atomic_lat", "-a"})).sizes == std::vector<std::uint32_t>{8});
 }
 
+TEST_CASE("perf options: the RPC tests take a size, a window and sessions, on lib/rpc in a mode") {
+    const Options lat = must(parse({"rpc_lat", "h"}));
+    CHECK(test_name(lat.test) == "rpc_lat");
+    CHECK(lat.sizes == std::vector<std::uint32_t>{32});
+    CHECK(lat.window == 1);
+    CHECK(lat.sessions == 1);
+    CHECK(lat.iters == 1000);
+    CHECK(lat.async == AsyncMode::busy);
+    const Options bw = must(parse({"rpc_bw", "h", "-w", "64", "--sessions=4", "-s", "4096", "--async", "event"}));
+    CHECK(bw.window == 64);
+    CHECK(bw.sessions == 4);
+    CHECK(bw.sizes == std::vector<std::uint32_t>{4096});
+    CHECK(bw.async == AsyncMode::event);
+    CHECK(must(parse({"rpc_bw"})).window == 32);
+    const Options sweep = must(parse({"rpc_lat", "-a"}));
+    CHECK(sweep.sizes.front() == 2);
+    CHECK(sweep.sizes.back() == rpc_max_size);
+    expect_invalid({"rpc_lat", "h", "-w", "2"}, "one call at a time");
+    expect_invalid({"rpc_lat", "h", "--sessions", "2"}, "one call at a time");
+    expect_invalid({"rpc_bw", "h", "-q", "2"}, "not --qp");
+    expect_invalid({"rpc_bw", "h", "-s", "2097152"}, "at most 1048576 bytes");
+    expect_invalid({"rpc_bw", "h", "-w", "1025"}, "outside 1..1024");
+    expect_invalid({"write_bw", "h", "-w", "4"}, "the RPC tests'");
+}
+
+TEST_CASE("perf report: the RPC tests' banner, perftest's columns, their own JSON fields") {
+    const Setup setup{.test = {Verb::rpc, Measure::bandwidth}, .device = "rxe0", .mtu_bytes = 1024,
+                      .async = AsyncMode::busy, .window = 32, .sessions = 2};
+    const std::string head = table_head(setup);
+    CHECK(head.find("RPC BW Test") != std::string::npos);
+    CHECK(head.find("Window         : 32") != std::string::npos);
+    CHECK(head.find("MsgRate[Mpps]") != std::string::npos);
+    const std::string json = bandwidth_json(setup, 32, 1000, {.mpps = 0.5, .cpu_us_per_op = 2, .retransmissions = 3});
+    CHECK(json.find("\"test\":\"rpc_bw\"") != std::string::npos);
+    CHECK(json.find("\"async\":\"busy\",\"cpu_us_per_op\":2.000,\"window\":32,\"sessions\":2,"
+                    "\"retransmissions\":3}") != std::string::npos);
+}
+
 TEST_CASE("perf options: bad input is an error that says what is wrong") {
     expect_invalid({}, "give a TEST");
     expect_invalid({"write_lat", "a", "b"}, "give a TEST");

@@ -1,0 +1,231 @@
+#include "rpc.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <optional>
+#include <string>
+
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <fmt/format.h>
+
+#include <rdmaxx/wrap/context.hpp>
+
+// g++ 12 sees Asio's coroutine-frame operator delete as mismatched with its operator
+// new once it inlines both into a coroutine (a false positive: the frame's allocator
+// pairs them).
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+
+namespace rdmaxx::perf {
+namespace {
+
+constexpr std::uint8_t echo = 1;
+// The server waits this long for its first session (Side's accept_wait).
+constexpr std::chrono::seconds first_session_wait{120};
+// Receive buffers of an endpoint, at most (each holds a packet of the MTU).
+constexpr std::uint32_t most_ring = 8192;
+
+async::DriveOptions drive(AsyncMode mode) {
+    switch (mode) {
+    case AsyncMode::event: return {.mode = async::CompletionMode::event};
+    case AsyncMode::hybrid: return {.mode = async::CompletionMode::hybrid};
+    default: return {.mode = async::CompletionMode::busy};
+    }
+}
+
+// The client asks for its window and twice as many packets in flight (at least 32), the
+// server agrees to any client's. The client's ring holds twice its sessions' credits
+// (at least 1024 buffers, lib/rpc's default): with exactly as many as the credits it
+// reserves, answers arrive before their buffers are posted again and are lost (a 64 KiB
+// call took 6 s on rxe instead of 90 ms).
+rpc::EndpointOptions endpoint_options(const Options& o, bool server) {
+    rpc::EndpointOptions e{.device = o.device, .port = o.ib_port, .gid_index = o.gid_index};
+    e.window = server ? rpc_max_window : o.window;
+    e.credits = std::clamp(2 * o.window, 32u, most_ring / o.sessions);
+    e.ring = server ? most_ring : std::min(most_ring, std::max(1024u, 2 * e.credits * o.sessions));
+    e.send_depth = 1024;
+    e.max_sessions = server ? rpc_max_sessions : o.sessions;
+    e.max_request = e.max_response = rpc_max_size;
+    e.drive = drive(o.async);
+    e.setup_timeout = o.timeout;
+    if (server) {
+        e.listen_port = o.port;
+        e.credits = most_ring / rpc_max_sessions;
+    }
+    return e;
+}
+
+// Runs `io` until `done()`.
+template <class Done>
+void run_until(asio::io_context& io, Done done) {
+    while (!done())
+        if (io.run_one() == 0)
+            io.restart();
+}
+
+// A caller's request: a pattern of its size, its call number in front (up to 4 bytes).
+void number(std::vector<std::byte>& request, std::uint32_t n) {
+    std::memcpy(request.data(), &n, std::min(request.size(), sizeof n));
+}
+
+struct Run {
+    Run(std::uint32_t size, std::chrono::milliseconds timeout, std::uint32_t callers,
+        std::span<Clock::time_point> stamps = {})
+        : size(size), timeout(timeout), stamps(stamps), callers_left(callers) {}
+    std::uint32_t size;
+    std::chrono::milliseconds timeout;
+    std::span<Clock::time_point> stamps; // latency: one per call's start, and one after the last
+    std::uint32_t callers_left;
+    Clock::time_point end;
+    std::optional<Error> error;
+};
+
+// `calls` calls, one after the other; each response's size and number checked, the
+// last one's bytes too.
+asio::awaitable<void> caller(rpc::Session* session, std::uint32_t calls, std::uint32_t id, Run* run) {
+    std::vector<std::byte> request(run->size), response(run->size);
+    for (std::size_t i = 0; i < request.size(); ++i)
+        request[i] = static_cast<std::byte>((i * 7 + id * 13 + run->size) & 0xff);
+    for (std::uint32_t n = 0; n < calls && !run->error; ++n) {
+        number(request, n);
+        if (!run->stamps.empty())
+            run->stamps[n] = Clock::now();
+        const auto got = co_await session->call(echo, request, response, {.timeout = run->timeout});
+        if (!got) {
+            run->error = got.error();
+        } else if (*got != run->size || std::memcmp(response.data(), request.data(), std::min(response.size(), sizeof n)) != 0) {
+            run->error = Error::protocol("peer", fmt::format("call {}: a {}-byte response, not the {}-byte echo of "
+                                                               "the call",
+                                                               n, *got, run->size));
+        }
+    }
+    if (!run->stamps.empty())
+        run->stamps[calls] = Clock::now();
+    if (calls > 0 && !run->error && response != request)
+        run->error = Error::protocol("peer", fmt::format("caller {}: wrong bytes in its last response", id));
+    if (--run->callers_left == 0)
+        run->end = Clock::now();
+}
+
+asio::awaitable<void> connect_all(rpc::Endpoint* endpoint, const Options* o, std::vector<rpc::Session>* sessions,
+                                  std::optional<Error>* error, bool* done) {
+    asio::steady_timer timer(co_await asio::this_coro::executor);
+    const auto deadline = Clock::now() + o->timeout;
+    while (sessions->size() < o->sessions) {
+        auto session = co_await endpoint->connect(o->host, o->port);
+        if (session) {
+            sessions->push_back(std::move(*session));
+        } else if (session.error().is_errno(ECONNREFUSED) && Clock::now() < deadline) {
+            timer.expires_after(std::chrono::milliseconds(20)); // the server is starting
+            co_await timer.async_wait(asio::use_awaitable);
+        } else {
+            *error = session.error();
+            break;
+        }
+    }
+    *done = true;
+}
+
+} // namespace
+
+RpcSide::RpcSide(Options options, std::unique_ptr<asio::io_context> io, std::unique_ptr<rpc::Endpoint> endpoint)
+    : options_(std::move(options)), io_(std::move(io)), endpoint_(std::move(endpoint)) {
+    setup_ = {.test = options_.test, .device = options_.device, .mtu_bytes = endpoint_->mtu(),
+              .async = options_.async, .window = options_.window, .sessions = options_.sessions};
+    if (auto context = Context::open(options_.device))
+        setup_.device = std::string(context->name());
+}
+
+Result<RpcSide> RpcSide::connect(const Options& options) {
+    auto io = std::make_unique<asio::io_context>(1);
+    auto endpoint = rpc::Endpoint::create(*io, endpoint_options(options, false));
+    if (!endpoint)
+        return std::unexpected(std::move(endpoint.error()));
+    RpcSide side(options, std::move(io), std::move(*endpoint));
+    std::optional<Error> error;
+    bool done = false;
+    asio::co_spawn(*side.io_, connect_all(side.endpoint_.get(), &side.options_, &side.sessions_, &error, &done),
+                   asio::detached);
+    run_until(*side.io_, [&done] { return done; });
+    if (error)
+        return std::unexpected(std::move(*error));
+    return side;
+}
+
+Result<RpcSide> RpcSide::accept(const Options& options) {
+    auto io = std::make_unique<asio::io_context>(1);
+    auto endpoint = rpc::Endpoint::create(*io, endpoint_options(options, true));
+    if (!endpoint)
+        return std::unexpected(std::move(endpoint.error()));
+    (*endpoint)->set_handler(echo, [](rpc::Request request, rpc::Responder responder) {
+        responder.respond(request.bytes());
+    });
+    return RpcSide(options, std::move(io), std::move(*endpoint));
+}
+
+Result<Figures> run_client(RpcSide& side, std::uint32_t size, std::uint32_t iters) {
+    const Options& o = side.options_;
+    const bool latency = o.test.measure == Measure::latency;
+    // warm up: the RTO estimate, Asio's handler memory, the sessions' buffers
+    Run warm(size, o.timeout, o.sessions);
+    for (std::uint32_t s = 0; s < o.sessions; ++s)
+        asio::co_spawn(*side.io_, caller(&side.sessions_[s], std::clamp(iters / 10, 5u, 200u), s, &warm),
+                       asio::detached);
+    run_until(*side.io_, [&warm] { return warm.callers_left == 0; });
+    if (warm.error)
+        return std::unexpected(std::move(*warm.error));
+
+    std::vector<Clock::time_point> stamps(latency ? iters + 1 : 0);
+    Run run(size, o.timeout, o.sessions * o.window, stamps);
+    const std::uint64_t retransmitted = side.endpoint_->counters().retransmissions;
+    const auto cpu = cpu_time();
+    const auto start = Clock::now();
+    for (std::uint32_t s = 0; s < o.sessions; ++s)
+        for (std::uint32_t w = 0; w < o.window; ++w) {
+            const std::uint32_t share = iters / o.window + (w < iters % o.window ? 1 : 0);
+            asio::co_spawn(*side.io_, caller(&side.sessions_[s], share, s * o.window + w, &run), asio::detached);
+        }
+    run_until(*side.io_, [&run] { return run.callers_left == 0; });
+    const auto used = cpu_time() - cpu;
+    if (run.error)
+        return std::unexpected(std::move(*run.error));
+    const std::uint64_t calls = std::uint64_t{iters} * o.sessions;
+    const double cpu_us = std::chrono::duration<double, std::micro>(used).count() / static_cast<double>(calls);
+    const std::uint64_t again = side.endpoint_->counters().retransmissions - retransmitted;
+    if (latency) {
+        Latency figures = summarize_latency(stamps, 1);
+        figures.cpu_us_per_op = cpu_us;
+        figures.retransmissions = again;
+        return figures;
+    }
+    Bandwidth figures = bandwidth(size, calls, run.end - start);
+    figures.cpu_us_per_op = cpu_us;
+    figures.retransmissions = again;
+    return figures;
+}
+
+Result<void> finish_client(RpcSide& side) {
+    side.sessions_.clear();
+    // the sessions' TCP connections close: run the io_context a moment to let them go
+    side.io_->run_for(std::chrono::milliseconds(10));
+    return {};
+}
+
+Result<std::uint32_t> serve(RpcSide& side) {
+    const auto first_deadline = Clock::now() + first_session_wait;
+    bool served = false;
+    while (!served || side.endpoint_->sessions() > 0) {
+        side.io_->run_for(std::chrono::milliseconds(20));
+        served = served || side.endpoint_->sessions() > 0;
+        if (!served && Clock::now() > first_deadline)
+            return std::unexpected(Error::timeout(
+                "peer", fmt::format("no client within {} s", first_session_wait.count())));
+    }
+    return static_cast<std::uint32_t>(side.endpoint_->counters().handled);
+}
+
+} // namespace rdmaxx::perf
