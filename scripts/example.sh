@@ -19,6 +19,8 @@ run=(bash -c 'build/examples/devinfo && examples/run-tutorial.sh build tcp && ex
      examples/run-tutorial.sh build cm async_server client && examples/run-tutorial.sh build tcp server async_client &&
      build/examples/async_mixed --mode event && build/examples/async_mixed --mode busy &&
      { build/examples/kv --serve --once & server=$!; build/examples/kv 127.0.0.1 -n 5000; rc=$?;
+       [ $rc = 0 ] || kill $server; wait $server; [ $rc = 0 ]; } &&
+     { build/examples/kv --serve --once & server=$!; build/examples/kv 127.0.0.1 -n 5000 --read-gets; rc=$?;
        [ $rc = 0 ] || kill $server; wait $server; [ $rc = 0 ]; }')
 if compgen -G '/sys/class/infiniband/*' >/dev/null; then
     exec "${run[@]}"

@@ -2,9 +2,14 @@
 //
 //   kv --serve [-p PORT] [-d DEVICE] [--once] [--mode MODE]
 //   kv HOST [-p PORT] [-d DEVICE] [-n OPS] [-c CONCURRENT] [--keys K] [--value-size V]
-//          [-w WINDOW] [--mode MODE]
+//          [-w WINDOW] [--mode MODE] [--read-gets]
 //
-// The server keeps a hash map and answers PUT and GET calls. The client is a load
+// The server keeps a hash map and answers PUT and GET calls. It also keeps a mirror of
+// the table that clients may READ (one-sided, the server's CPU not involved): it lends
+// it, registered for remote READ only, to each client that connects to PORT + 1
+// (lib/async's Connection, an hour's lease); --read-gets makes the client GET by
+// READing the key's mirror slot, and by RPC when the slot cannot answer (torn by a
+// concurrent PUT, holding another key, or empty). The client is a load
 // generator: CONCURRENT coroutines on one thread, OPS calls in all, half PUTs and half
 // GETs of K keys; every value is a function of its key, so every GET that finds its
 // key is checked byte for byte. A progress line on a terminal, then a summary (calls
@@ -26,6 +31,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <list>
+#include <optional>
 #include <random>
 #include <string>
 #include <string_view>
@@ -43,6 +50,7 @@
 
 #include <fmt/format.h>
 
+#include <rdmaxx/async/connection.hpp>
 #include <rdmaxx/rpc/endpoint.hpp>
 
 // g++ 12 sees Asio's coroutine-frame operator delete as mismatched with its operator
@@ -59,8 +67,70 @@ namespace {
 // when the key is there, [0] when not.
 constexpr std::uint8_t put_call = 1, get_call = 2;
 
+// The mirror for one-sided GETs: `mirror_slots` slots of `slot_bytes`; a key's slot is
+// fnv1a(key) % mirror_slots, and a PUT rewrites its key's slot (a collision evicts the
+// key there before: the hash map stays the truth). A slot:
+//   [u64 version][u16 key length][u16 value length][u32 0][key: key_room bytes]
+//   [value: value_room bytes][u64 fnv1a of every byte before it]
+// in host order (both ends are this program on one kind of machine). A READ may race
+// the server's write of the slot: the checksum tells a torn slot, whose GET goes by RPC.
+constexpr std::size_t key_room = 32, value_room = 256;
+constexpr std::size_t slot_bytes = 16 + key_room + value_room + 8;
+constexpr std::uint32_t mirror_slots = 16384;
+
+std::uint64_t fnv1a(std::span<const std::byte> bytes) {
+    std::uint64_t h = 14695981039346656037ull;
+    for (const std::byte b : bytes)
+        h = (h ^ std::to_integer<std::uint64_t>(b)) * 1099511628211ull;
+    return h;
+}
+
+std::size_t slot_of(std::string_view key) {
+    return fnv1a(std::as_bytes(std::span(key.data(), key.size()))) % mirror_slots;
+}
+
+// Writes `key` and `value` into its slot (or, too large to mirror, empties the slot if
+// it holds the key).
+void mirror_put(std::span<std::byte> mirror, std::string_view key, std::span<const std::byte> value) {
+    std::byte* slot = mirror.data() + slot_of(key) * slot_bytes;
+    std::uint64_t version = 0;
+    std::memcpy(&version, slot, 8);
+    const bool fits = key.size() <= key_room && value.size() <= value_room;
+    std::uint16_t held = 0;
+    std::memcpy(&held, slot + 8, 2);
+    if (!fits && (held != key.size() || std::memcmp(slot + 16, key.data(), key.size()) != 0))
+        return; // another key's slot: left as it is
+    const std::uint16_t key_length = fits ? static_cast<std::uint16_t>(key.size()) : 0;
+    const std::uint16_t value_length = fits ? static_cast<std::uint16_t>(value.size()) : 0;
+    ++version;
+    std::memset(slot, 0, slot_bytes - 8);
+    std::memcpy(slot, &version, 8);
+    std::memcpy(slot + 8, &key_length, 2);
+    std::memcpy(slot + 10, &value_length, 2);
+    std::memcpy(slot + 16, key.data(), key_length);
+    if (value_length > 0)
+        std::memcpy(slot + 16 + key_room, value.data(), value_length);
+    const std::uint64_t sum = fnv1a(std::span(slot, slot_bytes - 8));
+    std::memcpy(slot + slot_bytes - 8, &sum, 8);
+}
+
+// What a READ of `key`'s slot says: its value, or nothing (torn, another key, empty).
+std::optional<std::span<const std::byte>> mirror_get(std::span<const std::byte> slot, std::string_view key) {
+    std::uint64_t sum = 0;
+    std::memcpy(&sum, slot.data() + slot_bytes - 8, 8);
+    if (sum != fnv1a(slot.first(slot_bytes - 8)))
+        return std::nullopt;
+    std::uint16_t key_length = 0, value_length = 0;
+    std::memcpy(&key_length, slot.data() + 8, 2);
+    std::memcpy(&value_length, slot.data() + 10, 2);
+    if (key_length != key.size() || value_length > value_room ||
+        std::memcmp(slot.data() + 16, key.data(), key.size()) != 0)
+        return std::nullopt;
+    return slot.subspan(16 + key_room, value_length);
+}
+
 struct Args {
-    bool serve = false, once = false;
+    bool serve = false, once = false, read_gets = false;
     std::string host, device;
     std::uint16_t port = 31870;
     std::uint32_t ops = 20000, concurrent = 16, keys = 1000, value_size = 64;
@@ -75,7 +145,7 @@ constexpr std::uint32_t server_window = 256;
 int usage() {
     std::fputs("usage: kv --serve [-p PORT] [-d DEVICE] [--once] [--mode hybrid|busy|event]\n"
                "       kv HOST [-p PORT] [-d DEVICE] [-n OPS] [-c CONCURRENT] [--keys K] [--value-size V]\n"
-               "               [-w WINDOW] [--mode hybrid|busy|event]\n",
+               "               [-w WINDOW] [--mode hybrid|busy|event] [--read-gets]\n",
                stderr);
     return 2;
 }
@@ -96,8 +166,10 @@ bool parse(int argc, char** argv, Args& a) {
             a.serve = true;
         else if (arg == "--once")
             a.once = true;
+        else if (arg == "--read-gets")
+            a.read_gets = true;
         else if (arg == "-p") {
-            if (!number(port, 65535))
+            if (!number(port, 65534)) // and PORT + 1
                 return false;
             a.port = static_cast<std::uint16_t>(port);
         } else if (arg == "-n") {
@@ -140,6 +212,30 @@ bool parse(int argc, char** argv, Args& a) {
 // ---------------------------------------------------------------------------------
 // Server
 
+// Lends the mirror, for remote READ only, to each client that connects (an hour's
+// lease); the connections live in `readers` until the server ends.
+asio::awaitable<void> lend_mirror(async::Listener* listener, std::span<std::byte> mirror,
+                                  std::list<async::Connection>* readers) {
+    for (;;) {
+        auto connection = co_await listener->accept(std::chrono::hours(24));
+        if (!connection) {
+            if (connection.error().is_cancelled())
+                co_return;
+            continue; // a timeout: accept again
+        }
+        auto region = connection->register_local_mr(mirror, Access::remote_read);
+        if (!region) {
+            fmt::print(stderr, "kv: registering the mirror for a reader: {}\n", region.error());
+            continue;
+        }
+        if (auto lent = co_await connection->send_local_mr(std::move(*region), std::chrono::hours(1)); !lent) {
+            fmt::print(stderr, "kv: lending the mirror: {}\n", lent.error());
+            continue;
+        }
+        readers->push_back(std::move(*connection));
+    }
+}
+
 int serve(const Args& a) {
     asio::io_context io;
     auto server = rpc::Endpoint::create(io, {.device = a.device, .listen_port = a.port, .ring = 8 * 2 * server_window,
@@ -150,15 +246,26 @@ int serve(const Args& a) {
         return 1;
     }
     std::unordered_map<std::string, std::string> table;
+    std::vector<std::byte> mirror(std::size_t{mirror_slots} * slot_bytes);
+    auto listener = async::Listener::listen(io.get_executor(), "0.0.0.0", static_cast<std::uint16_t>(a.port + 1),
+                                            {.device = a.device, .max_lease = std::chrono::hours(1)});
+    if (!listener) {
+        fmt::print(stderr, "kv: {}\n", listener.error());
+        return 1;
+    }
+    std::list<async::Connection> readers;
+    asio::co_spawn(io, lend_mirror(&*listener, mirror, &readers), asio::detached);
     // a request from the network is checked like any: a malformed one is answered with
     // nothing (the caller's error), never trusted
-    (*server)->set_handler(put_call, [&table](rpc::Request request, rpc::Responder responder) {
+    (*server)->set_handler(put_call, [&table, &mirror](rpc::Request request, rpc::Responder responder) {
         const auto bytes = request.bytes();
         if (bytes.empty() || bytes.size() < 1 + std::to_integer<std::size_t>(bytes[0]))
             return; // dropped: the caller hears "handler dropped"
         const std::size_t key_length = std::to_integer<std::size_t>(bytes[0]);
         const auto* at = reinterpret_cast<const char*>(bytes.data());
-        table.insert_or_assign(std::string(at + 1, key_length), std::string(at + 1 + key_length, bytes.size() - 1 - key_length));
+        std::string key(at + 1, key_length);
+        mirror_put(mirror, key, bytes.subspan(1 + key_length));
+        table.insert_or_assign(std::move(key), std::string(at + 1 + key_length, bytes.size() - 1 - key_length));
         responder.respond({});
     });
     std::vector<std::byte> answer;
@@ -172,7 +279,8 @@ int serve(const Args& a) {
         }
         responder.respond(answer);
     });
-    fmt::print(stderr, "kv: serving on port {} ({}-byte packets)\n", a.port, (*server)->mtu());
+    fmt::print(stderr, "kv: serving on port {} ({}-byte packets), the table's mirror on port {}\n", a.port,
+               (*server)->mtu(), a.port + 1);
     bool served = false;
     for (;;) {
         io.run_for(std::chrono::milliseconds(100));
@@ -198,12 +306,44 @@ void value_of(std::uint32_t k, std::uint32_t size, std::vector<std::byte>& out) 
 
 struct Load {
     std::uint64_t done = 0, puts = 0, hits = 0, misses = 0, wrong = 0, failed = 0;
+    std::uint64_t read_hits = 0, read_fallbacks = 0; // GETs answered by a READ; READs that could not
     std::vector<double> round_trips_us;
     std::uint32_t workers_left = 0;
 };
 
-asio::awaitable<void> worker(rpc::Session* session, const Args* a, std::uint32_t calls, std::uint32_t seed, Load* load) {
-    std::mt19937 random(seed);
+// --read-gets: the connection the server lent its mirror on, the mirror, and a slot's
+// worth of registered memory per worker to READ into.
+struct Reader {
+    async::Connection connection;
+    RemoteMr mirror;
+    MemoryRegion slots;
+};
+
+// A GET by READ of the key's mirror slot: true when the slot answered (the value is
+// checked); false when the GET must go by RPC.
+asio::awaitable<bool> read_get(Reader* reader, std::uint32_t worker, std::uint32_t k, const std::string& key,
+                               const Args* a, std::vector<std::byte>* value, Load* load) {
+    const LocalSlice into = reader->slots.slice(std::size_t{worker} * slot_bytes, slot_bytes);
+    const auto read = co_await reader->connection.read(into, reader->mirror.slice(slot_of(key) * slot_bytes, slot_bytes));
+    if (!read) {
+        fmt::print(stderr, "\nkv: READ of {}'s slot: {}\n", key, read.error());
+        ++load->failed;
+        co_return true;
+    }
+    const auto found = mirror_get(into.bytes(), key);
+    if (!found) {
+        ++load->read_fallbacks;
+        co_return false;
+    }
+    value_of(k, a->value_size, *value);
+    const bool right = std::ranges::equal(*found, *value);
+    ++(right ? load->read_hits : load->wrong);
+    co_return true;
+}
+
+asio::awaitable<void> worker(rpc::Session* session, Reader* reader, const Args* a, std::uint32_t calls,
+                             std::uint32_t index, Load* load) {
+    std::mt19937 random(index + 1);
     std::vector<std::byte> request, value, response(1 + a->value_size);
     for (std::uint32_t i = 0; i < calls; ++i) {
         const std::uint32_t k = random() % a->keys;
@@ -216,6 +356,14 @@ asio::awaitable<void> worker(rpc::Session* session, const Args* a, std::uint32_t
             request.insert(request.end(), value.begin(), value.end());
         }
         const auto start = Clock::now();
+        bool read_answered = false; // (g++ 12: no co_await inside && or ?:)
+        if (!put && reader != nullptr)
+            read_answered = co_await read_get(reader, index, k, key, a, &value, load);
+        if (read_answered) {
+            load->round_trips_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count());
+            ++load->done;
+            continue;
+        }
         const auto got = co_await session->call(put ? put_call : get_call, request, response,
                                                 {.timeout = std::chrono::seconds(10)});
         load->round_trips_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count());
@@ -237,6 +385,28 @@ asio::awaitable<void> worker(rpc::Session* session, const Args* a, std::uint32_t
     --load->workers_left;
 }
 
+// Connects to the server's mirror (PORT + 1) and takes the lease it lends.
+asio::awaitable<Result<Reader>> lend_me_the_mirror(asio::any_io_executor executor, const Args* a) {
+    ConnectionOptions options; // (g++ 12: no braced initializer inside a co_await)
+    options.device = a->device;
+    auto connection =
+        co_await async::Connection::connect(executor, a->host, static_cast<std::uint16_t>(a->port + 1), options);
+    if (!connection)
+        co_return std::unexpected(std::move(connection.error()));
+    auto mirror = co_await connection->receive_remote_mr();
+    if (!mirror)
+        co_return std::unexpected(std::move(mirror.error()));
+    if (mirror->memory.length != std::uint64_t{mirror_slots} * slot_bytes || !has(mirror->access, Access::remote_read))
+        co_return std::unexpected(Error::protocol("kv", fmt::format("a mirror of {} bytes ({}), not {} readable",
+                                                                    mirror->memory.length, to_string(mirror->access),
+                                                                    std::uint64_t{mirror_slots} * slot_bytes)));
+    auto slots = connection->alloc_local_mr(std::size_t{a->concurrent} * slot_bytes, Access::local_write);
+    if (!slots)
+        co_return std::unexpected(std::move(slots.error()));
+    Result<Reader> reader(std::in_place, std::move(*connection), *mirror, std::move(*slots));
+    co_return reader; // (g++ 12: no braced initializer in a coroutine's co_return)
+}
+
 asio::awaitable<void> generate(rpc::Endpoint* client, const Args* a, Load* load, bool* done) {
     const auto executor = co_await asio::this_coro::executor;
     asio::steady_timer timer(executor);
@@ -253,11 +423,22 @@ asio::awaitable<void> generate(rpc::Endpoint* client, const Args* a, Load* load,
         *done = true;
         co_return;
     }
+    std::optional<Reader> reader;
+    if (a->read_gets) {
+        auto made = co_await lend_me_the_mirror(executor, a);
+        if (!made) {
+            fmt::print(stderr, "kv: the table's mirror: {}\n", made.error());
+            ++load->failed;
+            *done = true;
+            co_return;
+        }
+        reader.emplace(std::move(*made));
+    }
     const bool terminal = isatty(STDOUT_FILENO) != 0;
     load->workers_left = a->concurrent;
     for (std::uint32_t w = 0; w < a->concurrent; ++w) {
         const std::uint32_t share = a->ops / a->concurrent + (w < a->ops % a->concurrent ? 1 : 0);
-        asio::co_spawn(executor, worker(&*session, a, share, w + 1, load), asio::detached);
+        asio::co_spawn(executor, worker(&*session, reader ? &*reader : nullptr, a, share, w, load), asio::detached);
     }
     const auto start = Clock::now();
     while (load->workers_left > 0) {
@@ -279,8 +460,14 @@ asio::awaitable<void> generate(rpc::Endpoint* client, const Args* a, Load* load,
                "kv: {} PUTs, {} GETs found and checked, {} missing, {} wrong, {} failed; {} retransmissions, {} "
                "packets dropped\n",
                terminal ? "\r\033[K" : "", load->done, seconds, static_cast<double>(load->done) / seconds,
-               a->concurrent, session->info().window, at(0.5), at(0.99), load->puts, load->hits, load->misses,
-               load->wrong, load->failed, counters.retransmissions, counters.dropped());
+               a->concurrent, session->info().window, at(0.5), at(0.99), load->puts, load->hits + load->read_hits,
+               load->misses, load->wrong, load->failed, counters.retransmissions, counters.dropped());
+    if (reader) {
+        fmt::print("kv: {} GETs by one-sided READ, {} by RPC after a READ that could not answer\n", load->read_hits,
+                   load->read_fallbacks);
+        if (auto closed = co_await reader->connection.close(); !closed)
+            fmt::print(stderr, "kv: closing the mirror's connection: {}\n", closed.error());
+    }
     *done = true;
 }
 
