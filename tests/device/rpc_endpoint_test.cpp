@@ -681,3 +681,42 @@ TEST_CASE("rpc endpoint: a server with an accept handler calls its clients back 
     CHECK(out.after_server_left->is_errno(ECONNRESET));
     CHECK(rig.server->sessions() == 0);
 }
+
+namespace {
+
+// A coroutine handler: it waits, then answers with the request reversed.
+asio::awaitable<void> reverse_later(rpc::Request request, rpc::Responder responder) {
+    co_await pause(2ms);
+    std::vector<std::byte> reversed(request.bytes().rbegin(), request.bytes().rend());
+    responder.respond(reversed);
+}
+
+asio::awaitable<void> call_coroutine_handler(Rig* rig, std::optional<rpc::Session>* session, int* wrong) {
+    co_await connect_into(rig, session);
+    std::uint32_t finished = 0;
+    std::vector<std::vector<std::byte>> requests, responses(8, std::vector<std::byte>(3000));
+    for (std::uint32_t n = 0; n < 8; ++n) {
+        requests.push_back(message(n, 100 + n * 350)); // one packet to several
+        std::ranges::reverse(requests.back());
+        (*session)->call(later, requests[n], responses[n], {.timeout = 20s},
+                         [&finished, wrong, n, &requests, &responses](Result<std::size_t> got) {
+                             ++finished;
+                             const std::vector<std::byte> want(requests[n].rbegin(), requests[n].rend());
+                             if (!got || *got != want.size() || !echoed(responses[n], want))
+                                 ++*wrong;
+                         });
+    }
+    co_await until([&finished] { return finished == 8; });
+}
+
+} // namespace
+
+TEST_CASE("rpc endpoint: a coroutine handler co_awaits before it answers, 8 at once") {
+    Rig rig;
+    rig.server->set_coroutine_handler(later, reverse_later);
+    std::optional<rpc::Session> session;
+    int wrong = 0;
+    run(rig.io, call_coroutine_handler(&rig, &session, &wrong), 60s);
+    CHECK(wrong == 0);
+    CHECK(rig.server->counters().handled == 8);
+}

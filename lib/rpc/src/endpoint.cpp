@@ -1279,6 +1279,25 @@ void Endpoint::set_handler(std::uint8_t type, Handler handler, std::source_locat
     core_->handlers[type] = std::move(handler);
 }
 
+void Endpoint::set_coroutine_handler(std::uint8_t type, CoroutineHandler handler, std::source_location where) {
+    core_->check_thread(where);
+    if (!handler) {
+        core_->handlers[type] = nullptr;
+        return;
+    }
+    struct Spawn {
+        CoroutineHandler coroutine;
+        asio::io_context::executor_type executor;
+        void operator()(Request request, Responder responder) const {
+            asio::co_spawn(executor, coroutine(request, std::move(responder)), [](std::exception_ptr e) {
+                if (e)
+                    std::rethrow_exception(e); // out of run(): not swallowed
+            });
+        }
+    };
+    core_->handlers[type] = Spawn{std::move(handler), core_->executor};
+}
+
 void Endpoint::set_accept_handler(AcceptHandler handler, std::source_location where) {
     core_->check_thread(where);
     core_->accept_handler = std::move(handler);

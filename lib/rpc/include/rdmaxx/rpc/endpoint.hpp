@@ -274,6 +274,11 @@ private:
 
 // Runs for each request of its type that arrived whole, on the endpoint's thread.
 using Handler = std::function<void(Request, Responder)>;
+// The same as a coroutine, spawned on the endpoint's io_context for each request (it
+// may co_await anything before it responds; the request was copied into the session's
+// window, as for any handler that returns unanswered). An exception that escapes it
+// propagates out of the io_context's run(), as Asio's co_spawn does.
+using CoroutineHandler = std::function<asio::awaitable<void>(Request, Responder)>;
 
 // Runs for each session a client set up, on the endpoint's thread, with the server's
 // handle of it.
@@ -345,6 +350,10 @@ public:
     // The handler of requests of `type`; an empty one removes it (its requests are
     // answered "no handler"). Programming error: not the endpoint's thread.
     void set_handler(std::uint8_t type, Handler handler, std::source_location where = std::source_location::current());
+    // A coroutine handler of requests of `type` (an empty one removes it).
+    // Programming error: not the endpoint's thread.
+    void set_coroutine_handler(std::uint8_t type, CoroutineHandler handler,
+                               std::source_location where = std::source_location::current());
 
     // From now on, sessions clients set up are both ways: `handler` gets each one's
     // Session, to call the client back (the client's handlers answer; large messages
