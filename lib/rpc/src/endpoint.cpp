@@ -203,6 +203,7 @@ struct EndpointCore {
     bool try_begin(SessionState& s, std::uint8_t type, std::span<const std::byte> request,
                    std::span<std::byte> response, Clock::time_point deadline, StoredCall& handler);
     void begin_queued(SessionState& s, Clock::time_point now);
+    void expire_queued(SessionState& s, Clock::time_point now);
     void end_call(SessionState& s, const CallEnd& end);
     void finish(PendingCall& call, SessionState& s, Result<std::size_t> result);
     void fail(StoredCall handler, Error error);
@@ -429,9 +430,23 @@ bool EndpointCore::try_begin(SessionState& s, std::uint8_t type, std::span<const
     return true;
 }
 
-// Calls past their deadline leave the queue (timeout), wherever they wait in it; then
-// what can begin, begins, in order.
+// What can begin, begins, in order (a call at the head past its deadline ends instead).
+// On the packet path: it looks at the head only.
 void EndpointCore::begin_queued(SessionState& s, Clock::time_point now) {
+    while (!s.queued.empty()) {
+        QueuedCall& next = s.queued.front();
+        if (next.deadline <= now) {
+            fail(std::move(next.handler), Error::timeout("rpc::Session::call", "waiting for a window slot"));
+        } else if (!try_begin(s, next.type, next.request, next.response, next.deadline, next.handler)) {
+            return;
+        }
+        s.queued.pop_front();
+    }
+}
+
+// Calls past their deadline leave the queue (timeout), wherever they wait in it: the
+// ticker's scan, off the packet path.
+void EndpointCore::expire_queued(SessionState& s, Clock::time_point now) {
     for (auto it = s.queued.begin(); it != s.queued.end();) {
         if (it->deadline > now) {
             ++it;
@@ -439,12 +454,6 @@ void EndpointCore::begin_queued(SessionState& s, Clock::time_point now) {
         }
         fail(std::move(it->handler), Error::timeout("rpc::Session::call", "waiting for a window slot"));
         it = s.queued.erase(it);
-    }
-    while (!s.queued.empty()) {
-        QueuedCall& next = s.queued.front();
-        if (!try_begin(s, next.type, next.request, next.response, next.deadline, next.handler))
-            return;
-        s.queued.pop_front();
     }
 }
 
@@ -574,6 +583,7 @@ void EndpointCore::tick() {
         while (const auto end = s->client->expire(now))
             end_call(*s, *end);
         counters.retransmissions += before - s->client->in_flight();
+        expire_queued(*s, now);
         begin_queued(*s, now);
         pump(*s);
         if (s->in_flight == 0 && s->queued.empty()) {
