@@ -2,7 +2,8 @@
 // threshold READ by the server, responses above it WRITTEN into the caller's offered
 // memory, every byte checked; a large call abandoned mid-flight (its WRITE still to
 // come) never reaches the caller's buffer nor a later call's; a client that keeps to
-// UD moves the same messages as packets.
+// UD moves the same messages as packets. Calls with MessageBuffers: what is copied
+// (nothing but small responses), reuse, and their abandonment.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -144,6 +145,15 @@ struct Abandoned {
     bool untouched = false;
 };
 
+// The first call timed out, the second was cancelled, every later call was right.
+void check_abandoned(const Abandoned& out) {
+    REQUIRE(out.timed_out);
+    CHECK(out.timed_out->is_timeout());
+    REQUIRE(out.cancelled);
+    CHECK(out.cancelled->is_cancelled());
+    CHECK(out.wrong == 0);
+}
+
 // A large call times out while its handler holds it; the handler then answers with a
 // large response, whose WRITE lands in staging memory the client has retired: the
 // caller's buffer never sees it, and later calls in every slot are right. Then the
@@ -201,12 +211,8 @@ TEST_CASE("rpc large: an abandoned large call's late WRITE reaches neither its c
     std::optional<rpc::Session> session;
     Abandoned out;
     run(rig.io, abandon_large(&rig, &session, &out), 120s);
-    REQUIRE(out.timed_out);
-    CHECK(out.timed_out->is_timeout());
-    REQUIRE(out.cancelled);
-    CHECK(out.cancelled->is_cancelled());
+    check_abandoned(out);
     CHECK(out.untouched);
-    CHECK(out.wrong == 0);
     CHECK(rig.server->counters().rdma_writes >= 2 + 8 + 16);
 }
 
@@ -241,4 +247,197 @@ TEST_CASE("rpc large: a session ended with 1 MiB transfers in flight ends its ca
     MESSAGE(answered, " answered before the end, ", ended, " reset");
     CHECK(rig.server->sessions() == 0);
     CHECK(rig.client->sessions() == 0);
+}
+
+// ---------------------------------------------------------------------------------
+// Calls with MessageBuffers
+
+namespace {
+
+// A request buffer holding ask(n, size, response), a response buffer of `capacity`.
+struct Buffers {
+    rpc::MessageBuffer request, response;
+};
+
+Buffers buffers_for(rpc::Endpoint& client, std::uint32_t n, std::size_t size, std::uint32_t response,
+                    std::uint32_t capacity) {
+    const auto bytes = ask(n, size, response);
+    auto request = must(client.alloc_buffer(bytes.size(), rpc::BufferUse::request));
+    std::ranges::copy(bytes, request.bytes().begin());
+    return {std::move(request), must(client.alloc_buffer(capacity, rpc::BufferUse::response))};
+}
+
+// Whether `response` holds exactly sized's answer to `request`.
+bool answered(const rpc::MessageBuffer& request, const rpc::MessageBuffer& response, std::uint32_t size) {
+    const auto expected = message(static_cast<std::uint32_t>(request.size()), size);
+    return response.size() == expected.size() && echoed(response.bytes(), expected);
+}
+
+struct Lent {
+    int wrong = 0;
+    int unexpected_copies = 0;
+};
+
+// Each shape with fresh buffers: what is copied is exactly what must be.
+asio::awaitable<void> lent_calls(Rig* rig, std::optional<rpc::Session>* session, Lent* out) {
+    co_await connect_into(rig, session);
+    struct Shape {
+        std::size_t request;
+        std::uint32_t capacity, response;
+        std::uint64_t message_copies; // at the client
+        bool ud;                      // no descriptor: no packet copied either
+    };
+    const Shape shapes[] = {
+        {100, 4096, 100, 1, true},               // UD each way: the response out of the window
+        {3000, 8192, 5000, 1, true},             // several packets each way
+        {16 * 1024, 16 * 1024, 16 * 1024, 1, true}, // at the threshold: UD
+        {4, 4096, 0, 0, true},                   // an empty response: nothing to copy
+        {100, mib, 300'000, 1, false},           // the request inline in its descriptor, WRITTEN response
+        {40'000, mib, 300'000, 0, false},        // READ from and WRITTEN into the buffers
+        {mib, mib, mib, 0, false},
+        {300'000, 4096, 10, 1, false},           // READ request, UD response
+    };
+    std::uint32_t n = 0;
+    for (const Shape& shape : shapes) {
+        for (int round = 0; round < 3; ++round, ++n) {
+            Buffers b = buffers_for(*rig->client, n, shape.request, shape.response, shape.capacity);
+            const auto before = rig->client->counters();
+            const auto got = co_await (*session)->call(sized, b.request, b.response, {.timeout = 60s});
+            const auto& after = rig->client->counters();
+            if (!got || *got != b.response.size() || !answered(b.request, b.response, shape.response)) {
+                MESSAGE("shape ", shape.request, "/", shape.response, ": ", got ? "a wrong response" : got.error().message());
+                ++out->wrong;
+            }
+            if (after.message_copies - before.message_copies != shape.message_copies ||
+                (shape.ud && after.copies != before.copies)) {
+                MESSAGE("shape ", shape.request, "/", shape.response, ": ", after.message_copies - before.message_copies,
+                        " message copies, ", after.copies - before.copies, " packet copies");
+                ++out->unexpected_copies;
+            }
+        }
+    }
+}
+
+// One request and two response buffers reused for mixed calls, and four such callers at once.
+asio::awaitable<void> reused_buffers(rpc::Endpoint* client, rpc::Session* session, std::uint32_t first, int* wrong) {
+    auto request = must(client->alloc_buffer(mib, rpc::BufferUse::request));
+    auto small = must(client->alloc_buffer(16 * 1024, rpc::BufferUse::response));
+    auto large = must(client->alloc_buffer(mib, rpc::BufferUse::response));
+    for (std::uint32_t n = first; n < first + 30; ++n) {
+        const auto bytes = ask(n, size_of(n), static_cast<std::uint32_t>(size_of(n * 3 + 1)));
+        const auto response_size = static_cast<std::uint32_t>(size_of(n * 3 + 1));
+        request.resize(bytes.size());
+        std::ranges::copy(bytes, request.bytes().begin());
+        rpc::MessageBuffer& response = response_size <= 16 * 1024 ? small : large;
+        response.resize(response.capacity());
+        const auto got = co_await session->call(sized, request, response, {.timeout = 60s});
+        if (!got || !answered(request, response, response_size)) {
+            MESSAGE("call ", n, ": ", got ? "a wrong response" : got.error().message());
+            ++*wrong;
+        }
+    }
+}
+
+asio::awaitable<void> reused_many(Rig* rig, std::optional<rpc::Session>* session, int* wrong) {
+    co_await connect_into(rig, session);
+    std::uint32_t finished = 0;
+    for (std::uint32_t c = 0; c < 4; ++c)
+        asio::co_spawn(rig->io, reused_buffers(rig->client.get(), &**session, c * 1000, wrong),
+                       [&finished](std::exception_ptr e) {
+                           ++finished;
+                           if (e)
+                               std::rethrow_exception(e);
+                       });
+    co_await until([&finished] { return finished == 4; });
+}
+
+struct AbandonedLent : Abandoned {
+    bool retried = false, kept = false;
+};
+
+// A large call with MessageBuffers times out while its handler holds it: the buffers
+// get new memory (the request's bytes along), so the same call again with the same
+// buffers is answered right, and the first call's late WRITE lands in the old memory,
+// not in the response buffer. Then a cancelled one whose buffers are destroyed at
+// once: its late WRITE lands in memory kept for it, and the session lives on.
+asio::awaitable<void> abandon_lent(Rig* rig, std::optional<rpc::Session>* session, AbandonedLent* out) {
+    co_await connect_into(rig, session);
+    rpc::Session& s = **session;
+    Buffers b = buffers_for(*rig->client, 7, 300'000, 0, mib);
+    const auto timed_out = co_await s.call(hold_it, b.request, b.response, {.timeout = 300ms});
+    if (!timed_out)
+        out->timed_out = timed_out.error();
+    const auto again = co_await s.call(echo, b.request, b.response, {.timeout = 30s});
+    out->retried = again && *again == 300'000 && echoed(b.response.bytes(), ask(7, 300'000, 0));
+    rig->held.back().respond(message(9, 400'000)); // the late, large answer to the first call
+    rig->held.pop_back();
+    co_await pause(300ms);
+    out->kept = b.response.size() == 300'000 && echoed(b.response.bytes(), ask(7, 300'000, 0));
+
+    {
+        Buffers doomed = buffers_for(*rig->client, 8, 200'000, 0, mib);
+        const auto cancelled = co_await cancelled_call(&s, hold_it, doomed.request, doomed.response, 100ms);
+        if (!cancelled)
+            out->cancelled = cancelled.error();
+    } // destroyed: the server READ the request, its WRITE is still to come
+    rig->held.back().respond(message(10, 500'000));
+    rig->held.pop_back();
+    co_await pause(300ms);
+    for (std::uint32_t n = 0; n < 16; ++n) {
+        Buffers more = buffers_for(*rig->client, n, 30'000, 60'000 + n, mib);
+        const auto got = co_await s.call(sized, more.request, more.response, {.timeout = 30s});
+        if (!got || !answered(more.request, more.response, 60'000 + n))
+            ++out->wrong;
+    }
+}
+
+} // namespace
+
+TEST_CASE("rpc large: calls with MessageBuffers copy no request and no large response") {
+    Rig rig(large, large);
+    add_sized(rig);
+    std::optional<rpc::Session> session;
+    Lent out;
+    run(rig.io, lent_calls(&rig, &session, &out), 300s);
+    CHECK(out.wrong == 0);
+    CHECK(out.unexpected_copies == 0);
+    CHECK(rig.client->counters().buffers_renewed == 0);
+}
+
+TEST_CASE("rpc large: MessageBuffers reused for mixed calls by four callers at once, bytes checked") {
+    Rig rig(large, large);
+    add_sized(rig);
+    std::optional<rpc::Session> session;
+    int wrong = 0;
+    run(rig.io, reused_many(&rig, &session, &wrong), 300s);
+    CHECK(wrong == 0);
+    CHECK(rig.client->counters().completed == 120);
+    MESSAGE("message copies ", rig.client->counters().message_copies, " in 120 calls");
+}
+
+TEST_CASE("rpc large: an abandoned call's MessageBuffers get new memory; its late WRITE meets only the old") {
+    Rig rig(large, large);
+    add_sized(rig);
+    std::optional<rpc::Session> session;
+    AbandonedLent out;
+    run(rig.io, abandon_lent(&rig, &session, &out), 120s);
+    check_abandoned(out);
+    CHECK(out.retried);
+    CHECK(out.kept);
+    CHECK(rig.client->counters().buffers_renewed == 4);
+    CHECK(rig.client->sessions() == 1);
+}
+
+TEST_CASE("rpc large: MessageBuffer misuse is a programming error naming the caller") {
+    Rig rig(large, large);
+    RDMAXX_CHECK_DEATH(must(rig.client->alloc_buffer(0, rpc::BufferUse::request)), "alloc_buffer");
+    RDMAXX_CHECK_DEATH(must(rig.client->alloc_buffer(mib + 1, rpc::BufferUse::response)), "max_response");
+    auto buffer = must(rig.client->alloc_buffer(64, rpc::BufferUse::request));
+    RDMAXX_CHECK_DEATH(buffer.resize(65), "capacity is 64");
+    std::optional<rpc::Session> session;
+    run(rig.io, connect_into(&rig, &session), 30s);
+    auto other = must(rig.client->alloc_buffer(64, rpc::BufferUse::request));
+    RDMAXX_CHECK_DEATH(session->call(echo, buffer, other, {}, [](Result<std::size_t>) {}), "BufferUse::response");
+    rpc::MessageBuffer moved = std::move(other);
+    RDMAXX_CHECK_DEATH(other.bytes(), "moved-from MessageBuffer");
 }

@@ -221,6 +221,40 @@ TEST_CASE("rpc slots: one-packet and multi-packet calls complete with their resp
     CHECK(count.sent_by_client == 7);
 }
 
+TEST_CASE("rpc slots: a borrowed request is sent from the caller's bytes, through resends; a copied one is not") {
+    Wire wire;
+    const Bytes request = make_request(3 * per + 5, 10);
+    const auto id = *wire.client.begin(3, request, 1 << 16, false, ClientWindow::Keep::borrow);
+    Wire copied;
+    const auto other = *copied.client.begin(3, request, 1 << 16, false, ClientWindow::Keep::copy);
+    const auto inside = [&request](std::span<const std::byte> payload) {
+        return payload.data() >= request.data() && payload.data() + payload.size() <= request.data() + request.size();
+    };
+    for (std::uint32_t k = 0; k < 4; ++k) {
+        const auto out = wire.client.next_packet(wire.now);
+        REQUIRE(out);
+        CHECK(inside(out->payload));
+        const auto theirs = copied.client.next_packet(copied.now);
+        REQUIRE(theirs);
+        CHECK_FALSE(inside(theirs->payload));
+        CHECK(std::ranges::equal(out->payload, theirs->payload));
+    }
+    // an RTO rolls the call back: the resent packets come from the caller's bytes again
+    const auto deadline = wire.client.next_deadline();
+    REQUIRE(deadline);
+    wire.now = *deadline;
+    CHECK_FALSE(wire.client.expire(wire.now));
+    const auto again = wire.client.next_packet(wire.now);
+    REQUIRE(again);
+    CHECK(again->header.index == 0);
+    CHECK(inside(again->payload));
+    wire.to_server.clear();
+    wire.run();
+    wire.check_ok(id, request);
+    copied.run();
+    copied.check_ok(other, request);
+}
+
 TEST_CASE("rpc slots: go-back-N recovers from the loss of any one packet, either way") {
     const Bytes request = make_request(3 * per, 3 * per); // 3 + 3 packets: 5 each way
     int lost_positions = 0;

@@ -121,11 +121,12 @@ asio::awaitable<void> until(Done done) {
         co_await pause(1ms);
 }
 
-// A call of `type` (one the server holds) cancelled, terminally, `after` it began: how it ended.
-inline asio::awaitable<Result<std::size_t>> cancelled_call(rpc::Session* session, std::uint8_t type,
-                                                           std::span<const std::byte> request,
-                                                           std::span<std::byte> response,
-                                                           std::chrono::milliseconds after) {
+// A call of `type` (one the server holds) cancelled, terminally, `after` it began: how
+// it ended. `request` and `response`: what Session::call takes (spans' owners, or
+// MessageBuffers).
+template <class Request, class Response>
+asio::awaitable<Result<std::size_t>> cancelled_call(rpc::Session* session, std::uint8_t type, Request& request,
+                                                    Response& response, std::chrono::milliseconds after) {
     asio::cancellation_signal cancel;
     std::optional<Result<std::size_t>> ended;
     session->call(type, request, response, {.timeout = 10s},

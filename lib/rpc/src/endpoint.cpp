@@ -56,11 +56,19 @@ using async::no_throw;
 
 namespace {
 
+// The MessageBuffers of a call made with them (client).
+struct CallBuffers {
+    MessageBuffer* request = nullptr;
+    MessageBuffer* response = nullptr;
+};
+
 // A call in its window slot (client).
 struct PendingCall {
     bool busy = false;
     std::uint64_t request = 0;
     std::span<std::byte> response;
+    CallBuffers buffers; // of a call made with them: the response's size() is set on success
+    BufferHold sending;  // the request's MessageBuffer, while the window sends from it
     Clock::time_point deadline{};
     StoredCall handler;
 };
@@ -71,6 +79,7 @@ struct QueuedCall {
     std::uint8_t type = 0;
     std::span<const std::byte> request;
     std::span<std::byte> response;
+    CallBuffers buffers;
     Clock::time_point deadline{};
     StoredCall handler;
 };
@@ -120,12 +129,17 @@ struct RcPath {
     // WRITE the response into; `touched`: an abandoned call's transfer may still reach
     // them, so the next call takes fresh regions and these wait in `retired` until a
     // later call of the slot hears from the server (which serves a slot's calls in order).
+    // A call made with MessageBuffers lends them instead (`lent`: the buffers the
+    // server may READ and WRITE), retired the same way (`retired_lent`).
     struct ClientSlot {
         std::optional<MemoryRegion> request, response;
         std::uint32_t offered = 0; // response bytes the slot's call offered
         bool rdma = false;         // its call is a descriptor call
+        bool in_place = false;     // its response is WRITTEN into the call's MessageBuffer
         bool touched = false;
         std::vector<MemoryRegion> retired;
+        std::array<BufferHold, 2> lent;
+        std::vector<BufferHold> retired_lent;
     };
     // server: per window slot, the request READ into and the response WRITTEN from
     struct ServerSlot {
@@ -195,13 +209,15 @@ struct EndpointCore {
     void take(UdSource from, std::span<const std::byte> packet);
     void drop(DropReason reason) noexcept { ++counters.drops[static_cast<std::size_t>(reason)]; }
     void send(SessionState& s, const Outgoing& out);
+    void send_gathered(SessionState& s, const Outgoing& out, const BufferHold& memory);
     void pump(SessionState& s);
 
     // client calls
     void start(SessionId id, std::uint8_t type, std::span<const std::byte> request, std::span<std::byte> response,
-               CallOptions options, StoredCall handler);
+               CallBuffers buffers, CallOptions options, StoredCall handler);
     bool try_begin(SessionState& s, std::uint8_t type, std::span<const std::byte> request,
-                   std::span<std::byte> response, Clock::time_point deadline, StoredCall& handler);
+                   std::span<std::byte> response, CallBuffers buffers, Clock::time_point deadline,
+                   StoredCall& handler);
     void begin_queued(SessionState& s, Clock::time_point now);
     void expire_queued(SessionState& s, Clock::time_point now);
     void end_call(SessionState& s, const CallEnd& end);
@@ -222,8 +238,10 @@ struct EndpointCore {
     // the RC path
     bool wants_rdma(const SessionState& s, std::size_t request, std::uint32_t capacity) const noexcept;
     Result<std::span<const std::byte>> describe(SessionState& s, std::span<const std::byte> request,
-                                                std::uint32_t capacity);
+                                                std::uint32_t capacity, CallBuffers lend);
     void call_left_slot(SessionState& s, std::uint64_t request, bool heard_from_server);
+    void renew_reachable(SessionState& s, const PendingCall& call);
+    void renew(MessageBuffer& buffer, bool keep_bytes);
     Result<QueuePair> make_rc_qp(RcRole role, std::uint32_t depth);
     void offer_rc(SessionState& s);
     Result<std::optional<std::array<std::byte, rc_message_bytes>>> take_rc(SessionState& s, const RcMessage& message);
@@ -357,8 +375,28 @@ void EndpointCore::pump(SessionState& s) {
         const auto out = s.client->next_packet(now);
         if (!out)
             break;
-        send(s, *out);
+        const PendingCall& call = s.calls[out->header.request % s.calls.size()];
+        if (out->header.kind == Kind::request && call.sending.get() != nullptr && !out->payload.empty())
+            send_gathered(s, *out, call.sending);
+        else
+            send(s, *out);
     }
+}
+
+// A request packet whose payload lies in its call's MessageBuffer: gathered from there.
+void EndpointCore::send_gathered(SessionState& s, const Outgoing& out, const BufferHold& memory) {
+    const MemoryRegion& region = memory.get()->region;
+    std::array<std::byte, header_bytes> header;
+    encode(out.header, header);
+    const LocalSlice payload =
+        region.slice(static_cast<std::size_t>(out.payload.data() - region.data()), out.payload.size());
+    const auto sent = transport->send_gather(s.ah, s.peer, header, payload, memory);
+    if (!sent) {
+        logger()->error("rdmaxx rpc: sending to session {}: {}", s.local.number, sent.error());
+        return;
+    }
+    if (!*sent)
+        ++counters.send_stalls;
 }
 
 // ---------------------------------------------------------------------------------
@@ -370,7 +408,8 @@ void EndpointCore::fail(StoredCall handler, Error error) {
 }
 
 void EndpointCore::start(SessionId id, std::uint8_t type, std::span<const std::byte> request,
-                         std::span<std::byte> response, CallOptions call_options, StoredCall handler) {
+                         std::span<std::byte> response, CallBuffers buffers, CallOptions call_options,
+                         StoredCall handler) {
     ++counters.calls;
     SessionState* s = table.lookup(id);
     if (s == nullptr)
@@ -380,22 +419,33 @@ void EndpointCore::start(SessionId id, std::uint8_t type, std::span<const std::b
                                                                          request.size(), s->limits.max_request)));
     const auto now = Clock::now();
     const auto deadline = now + call_options.timeout;
-    if (!s->queued.empty() || !try_begin(*s, type, request, response, deadline, handler)) {
+    if (!s->queued.empty() || !try_begin(*s, type, request, response, buffers, deadline, handler)) {
         const std::uint64_t ticket = s->next_ticket++;
         handler.on_cancel({.core = this, .session = id.number, .generation = id.generation, .call = ticket,
                            .queued = true});
-        s->queued.push_back({.ticket = ticket, .type = type, .request = request, .response = response,
-                             .deadline = deadline, .handler = std::move(handler)});
+        s->queued.push_back({.ticket = ticket,
+                             .type = type,
+                             .request = request,
+                             .response = response,
+                             .buffers = buffers,
+                             .deadline = deadline,
+                             .handler = std::move(handler)});
     }
     activate(*s);
     pump(*s);
 }
 
+// A call with MessageBuffers lends those that nothing else may still touch (an earlier
+// call's transfer or send): the others are copied, as spans are.
 bool EndpointCore::try_begin(SessionState& s, std::uint8_t type, std::span<const std::byte> request,
-                             std::span<std::byte> response, Clock::time_point deadline, StoredCall& handler) {
+                             std::span<std::byte> response, CallBuffers buffers, Clock::time_point deadline,
+                             StoredCall& handler) {
     const auto capacity = static_cast<std::uint32_t>(std::min<std::size_t>(response.size(), s.limits.max_response));
     if (s.calls[s.client->next_request() % s.calls.size()].busy)
         return false; // the window is full (begin() would say so)
+    const CallBuffers lend{
+        .request = buffers.request != nullptr && buffers.request->hold_.sole() ? buffers.request : nullptr,
+        .response = buffers.response != nullptr && buffers.response->hold_.sole() ? buffers.response : nullptr};
     std::span<const std::byte> message = request;
     bool rdma = false;
     if (wants_rdma(s, request.size(), capacity)) {
@@ -404,7 +454,7 @@ bool EndpointCore::try_begin(SessionState& s, std::uint8_t type, std::span<const
         if (s.rc.state == RcPath::State::offered)
             return false; // until the server answers (or the offer times out)
         if (s.rc.state == RcPath::State::ready) {
-            if (auto described = describe(s, request, capacity); described) {
+            if (auto described = describe(s, request, capacity, lend); described) {
                 message = *described;
                 rdma = true;
             } else {
@@ -413,15 +463,20 @@ bool EndpointCore::try_begin(SessionState& s, std::uint8_t type, std::span<const
             }
         }
     }
-    const auto begun = s.client->begin(type, message, capacity, rdma);
+    const auto keep = !rdma && lend.request != nullptr ? ClientWindow::Keep::borrow : ClientWindow::Keep::copy;
+    const auto begun = s.client->begin(type, message, capacity, rdma, keep);
     if (!begun)
         return false;
+    if (!rdma && keep == ClientWindow::Keep::copy && !request.empty())
+        ++counters.message_copies;
     if (!s.rc.client_slots.empty())
         s.rc.client_slots[*begun % s.calls.size()].rdma = rdma;
     PendingCall& call = s.calls[*begun % s.calls.size()];
     call.busy = true;
     call.request = *begun;
     call.response = response;
+    call.buffers = buffers;
+    call.sending = keep == ClientWindow::Keep::borrow ? lend.request->hold_ : BufferHold{};
     call.deadline = deadline;
     call.handler = std::move(handler);
     call.handler.on_cancel(
@@ -437,7 +492,8 @@ void EndpointCore::begin_queued(SessionState& s, Clock::time_point now) {
         QueuedCall& next = s.queued.front();
         if (next.deadline <= now) {
             fail(std::move(next.handler), Error::timeout("rpc::Session::call", "waiting for a window slot"));
-        } else if (!try_begin(s, next.type, next.request, next.response, next.deadline, next.handler)) {
+        } else if (!try_begin(s, next.type, next.request, next.response, next.buffers, next.deadline,
+                              next.handler)) {
             return;
         }
         s.queued.pop_front();
@@ -460,6 +516,10 @@ void EndpointCore::expire_queued(SessionState& s, Clock::time_point now) {
 void EndpointCore::finish(PendingCall& call, SessionState& s, Result<std::size_t> result) {
     call.busy = false;
     --s.in_flight;
+    if (result && call.buffers.response != nullptr)
+        call.buffers.response->size_ = *result;
+    call.buffers = {};
+    call.sending = BufferHold{};
     if (result)
         ++counters.completed;
     else
@@ -482,11 +542,16 @@ void EndpointCore::end_call(SessionState& s, const CallEnd& end) {
                               std::unexpected(Error::protocol(
                                   "rpc::Session::call", fmt::format("the server wrote a {}-byte response into {} bytes",
                                                                     *size, slot.offered))));
-            std::memcpy(call.response.data(), slot.response->data(), *size);
+            if (!slot.in_place && *size > 0) {
+                std::memcpy(call.response.data(), slot.response->data(), *size);
+                ++counters.message_copies;
+            }
             return finish(call, s, std::size_t{*size});
         }
-        if (!end.response.empty())
+        if (!end.response.empty()) {
             std::memcpy(call.response.data(), end.response.data(), end.response.size());
+            ++counters.message_copies;
+        }
         return finish(call, s, end.response_size);
     case CallOutcome::no_handler:
         return finish(call, s, std::unexpected(call_error(ENOENT, "the server has no handler for the call's type")));
@@ -695,32 +760,49 @@ bool EndpointCore::wants_rdma(const SessionState& s, std::size_t request, std::u
 
 // The descriptor of a call about to begin in the next slot (its window slot is free):
 // a large request copied into the slot's staging memory, memory offered for a large
-// response.
+// response; or the call's MessageBuffers in `lend` themselves (a buffer above the
+// threshold is registered for the remote access its use needs).
 Result<std::span<const std::byte>> EndpointCore::describe(SessionState& s, std::span<const std::byte> request,
-                                                         std::uint32_t capacity) {
+                                                         std::uint32_t capacity, CallBuffers lend) {
     RcPath::ClientSlot& slot = s.rc.client_slots[s.client->next_request() % s.calls.size()];
     std::vector<MemoryRegion>* retire = slot.touched ? &slot.retired : nullptr;
     RemoteMemory read_from{}, write_into{};
+    slot.lent = {};
     if (request.size() > options.rdma_threshold) {
-        auto region = staging(transport->pd(), slot.request, request.size(), Access::remote_read, retire);
-        if (!region)
-            return std::unexpected(std::move(region.error()));
-        std::memcpy((*region)->data(), request.data(), request.size());
-        read_from = (*region)->remote().slice(0, request.size());
+        if (lend.request != nullptr) {
+            read_from = lend.request->hold_.get()->region.remote().slice(0, request.size());
+            slot.lent[0] = lend.request->hold_;
+        } else {
+            auto region = staging(transport->pd(), slot.request, request.size(), Access::remote_read, retire);
+            if (!region)
+                return std::unexpected(std::move(region.error()));
+            std::memcpy((*region)->data(), request.data(), request.size());
+            ++counters.message_copies;
+            read_from = (*region)->remote().slice(0, request.size());
+        }
     }
     slot.offered = 0;
+    slot.in_place = false;
     if (capacity > options.rdma_threshold) {
-        auto region = staging(transport->pd(), slot.response, capacity, Access::local_write | Access::remote_write,
-                              retire);
-        if (!region)
-            return std::unexpected(std::move(region.error()));
-        write_into = (*region)->remote().slice(0, capacity);
+        if (lend.response != nullptr) {
+            write_into = lend.response->hold_.get()->region.remote().slice(0, capacity);
+            slot.lent[1] = lend.response->hold_;
+            slot.in_place = true;
+        } else {
+            auto region = staging(transport->pd(), slot.response, capacity,
+                                  Access::local_write | Access::remote_write, retire);
+            if (!region)
+                return std::unexpected(std::move(region.error()));
+            write_into = (*region)->remote().slice(0, capacity);
+        }
         slot.offered = capacity;
     }
     const auto head = encode_request_head(read_from, write_into);
     descriptor.assign(head.begin(), head.end());
-    if (read_from.length == 0)
+    if (read_from.length == 0 && !request.empty()) {
         descriptor.insert(descriptor.end(), request.begin(), request.end());
+        ++counters.message_copies;
+    }
     return std::span<const std::byte>(descriptor);
 }
 
@@ -728,16 +810,51 @@ Result<std::span<const std::byte>> EndpointCore::describe(SessionState& s, std::
 // calls in order, so every transfer of the slot's earlier calls is over), or abandoned
 // (a transfer of its own may still come).
 void EndpointCore::call_left_slot(SessionState& s, std::uint64_t request, bool heard_from_server) {
+    if (!heard_from_server)
+        renew_reachable(s, s.calls[request % s.calls.size()]);
     if (s.rc.client_slots.empty())
         return;
     RcPath::ClientSlot& slot = s.rc.client_slots[request % s.calls.size()];
     if (heard_from_server) {
         slot.touched = false;
         slot.retired.clear();
+        slot.retired_lent.clear();
     } else if (slot.rdma) {
         slot.touched = true;
+        for (BufferHold& lent : slot.lent)
+            if (lent.get() != nullptr)
+                slot.retired_lent.push_back(std::move(lent));
     }
+    slot.lent = {};
     slot.rdma = false;
+}
+
+// An abandoned call's MessageBuffers that the NIC may still reach (the server's READ or
+// WRITE, a UD send of the request still queued) get new memory: the old memory waits
+// for the late transfer, which so never meets the caller's next bytes. A request's
+// bytes move with it (a caller may well call again with it).
+void EndpointCore::renew_reachable(SessionState& s, const PendingCall& call) {
+    const RcPath::ClientSlot* slot =
+        s.rc.client_slots.empty() ? nullptr : &s.rc.client_slots[call.request % s.calls.size()];
+    const bool sends_queued = call.sending.get() != nullptr && call.sending.get()->holders > 2; // buffer, call, sends
+    if (call.buffers.request != nullptr && (sends_queued || (slot != nullptr && slot->lent[0].get() != nullptr)))
+        renew(*call.buffers.request, true);
+    if (call.buffers.response != nullptr && slot != nullptr && slot->lent[1].get() != nullptr)
+        renew(*call.buffers.response, false);
+}
+
+void EndpointCore::renew(MessageBuffer& buffer, bool keep_bytes) {
+    const MemoryRegion& old = buffer.hold_.get()->region;
+    auto fresh = MemoryRegion::allocate(transport->pd(), old.size(), old.access(), {.zeroed = !keep_bytes});
+    if (!fresh) {
+        // the call ends with its own Error; the buffer keeps memory a late transfer may reach
+        logger()->error("rdmaxx rpc: new memory for an abandoned call's MessageBuffer: {}", fresh.error());
+        return;
+    }
+    if (keep_bytes && buffer.size_ > 0)
+        std::memcpy(fresh->data(), old.data(), buffer.size_);
+    buffer.hold_ = BufferHold(new BufferBlock{.region = std::move(*fresh), .holders = 1});
+    ++counters.buffers_renewed;
 }
 
 Result<QueuePair> EndpointCore::make_rc_qp(RcRole role, std::uint32_t depth) {
@@ -917,8 +1034,10 @@ void EndpointCore::end_session(SessionId id, std::string_view why) {
     if (s == nullptr)
         return;
     for (PendingCall& call : s->calls)
-        if (call.busy)
+        if (call.busy) {
+            renew_reachable(*s, call);
             finish(call, *s, std::unexpected(call_error(ECONNRESET, std::string(why))));
+        }
     for (QueuedCall& queued : s->queued)
         fail(std::move(queued.handler), call_error(ECONNRESET, std::string(why)));
     if (s->socket != nullptr) {
@@ -1211,7 +1330,21 @@ void Session::start(std::uint8_t type, std::span<const std::byte> request, std::
                     CallOptions options, detail::StoredCall handler, std::source_location where) {
     require(core_ != nullptr, where, "Session::call on a moved-from Session");
     core_->check_thread(where);
-    core_->start({.number = number_, .generation = generation_}, type, request, response, options, std::move(handler));
+    core_->start({.number = number_, .generation = generation_}, type, request, response, {}, options,
+                 std::move(handler));
+}
+
+void Session::start(std::uint8_t type, MessageBuffer& request, MessageBuffer& response, CallOptions options,
+                    detail::StoredCall handler, std::source_location where) {
+    require(core_ != nullptr, where, "Session::call on a moved-from Session");
+    core_->check_thread(where);
+    require(request.hold_.get() != nullptr && response.hold_.get() != nullptr, where,
+            "Session::call with a moved-from MessageBuffer");
+    require(request.use() == BufferUse::request && response.use() == BufferUse::response, where,
+            "Session::call: the request must be a BufferUse::request buffer, the response a BufferUse::response one");
+    core_->start({.number = number_, .generation = generation_}, type, request.bytes(where),
+                 response.hold_.get()->region.bytes(), {.request = &request, .response = &response}, options,
+                 std::move(handler));
 }
 
 const asio::io_context::executor_type& Session::executor(std::source_location where) const {
@@ -1282,6 +1415,39 @@ Result<std::unique_ptr<Endpoint>> Endpoint::create(asio::io_context& io, Endpoin
         asio::co_spawn(io, detail::EndpointCore::accept_loop(core->anchor, &acceptor), asio::detached);
     }
     return std::unique_ptr<Endpoint>(new Endpoint(std::move(core)));
+}
+
+Result<MessageBuffer> Endpoint::alloc_buffer(std::size_t capacity, BufferUse use, std::source_location where) {
+    core_->check_thread(where);
+    const EndpointOptions& o = core_->options;
+    const std::size_t most = use == BufferUse::request ? o.max_request : o.max_response;
+    require(capacity > 0 && capacity <= most, where,
+            "rpc::Endpoint::alloc_buffer: a capacity of {} bytes (from 1 to the endpoint's max_{}, {})", capacity,
+            use == BufferUse::request ? "request" : "response", most);
+    const bool remote = capacity > o.rdma_threshold; // the RC path may reach it
+    const Access access = use == BufferUse::request
+                              ? (remote ? Access::remote_read : Access::none)
+                              : (remote ? Access::local_write | Access::remote_write : Access::local_write);
+    auto region = MemoryRegion::allocate(core_->transport->pd(), capacity, access, {}, where);
+    if (!region)
+        return std::unexpected(std::move(region.error()));
+    return MessageBuffer(detail::BufferHold(new detail::BufferBlock{.region = std::move(*region), .holders = 1}), use);
+}
+
+std::span<std::byte> MessageBuffer::bytes(std::source_location where) {
+    require(hold_.get() != nullptr, where, "use of a moved-from MessageBuffer");
+    return hold_.get()->region.bytes().first(size_);
+}
+
+std::span<const std::byte> MessageBuffer::bytes(std::source_location where) const {
+    require(hold_.get() != nullptr, where, "use of a moved-from MessageBuffer");
+    return hold_.get()->region.bytes().first(size_);
+}
+
+void MessageBuffer::resize(std::size_t size, std::source_location where) {
+    require(hold_.get() != nullptr, where, "use of a moved-from MessageBuffer");
+    require(size <= capacity(), where, "MessageBuffer::resize to {} bytes, its capacity is {}", size, capacity());
+    size_ = size;
 }
 
 void Endpoint::set_handler(std::uint8_t type, Handler handler, std::source_location where) {

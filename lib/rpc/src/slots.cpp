@@ -66,7 +66,7 @@ ClientWindow::ClientWindow(const ClientOptions& options, PacketLimits limits, Ro
 }
 
 std::expected<std::uint64_t, WindowFull> ClientWindow::begin(std::uint8_t rpc_type, std::span<const std::byte> request,
-                                                             std::uint32_t response_capacity, bool rdma,
+                                                             std::uint32_t response_capacity, bool rdma, Keep keep,
                                                              std::source_location where) {
     require(request.size() <= limits_.max_message(), where, "ClientWindow::begin: a {}-byte request, the most is {}",
             request.size(), limits_.max_message());
@@ -76,7 +76,12 @@ std::expected<std::uint64_t, WindowFull> ClientWindow::begin(std::uint8_t rpc_ty
     slot.busy = true;
     slot.request = next_request_++;
     slot.rpc_type = rpc_type;
-    slot.request_bytes.assign(request.begin(), request.end());
+    if (keep == Keep::copy) {
+        slot.request_bytes.assign(request.begin(), request.end());
+        slot.request_view = slot.request_bytes;
+    } else {
+        slot.request_view = request;
+    }
     slot.request_rdma = rdma;
     slot.response_rdma = false;
     slot.request_packets = packet_count(static_cast<std::uint32_t>(request.size()), limits_.payload_per_packet());
@@ -106,9 +111,9 @@ std::uint32_t ClientWindow::sendable(const Slot& slot) noexcept {
 Outgoing ClientWindow::packet_at(const Slot& slot, std::uint32_t position) const noexcept {
     if (position < slot.request_packets)
         return {header_for(route_, Kind::request, slot.request, slot.rpc_type,
-                           static_cast<std::uint32_t>(slot.request_bytes.size()), position, Status::ok,
+                           static_cast<std::uint32_t>(slot.request_view.size()), position, Status::ok,
                            slot.request_rdma),
-                share(slot.request_bytes, position, limits_.payload_per_packet())};
+                share(slot.request_view, position, limits_.payload_per_packet())};
     return {header_for(route_, Kind::request_for_response, slot.request, slot.rpc_type,
                        static_cast<std::uint32_t>(slot.response_bytes.size()), position - slot.request_packets + 1),
             {}};
@@ -150,7 +155,7 @@ std::expected<std::optional<CallEnd>, DropReason> ClientWindow::take(Slot& slot,
                                                                      Clock::time_point now) {
     const bool is_response = header.kind == Kind::response;
     if (header.rpc_type != slot.rpc_type ||
-        (!is_response && header.message_size != slot.request_bytes.size()))
+        (!is_response && header.message_size != slot.request_view.size()))
         return std::unexpected(DropReason::inconsistent);
     const std::uint32_t position = is_response ? slot.request_packets - 1 + header.index : header.index;
     if (position < slot.received)
@@ -219,6 +224,7 @@ void ClientWindow::write_off(Slot& slot) noexcept {
 void ClientWindow::release(Slot& slot) noexcept {
     write_off(slot);
     slot.busy = false;
+    slot.request_view = {}; // a borrowed request is the caller's again
 }
 
 std::optional<Clock::time_point> ClientWindow::next_deadline() const noexcept {

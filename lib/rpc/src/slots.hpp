@@ -134,13 +134,19 @@ public:
     ClientWindow(const ClientOptions& options, PacketLimits limits, Route route,
                  std::source_location where = std::source_location::current());
 
-    // Starts a call of handler `rpc_type` with the message `request` (copied: the
-    // caller's buffer is free at once) that accepts a response of up to
-    // `response_capacity` bytes; `rdma`: the message is a descriptor (packet.hpp), and
-    // so may the response be. Returns its request number, which names it from now on.
+    // How begin() keeps a request: a copy (the caller's buffer is free at once), or
+    // the caller's bytes themselves, which must then stay valid and unchanged until
+    // the call ends or is abandoned (the packets point into them).
+    enum class Keep : std::uint8_t { copy, borrow };
+
+    // Starts a call of handler `rpc_type` with the message `request` that accepts a
+    // response of up to `response_capacity` bytes; `rdma`: the message is a
+    // descriptor (packet.hpp), and so may the response be. Returns its request number,
+    // which names it from now on.
     // Programming error: a request above limits.max_message().
     std::expected<std::uint64_t, WindowFull> begin(std::uint8_t rpc_type, std::span<const std::byte> request,
                                                    std::uint32_t response_capacity, bool rdma = false,
+                                                   Keep keep = Keep::copy,
                                                    std::source_location where = std::source_location::current());
 
     // The call's caller is gone: its slot is free, whatever the server still sends for
@@ -178,7 +184,8 @@ private:
         bool busy = false;
         std::uint64_t request = 0;
         std::uint8_t rpc_type = 0;
-        std::vector<std::byte> request_bytes;
+        std::vector<std::byte> request_bytes;   // a copied request
+        std::span<const std::byte> request_view; // the request: request_bytes, or borrowed
         bool request_rdma = false, response_rdma = false; // descriptors
         std::uint32_t request_packets = 0;   // n_req
         std::uint32_t response_capacity = 0;

@@ -1,6 +1,7 @@
 #include "ud_transport.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 
 #include <rdmaxx/data/post.hpp>
@@ -39,7 +40,9 @@ Result<std::unique_ptr<UdTransport>> UdTransport::create(asio::io_context& io, c
     auto qp = QueuePair::create(t->pd_, {.type = QpType::ud,
                                          .send_cq = &t->cq_->get(),
                                          .recv_cq = &t->cq_->get(),
-                                         .caps = {.max_send_wr = options.send_depth, .max_recv_wr = options.ring},
+                                         .caps = {.max_send_wr = options.send_depth,
+                                                  .max_recv_wr = options.ring,
+                                                  .max_send_sge = 2}, // header, gathered payload
                                          .signal_all = true,
                                          .port = options.port,
                                          .gid_index = options.gid_index,
@@ -59,6 +62,7 @@ Result<std::unique_ptr<UdTransport>> UdTransport::create(asio::io_context& io, c
     t->send_mr_.emplace(std::move(*sends));
     for (std::uint32_t i = options.send_depth; i-- > 0;)
         t->free_sends_.push_back(i);
+    t->gathered_.resize(options.send_depth);
     if (auto up = t->qp_->activate(where); !up)
         return std::unexpected(std::move(up.error()));
     t->repost_.reserve(options.ring);
@@ -102,15 +106,36 @@ Result<bool> UdTransport::send(const AddressHandle& to, const UdAddress& peer, s
     require(bytes <= mtu_, where, "a {}-byte UD packet on a path MTU of {}", bytes, mtu_);
     if (free_sends_.empty())
         return false;
+    const std::size_t at = std::size_t{free_sends_.back()} * mtu_;
+    if (!payload.empty()) {
+        std::memcpy(send_mr_->data() + at + header.size(), payload.data(), payload.size());
+        ++copies_;
+    }
+    const LocalSlice whole = send_mr_->slice(at, bytes);
+    return post_send(to, peer, header, {&whole, 1}, where);
+}
+
+Result<bool> UdTransport::send_gather(const AddressHandle& to, const UdAddress& peer,
+                                      std::span<const std::byte> header, const LocalSlice& payload,
+                                      const BufferHold& memory, std::source_location where) {
+    const std::size_t bytes = header.size() + payload.size();
+    require(bytes <= mtu_, where, "a {}-byte UD packet on a path MTU of {}", bytes, mtu_);
+    if (free_sends_.empty())
+        return false;
     const std::uint32_t buffer = free_sends_.back();
-    std::byte* at = send_mr_->data() + std::size_t{buffer} * mtu_;
-    std::memcpy(at, header.data(), header.size());
-    if (!payload.empty())
-        std::memcpy(at + header.size(), payload.data(), payload.size());
-    ++copies_;
+    const std::array<LocalSlice, 2> gather{send_mr_->slice(std::size_t{buffer} * mtu_, header.size()), payload};
+    auto posted = post_send(to, peer, header, gather, where);
+    if (posted && *posted)
+        gathered_[buffer] = memory;
+    return posted;
+}
+
+Result<bool> UdTransport::post_send(const AddressHandle& to, const UdAddress& peer, std::span<const std::byte> header,
+                                    std::span<const LocalSlice> gather, std::source_location where) {
+    const std::uint32_t buffer = free_sends_.back();
+    std::memcpy(send_mr_->data() + std::size_t{buffer} * mtu_, header.data(), header.size());
     auto posted = SendBatch<1>(*qp_)
-                      .send(send_mr_->slice(std::size_t{buffer} * mtu_, bytes),
-                            UdDestination{.ah = &to, .qpn = peer.endpoint.qpn, .qkey = peer.qkey},
+                      .send(gather, UdDestination{.ah = &to, .qpn = peer.endpoint.qpn, .qkey = peer.qkey},
                             {.wr_id = send_bit | buffer})
                       .post(where);
     if (!posted)
@@ -127,7 +152,9 @@ void UdTransport::take(std::span<const WorkCompletion> completions) {
     repost_.clear();
     for (const WorkCompletion& wc : completions) {
         if (wc.wr_id() & send_bit) {
-            free_sends_.push_back(static_cast<std::uint32_t>(wc.wr_id() & ~send_bit));
+            const auto buffer = static_cast<std::uint32_t>(wc.wr_id() & ~send_bit);
+            gathered_[buffer] = BufferHold{};
+            free_sends_.push_back(buffer);
             failed_ += wc.ok() ? 0 : 1;
             continue;
         }

@@ -7,9 +7,12 @@
 //    packet is handed to the Deliver function inside the completion's batch, and its
 //    buffer posted again after the batch (one doorbell per batch).
 //  * The send buffers: one per send queue entry, in one registered region; send()
-//    copies the header and the payload into a free one (counted: copies()), posts it
-//    signaled, and the buffer is free again at its completion. No buffer free: send()
-//    answers false and the caller tries again after a completion (a credit stall).
+//    copies the header and the payload into a free one (counted: copies(), when there
+//    is a payload), posts it signaled, and the buffer is free again at its
+//    completion. send_gather() copies the header only and gathers the payload from
+//    registered memory it holds until the completion (a MessageBuffer's). No buffer
+//    free: both answer false and the caller tries again after a completion (a credit
+//    stall).
 //  * Completions go to a lib/async sink CQ on the endpoint's io_context, in its drive
 //    mode: the transport keeps run() going while it lives.
 //
@@ -33,6 +36,8 @@
 #include <rdmaxx/wrap/mr.hpp>
 #include <rdmaxx/wrap/pd.hpp>
 #include <rdmaxx/wrap/qp.hpp>
+
+#include <rdmaxx/rpc/message_buffer.hpp>
 
 #include "session_codec.hpp"
 
@@ -81,6 +86,12 @@ public:
                       std::span<const std::byte> payload,
                       std::source_location where = std::source_location::current());
 
+    // The same with the payload gathered from `payload`, in `memory`'s region: held
+    // (not freed) until the send completes.
+    Result<bool> send_gather(const AddressHandle& to, const UdAddress& peer, std::span<const std::byte> header,
+                             const LocalSlice& payload, const BufferHold& memory,
+                             std::source_location where = std::source_location::current());
+
     // The device and protection domain, for the endpoint's RC path and its memory.
     const Context& context() const noexcept { return context_; }
     const ProtectionDomain& pd() const noexcept { return pd_; }
@@ -99,6 +110,9 @@ private:
     static void take(void* self, std::span<const WorkCompletion> completions);
     void take(std::span<const WorkCompletion> completions);
     Result<void> post_receives(std::span<const std::uint32_t> buffers);
+    // A free send buffer with `header` in it, to post as `gather` to `to`.
+    Result<bool> post_send(const AddressHandle& to, const UdAddress& peer, std::span<const std::byte> header,
+                           std::span<const LocalSlice> gather, std::source_location where);
     std::span<std::byte> ring_buffer(std::uint32_t i) noexcept;
 
     Context context_;
@@ -111,6 +125,7 @@ private:
     Deliver deliver_;
     void* context_arg_;
     std::vector<std::uint32_t> free_sends_;
+    std::vector<BufferHold> gathered_; // per send buffer: the memory its send gathers from
     std::vector<std::uint32_t> repost_; // ring buffers to post again after a batch
     std::uint64_t copies_ = 0, failed_ = 0;
 };

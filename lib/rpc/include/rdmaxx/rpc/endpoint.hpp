@@ -63,10 +63,12 @@
 // the session's life: at most window x (max_request + max_response) per session at
 // each end.
 //
-// Copies: a request is copied into its session's window (or staging memory) when the
-// call begins (the caller's buffer is free at once, and a resend needs it), each packet
-// into a send buffer (Counters::copies), and a response out of the window (or staging
-// memory) into the caller's buffer. At the server, a one-packet request is not copied
+// Copies: a call with spans copies its request into its session's window (or staging
+// memory) as it begins (a resend needs it), each packet into a send buffer
+// (Counters::copies), and its response out of the window (or staging memory) into the
+// caller's buffer (Counters::message_copies counts the whole-message copies). A call
+// with MessageBuffers (message_buffer.hpp) copies neither its request nor a response
+// above rdma_threshold. At the server, a one-packet request is not copied
 // unless its handler returns without answering; the packets of a longer one are
 // (Counters::request_copies).
 //
@@ -103,6 +105,7 @@
 #include <asio/use_awaitable.hpp>
 
 #include <rdmaxx/async/completions.hpp>
+#include <rdmaxx/rpc/message_buffer.hpp>
 #include <rdmaxx/wrap/error.hpp>
 
 namespace rdmaxx::rpc {
@@ -146,11 +149,17 @@ struct Counters {
     std::uint64_t handled = 0;         // requests given to a handler (server)
     std::uint64_t retransmissions = 0; // packets sent again after an RTO expired
     std::uint64_t send_stalls = 0;     // packets not sent for want of a send buffer (sent again later)
-    std::uint64_t copies = 0;          // packets copied into send buffers
+    std::uint64_t copies = 0;          // packets whose payload was copied into a send buffer
+    std::uint64_t message_copies = 0;  // whole messages copied at the client: a request into
+                                       // its session's window or staging memory as its call
+                                       // begins, a response out of them (message_buffer.hpp
+                                       // tells when a call with MessageBuffers copies)
     std::uint64_t request_copies = 0;  // request packets copied into a window (server; a
                                        // one-packet request answered by its handler: none)
     std::uint64_t rdma_reads = 0;      // large requests READ from clients (server)
     std::uint64_t rdma_writes = 0;     // large responses WRITTEN into clients' memory (server)
+    std::uint64_t buffers_renewed = 0; // MessageBuffers given new memory after their call was
+                                       // abandoned (message_buffer.hpp)
     std::uint64_t sessions_refused = 0;
     std::array<std::uint64_t, 24> drops = {}; // by reason: drop_reason_name(i)
     std::uint64_t dropped() const noexcept;
@@ -317,6 +326,18 @@ public:
               CallOptions options = {}, Token&& token = {},
               std::source_location where = std::source_location::current());
 
+    // The same with registered buffers, without copies (message_buffer.hpp): the
+    // request is request.bytes(); the response lands in response's capacity, and on
+    // success response.size() is set to its size. The caller keeps both buffers (and
+    // their bytes) as they are until the completion runs; a call that ends without
+    // its response may give them new memory (spans from bytes() taken before it are
+    // then stale).
+    // Programming error: a buffer of the wrong use (BufferUse), or moved from; a
+    // moved-from Session; not the endpoint's thread.
+    template <class Token = asio::use_awaitable_t<>>
+    auto call(std::uint8_t type, MessageBuffer& request, MessageBuffer& response, CallOptions options = {},
+              Token&& token = {}, std::source_location where = std::source_location::current());
+
     // What the server agreed to. Programming error: a moved-from Session.
     SessionInfo info(std::source_location where = std::source_location::current()) const;
 
@@ -326,6 +347,8 @@ private:
         : core_(core), number_(number), generation_(generation) {}
     void start(std::uint8_t type, std::span<const std::byte> request, std::span<std::byte> response,
                CallOptions options, detail::StoredCall handler, std::source_location where);
+    void start(std::uint8_t type, MessageBuffer& request, MessageBuffer& response, CallOptions options,
+               detail::StoredCall handler, std::source_location where);
     const asio::io_context::executor_type& executor(std::source_location where) const;
 
     detail::EndpointCore* core_;
@@ -370,6 +393,13 @@ public:
     asio::awaitable<Result<Session>> connect(std::string host, std::uint16_t port,
                                              std::source_location where = std::source_location::current());
 
+    // A registered buffer of `capacity` bytes for calls' requests or responses, with
+    // the rights `use` needs (message_buffer.hpp). Runtime errors: allocating or
+    // registering it. Programming error: capacity 0 or above the largest message
+    // (max_request for a request, max_response for a response); not the endpoint's thread.
+    Result<MessageBuffer> alloc_buffer(std::size_t capacity, BufferUse use,
+                                       std::source_location where = std::source_location::current());
+
     // The TCP port the listener is bound to (0: none); the OS's choice for listen_port 0
     // is not offered: a listener needs a port.
     std::uint16_t listen_port() const noexcept;
@@ -391,6 +421,17 @@ auto Session::call(std::uint8_t type, std::span<const std::byte> request, std::s
                    CallOptions options, Token&& token, std::source_location where) {
     return asio::async_initiate<Token, void(Result<std::size_t>)>(
         [this, type, request, response, options, where](auto handler) {
+            start(type, request, response, options, detail::StoredCall::store(std::move(handler), executor(where)),
+                  where);
+        },
+        token);
+}
+
+template <class Token>
+auto Session::call(std::uint8_t type, MessageBuffer& request, MessageBuffer& response, CallOptions options,
+                   Token&& token, std::source_location where) {
+    return asio::async_initiate<Token, void(Result<std::size_t>)>(
+        [this, type, &request, &response, options, where](auto handler) {
             start(type, request, response, options, detail::StoredCall::store(std::move(handler), executor(where)),
                   where);
         },

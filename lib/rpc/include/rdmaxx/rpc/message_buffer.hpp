@@ -1,0 +1,128 @@
+// Registered message buffers for lib/rpc calls: the zero-copy way to call.
+//
+//   auto request = (*endpoint)->alloc_buffer(1 << 20, rdmaxx::rpc::BufferUse::request);
+//   auto response = (*endpoint)->alloc_buffer(1 << 20, rdmaxx::rpc::BufferUse::response);
+//   fill(request->bytes());                       // bytes(): the first size() of capacity()
+//   auto got = co_await session->call(kPut, *request, *response);   // response->size() = *got
+//
+// A call made with MessageBuffers does not copy its request: the UD packets gather
+// each header (from the endpoint's send buffers) and their share of the buffer, and a
+// request above the endpoint's rdma_threshold is READ by the server straight from the
+// buffer. A response above the threshold is WRITTEN by the server straight into the
+// response buffer; a smaller one is copied out of the session's window into it, as
+// for a call with spans.
+//
+// Rights: each buffer is registered with what its use needs and no more: a request
+// buffer for local access, plus remote READ if its capacity is above rdma_threshold
+// (the server may READ it); a response buffer for local WRITE, plus remote WRITE if its
+// capacity is above the threshold. Buffers above the threshold are therefore reachable
+// by the peer of a session while a call lends them, and only for that call's bytes.
+//
+// Safety: the NIC may still reach a buffer's memory after its call ended: a UD send
+// of its packets not yet complete, or the server's READ or WRITE for a call that was
+// abandoned (timed out, cancelled, its session reset). The memory is therefore shared
+// between the MessageBuffer and each transfer that may still touch it, and freed with
+// the last: destroying a MessageBuffer is always safe. When a call ends without its
+// response while such a transfer may still come, its buffers get new memory (a
+// request's bytes are copied over, so the caller may call again with it;
+// Counters::buffers_renewed): the late transfer meets the old memory only, never the
+// caller's next bytes. So a span from bytes() is valid until the buffer is next given
+// to a call, or destroyed. A buffer that something else may touch as its call begins
+// (a send of its previous call not yet complete, another call in flight with the same
+// request) is copied, as spans are (Counters::message_copies).
+//
+// Thread safety: as its Endpoint (the io_context's one thread); a MessageBuffer may
+// outlive its Endpoint (its memory keeps the device open).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <source_location>
+#include <span>
+#include <utility>
+
+#include <rdmaxx/wrap/error.hpp>
+#include <rdmaxx/wrap/mr.hpp>
+
+namespace rdmaxx::rpc {
+
+class Endpoint;
+class Session;
+
+enum class BufferUse : std::uint8_t {
+    request,  // what a call sends
+    response, // where a call's response lands
+};
+
+namespace detail {
+
+struct EndpointCore;
+
+// A message buffer's registered memory, shared by the MessageBuffer and the transfers
+// that may still touch it (a count, not atomic: one thread), freed with the last.
+struct BufferBlock {
+    MemoryRegion region;
+    std::uint32_t holders = 1;
+};
+
+// One holder of a BufferBlock.
+class BufferHold {
+public:
+    BufferHold() = default;
+    explicit BufferHold(BufferBlock* block) noexcept : block_(block) {}
+    BufferHold(const BufferHold& other) noexcept : block_(other.block_) {
+        if (block_ != nullptr)
+            ++block_->holders;
+    }
+    BufferHold(BufferHold&& other) noexcept : block_(std::exchange(other.block_, nullptr)) {}
+    BufferHold& operator=(BufferHold other) noexcept {
+        std::swap(block_, other.block_);
+        return *this;
+    }
+    ~BufferHold() {
+        if (block_ != nullptr && --block_->holders == 0)
+            delete block_;
+    }
+    BufferBlock* get() const noexcept { return block_; }
+    // Whether this is the only holder (nothing else may touch the memory).
+    bool sole() const noexcept { return block_ != nullptr && block_->holders == 1; }
+
+private:
+    BufferBlock* block_ = nullptr;
+};
+
+} // namespace detail
+
+// A registered buffer of `capacity()` bytes, of which the first size() are the
+// message (a new buffer's size is its capacity, its bytes zero). Move-only.
+class MessageBuffer {
+public:
+    MessageBuffer(MessageBuffer&&) noexcept = default;
+    MessageBuffer& operator=(MessageBuffer&&) noexcept = default;
+    MessageBuffer(const MessageBuffer&) = delete;
+    MessageBuffer& operator=(const MessageBuffer&) = delete;
+    ~MessageBuffer() = default;
+
+    // The message: valid until the buffer is next given to a call (see above).
+    // Programming error: a moved-from buffer.
+    std::span<std::byte> bytes(std::source_location where = std::source_location::current());
+    std::span<const std::byte> bytes(std::source_location where = std::source_location::current()) const;
+    std::size_t size() const noexcept { return size_; }
+    std::size_t capacity() const noexcept { return hold_.get() != nullptr ? hold_.get()->region.size() : 0; }
+    BufferUse use() const noexcept { return use_; }
+    // Programming error: above capacity(); a moved-from buffer.
+    void resize(std::size_t size, std::source_location where = std::source_location::current());
+
+private:
+    friend class Endpoint;
+    friend class Session;
+    friend struct detail::EndpointCore;
+    MessageBuffer(detail::BufferHold hold, BufferUse use) noexcept
+        : hold_(std::move(hold)), size_(hold_.get()->region.size()), use_(use) {}
+
+    detail::BufferHold hold_;
+    std::size_t size_ = 0;
+    BufferUse use_ = BufferUse::request;
+};
+
+} // namespace rdmaxx::rpc
