@@ -68,8 +68,29 @@ void run_until(asio::io_context& io, Done done) {
 }
 
 // A caller's request: a pattern of its size, its call number in front (up to 4 bytes).
-void number(std::vector<std::byte>& request, std::uint32_t n) {
+void number(std::span<std::byte> request, std::uint32_t n) {
     std::memcpy(request.data(), &n, std::min(request.size(), sizeof n));
+}
+
+// A caller's registered buffers: calls with them copy no request and no large response.
+struct CallerBuffers {
+    rpc::MessageBuffer request, response;
+};
+
+Result<std::vector<CallerBuffers>> allocate(rpc::Endpoint& endpoint, std::uint32_t size, std::uint32_t callers) {
+    std::vector<CallerBuffers> all;
+    const std::size_t capacity = std::max(size, 1u);
+    for (std::uint32_t c = 0; c < callers; ++c) {
+        auto request = endpoint.alloc_buffer(capacity, rpc::BufferUse::request);
+        if (!request)
+            return std::unexpected(std::move(request.error()));
+        auto response = endpoint.alloc_buffer(capacity, rpc::BufferUse::response);
+        if (!response)
+            return std::unexpected(std::move(response.error()));
+        request->resize(size);
+        all.push_back({std::move(*request), std::move(*response)});
+    }
+    return all;
 }
 
 struct Run {
@@ -86,18 +107,23 @@ struct Run {
 
 // `calls` calls, one after the other; each response's size and number checked, the
 // last one's bytes too.
-asio::awaitable<void> caller(rpc::Session* session, std::uint32_t calls, std::uint32_t id, Run* run) {
-    std::vector<std::byte> request(run->size), response(run->size);
-    for (std::size_t i = 0; i < request.size(); ++i)
-        request[i] = static_cast<std::byte>((i * 7 + id * 13 + run->size) & 0xff);
+asio::awaitable<void> caller(rpc::Session* session, CallerBuffers* buffers, std::uint32_t calls, std::uint32_t id,
+                             Run* run) {
+    rpc::MessageBuffer& request = buffers->request;
+    rpc::MessageBuffer& response = buffers->response;
+    const auto pattern = request.bytes();
+    for (std::size_t i = 0; i < pattern.size(); ++i)
+        pattern[i] = static_cast<std::byte>((i * 7 + id * 13 + run->size) & 0xff);
     for (std::uint32_t n = 0; n < calls && !run->error; ++n) {
-        number(request, n);
+        number(request.bytes(), n); // bytes() anew: a call that timed out may renew the memory
         if (!run->stamps.empty())
             run->stamps[n] = Clock::now();
         const auto got = co_await session->call(echo, request, response, {.timeout = run->timeout});
         if (!got) {
             run->error = got.error();
-        } else if (*got != run->size || std::memcmp(response.data(), request.data(), std::min(response.size(), sizeof n)) != 0) {
+        } else if (*got != run->size ||
+                   std::memcmp(response.bytes().data(), request.bytes().data(), std::min<std::size_t>(*got, sizeof n)) !=
+                       0) {
             run->error = Error::protocol("peer", fmt::format("call {}: a {}-byte response, not the {}-byte echo of "
                                                                "the call",
                                                                n, *got, run->size));
@@ -105,7 +131,7 @@ asio::awaitable<void> caller(rpc::Session* session, std::uint32_t calls, std::ui
     }
     if (!run->stamps.empty())
         run->stamps[calls] = Clock::now();
-    if (calls > 0 && !run->error && response != request)
+    if (calls > 0 && !run->error && !std::ranges::equal(response.bytes(), request.bytes()))
         run->error = Error::protocol("peer", fmt::format("caller {}: wrong bytes in its last response", id));
     if (--run->callers_left == 0)
         run->end = Clock::now();
@@ -170,10 +196,14 @@ Result<RpcSide> RpcSide::accept(const Options& options) {
 Result<Figures> run_client(RpcSide& side, std::uint32_t size, std::uint32_t iters) {
     const Options& o = side.options_;
     const bool latency = o.test.measure == Measure::latency;
+    auto buffers = allocate(*side.endpoint_, size, o.sessions * o.window);
+    if (!buffers)
+        return std::unexpected(std::move(buffers.error()));
     // warm up: the RTO estimate, Asio's handler memory, the sessions' buffers
     Run warm(size, o.timeout, o.sessions);
     for (std::uint32_t s = 0; s < o.sessions; ++s)
-        asio::co_spawn(*side.io_, caller(&side.sessions_[s], std::clamp(iters / 10, 5u, 200u), s, &warm),
+        asio::co_spawn(*side.io_,
+                       caller(&side.sessions_[s], &(*buffers)[s * o.window], std::clamp(iters / 10, 5u, 200u), s, &warm),
                        asio::detached);
     run_until(*side.io_, [&warm] { return warm.callers_left == 0; });
     if (warm.error)
@@ -187,7 +217,9 @@ Result<Figures> run_client(RpcSide& side, std::uint32_t size, std::uint32_t iter
     for (std::uint32_t s = 0; s < o.sessions; ++s)
         for (std::uint32_t w = 0; w < o.window; ++w) {
             const std::uint32_t share = iters / o.window + (w < iters % o.window ? 1 : 0);
-            asio::co_spawn(*side.io_, caller(&side.sessions_[s], share, s * o.window + w, &run), asio::detached);
+            asio::co_spawn(*side.io_,
+                           caller(&side.sessions_[s], &(*buffers)[s * o.window + w], share, s * o.window + w, &run),
+                           asio::detached);
         }
     run_until(*side.io_, [&run] { return run.callers_left == 0; });
     const auto used = cpu_time() - cpu;

@@ -108,6 +108,49 @@ TEST_CASE("rpc endpoint: 1,200 echo calls of 0 to 4 MTUs, 12 coroutines on one s
 
 namespace {
 
+// AIMD from a window of 2, and what it went through.
+struct WatchedAimd final : rpc::CongestionControl {
+    rpc::Aimd aimd{{.initial = 2}};
+    std::uint64_t* answers;
+    std::uint32_t* largest;
+    WatchedAimd(std::uint64_t* a, std::uint32_t* l) : answers(a), largest(l) {}
+    std::uint32_t window() const noexcept override { return aimd.window(); }
+    void answered(std::optional<std::chrono::nanoseconds> round_trip) noexcept override {
+        aimd.answered(round_trip);
+        ++*answers;
+        *largest = std::max(*largest, aimd.window());
+    }
+    void timed_out() noexcept override { aimd.timed_out(); }
+};
+
+} // namespace
+
+TEST_CASE("rpc endpoint: a congestion controller per session bounds its packets and hears its answers") {
+    std::uint64_t answers = 0;
+    std::uint32_t largest = 0, made = 0;
+    rpc::EndpointOptions client_options;
+    client_options.congestion = [&answers, &largest, &made]() -> std::unique_ptr<rpc::CongestionControl> {
+        ++made;
+        return std::make_unique<WatchedAimd>(&answers, &largest);
+    };
+    Rig rig({}, client_options);
+    std::optional<rpc::Session> session;
+    int wrong = 0;
+    run(rig.io, echo_many(&rig, &session, &wrong), 120s);
+    CHECK(wrong == 0);
+    const auto& c = rig.client->counters();
+    CHECK(c.completed == 1200);
+    CHECK(rig.server->counters().handled == 1200);
+    CHECK(made == 1);
+    CHECK(answers >= 1200); // at least one answered packet per call
+    CHECK(largest > 2);     // the window grew from its answers
+    CHECK(c.credit_stalls > 0); // 12 callers, a window from 2: packets waited
+    MESSAGE("answers ", answers, ", largest window ", largest, ", credit stalls ", c.credit_stalls,
+            ", retransmissions ", c.retransmissions);
+}
+
+namespace {
+
 struct Outcomes {
     std::optional<Error> no_handler, truncated, too_large, dropped, timed_out, cancelled, reset;
     std::size_t after_errors = 0;

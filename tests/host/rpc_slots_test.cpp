@@ -390,6 +390,76 @@ TEST_CASE("rpc slots: no more than C packets of a session are in flight") {
     CHECK(wire.client.in_flight() == 0);
 }
 
+namespace {
+
+// A congestion window the test sets, and what it was told.
+struct Recording final : rdmaxx::rpc::CongestionControl {
+    std::uint32_t room = 2;
+    int answers = 0, samples = 0, timeouts = 0;
+    std::uint32_t window() const noexcept override { return room; }
+    void answered(std::optional<std::chrono::nanoseconds> round_trip) noexcept override {
+        ++answers;
+        samples += round_trip.has_value();
+    }
+    void timed_out() noexcept override { ++timeouts; }
+};
+
+} // namespace
+
+TEST_CASE("rpc slots: a congestion window below C bounds the packets in flight and hears every answer and timeout") {
+    Recording congestion;
+    std::uint64_t stalls = 0;
+    Wire wire(ClientOptions{.window = 8, .credits = 5, .congestion = &congestion, .credit_stalls = &stalls});
+    std::map<std::uint64_t, Bytes> sent;
+    for (std::uint32_t i = 0; i < 8; ++i) {
+        const Bytes request = make_request(4 * per, 3 * per, i);
+        sent[wire.begin(request)] = request;
+    }
+    wire.send_from_client();
+    CHECK(wire.client.in_flight() == 2);
+    CHECK(stalls == 1);
+    wire.send_from_client(); // the same wait: counted once
+    CHECK(stalls == 1);
+    wire.run();
+    for (const auto& [id, request] : sent)
+        wire.check_ok(id, request);
+    CHECK(wire.most_in_flight == 2);
+    CHECK(congestion.answers == static_cast<int>(wire.sent_by_client)); // each packet answered once, no loss
+    CHECK(congestion.samples > 0); // an answer that leaves its call's packets all answered
+    CHECK(congestion.samples <= congestion.answers);
+    CHECK(congestion.timeouts == 0);
+    CHECK(stalls > 1);
+
+    // a window above C: C bounds it; 0: one packet still goes
+    congestion.room = 100;
+    Wire wide(ClientOptions{.window = 8, .credits = 5, .congestion = &congestion});
+    for (std::uint32_t i = 0; i < 8; ++i)
+        wide.begin(make_request(4 * per, 3 * per, i));
+    wide.send_from_client();
+    CHECK(wide.client.in_flight() == 5);
+    congestion.room = 0;
+    Wire shut(ClientOptions{.window = 8, .credits = 5, .congestion = &congestion});
+    shut.begin(make_request(4 * per, 3 * per));
+    shut.send_from_client();
+    CHECK(shut.client.in_flight() == 1);
+
+    // a lost packet: the RTO's expiry is the controller's to hear
+    congestion = Recording{};
+    Wire lossy(ClientOptions{.window = 8, .credits = 5, .congestion = &congestion});
+    bool lost = false;
+    lossy.fate = [&lost](const PacketHeader& header) {
+        if (lost || header.kind != Kind::request)
+            return Fate::deliver;
+        lost = true;
+        return Fate::lose;
+    };
+    const Bytes request = make_request(4 * per, 3 * per);
+    const auto id = lossy.begin(request);
+    lossy.run();
+    lossy.check_ok(id, request);
+    CHECK(congestion.timeouts == 1);
+}
+
 TEST_CASE("rpc slots: a full window is an answer to wait, naming the call to wait for") {
     Wire wire(ClientOptions{.window = 2});
     const Bytes request = make_request(8, 8);

@@ -183,6 +183,7 @@ struct SessionState {
     std::uint32_t in_flight = 0;    // client: busy entries of `calls`
     bool active = false;            // client: on the core's active list
     tcp::socket* socket = nullptr;
+    std::unique_ptr<CongestionControl> congestion; // client: its window's, if the endpoint has them
     RcPath rc;
 };
 
@@ -1015,9 +1016,16 @@ SessionState& EndpointCore::attach(SessionId local, const SessionId& remote, con
                        .in_flight = 0,
                        .active = false,
                        .socket = nullptr,
+                       .congestion = {},
                        .rc = {}};
     if (initiator || both_ways) {
-        state.client.emplace(ClientOptions{.window = limits.window, .credits = limits.credits, .rto = {}},
+        if (options.congestion)
+            state.congestion = options.congestion();
+        state.client.emplace(ClientOptions{.window = limits.window,
+                                           .credits = limits.credits,
+                                           .rto = {},
+                                           .congestion = state.congestion.get(),
+                                           .credit_stalls = &counters.credit_stalls},
                              PacketLimits(limits.max_request, limits.payload_per_packet), route);
         state.calls.resize(limits.window);
     }

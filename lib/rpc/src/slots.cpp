@@ -60,7 +60,8 @@ CallOutcome outcome_of(Status status) noexcept {
 // ClientWindow
 
 ClientWindow::ClientWindow(const ClientOptions& options, PacketLimits limits, Route route, std::source_location where)
-    : limits_(limits), route_(route), credits_(options.credits), rto_(options.rto, where), slots_(options.window) {
+    : limits_(limits), route_(route), credits_(options.credits), congestion_(options.congestion),
+      credit_stalls_(options.credit_stalls), rto_(options.rto, where), slots_(options.window) {
     require(options.window > 0, where, "ClientWindow: a window of 0 slots");
     require(options.credits > 0, where, "ClientWindow: 0 credits");
 }
@@ -120,12 +121,19 @@ Outgoing ClientWindow::packet_at(const Slot& slot, std::uint32_t position) const
 }
 
 std::optional<Outgoing> ClientWindow::next_packet(Clock::time_point now) {
-    if (in_flight_ >= credits_)
-        return std::nullopt;
+    const std::uint32_t room =
+        congestion_ == nullptr ? credits_ : std::clamp(congestion_->window(), std::uint32_t{1}, credits_);
     for (std::size_t i = 0; i < slots_.size(); ++i) {
         Slot& slot = slots_[(cursor_ + i) % slots_.size()];
         if (slot.sent >= sendable(slot) || now < slot.resend_at)
             continue;
+        if (in_flight_ >= room) {
+            if (!stalled_ && credit_stalls_ != nullptr)
+                ++*credit_stalls_;
+            stalled_ = true;
+            return std::nullopt;
+        }
+        stalled_ = false;
         cursor_ = (cursor_ + i + 1) % slots_.size();
         const Outgoing out = packet_at(slot, slot.sent);
         ++slot.sent;
@@ -187,8 +195,13 @@ std::expected<std::optional<CallEnd>, DropReason> ClientWindow::take(Slot& slot,
     --in_flight_;
     slot.timeouts = 0;
     slot.deadline = now + rto_.rto();
-    if (slot.received == slot.sent)
+    const bool sample = slot.received == slot.sent;
+    if (sample)
         rto_.measured(now - slot.last_sent, slot.transmissions);
+    if (congestion_ != nullptr)
+        congestion_->answered(sample && slot.transmissions == Transmissions::once
+                                  ? std::optional(now - slot.last_sent)
+                                  : std::nullopt);
     if (!is_response)
         return std::nullopt;
     if (header.index == 0) {
@@ -246,6 +259,8 @@ std::optional<CallEnd> ClientWindow::expire(Clock::time_point now) {
     for (Slot& slot : slots_) {
         if (!slot.busy || slot.sent == slot.received || slot.deadline > now)
             continue;
+        if (congestion_ != nullptr)
+            congestion_->timed_out();
         if (rto_.timed_out(++slot.timeouts) == OnTimeout::give_up)
             return end(slot, CallOutcome::timed_out, 0);
         write_off(slot);

@@ -34,7 +34,8 @@
 // the server's receive queue is never overrun by one session. The unanswered packets of
 // a rolled-back or ended call count as lost: their credits come back at once. An answer
 // that arrives later is taken only for a position sent again since (the answer to that
-// resend is then a duplicate), so every credit comes back once.
+// resend is then a duplicate), so every credit comes back once. A session with a
+// congestion controller has at most its window in flight (between 1 and C).
 //
 // The server runs a request's handler once (at-most-once): it keeps the response in the
 // slot until the client begins call r + W there, and answers a retransmitted request
@@ -59,6 +60,8 @@
 #include <span>
 #include <variant>
 #include <vector>
+
+#include <rdmaxx/rpc/congestion.hpp>
 
 #include "packet.hpp"
 #include "retransmit.hpp"
@@ -87,6 +90,12 @@ struct ClientOptions {
     std::uint32_t window = 8;   // W: calls in flight (eRPC's default)
     std::uint32_t credits = 32; // C: packets in flight (eRPC's default)
     RtoConfig rto{};
+    // If not null: the session's congestion window (at most C packets in flight, at
+    // least 1), told of every in-order answer and every RTO expiry (congestion.hpp).
+    CongestionControl* congestion = nullptr;
+    // If not null: counts the times a call had a packet to send and no room (credits
+    // or congestion window) to send it in, once per wait.
+    std::uint64_t* credit_stalls = nullptr;
 };
 
 // How a call ended.
@@ -213,6 +222,9 @@ private:
     PacketLimits limits_;
     Route route_;
     std::uint32_t credits_;
+    CongestionControl* congestion_;
+    std::uint64_t* credit_stalls_;
+    bool stalled_ = false; // next_packet() found no room for a packet, none sent since
     RtoEstimator rto_;
     std::vector<Slot> slots_;
     std::uint64_t next_request_ = 0;

@@ -105,6 +105,7 @@
 #include <asio/use_awaitable.hpp>
 
 #include <rdmaxx/async/completions.hpp>
+#include <rdmaxx/rpc/congestion.hpp>
 #include <rdmaxx/rpc/message_buffer.hpp>
 #include <rdmaxx/wrap/error.hpp>
 
@@ -130,6 +131,9 @@ struct EndpointOptions {
     // memory the client offered. Below, and when the RC path is unavailable, messages
     // travel as UD packets. UINT32_MAX: UD only.
     std::uint32_t rdma_threshold = 16 * 1024;
+    // Congestion control of the sessions this endpoint calls through (congestion.hpp):
+    // empty (the default) for none, the credits alone limit a session.
+    CongestionFactory congestion = {};
     async::DriveOptions drive = {};
     std::chrono::milliseconds setup_timeout{5000}; // connect, and a client's setup at the listener
     // How often an endpoint with calls in flight checks their retransmission timeouts
@@ -149,6 +153,8 @@ struct Counters {
     std::uint64_t handled = 0;         // requests given to a handler (server)
     std::uint64_t retransmissions = 0; // packets sent again after an RTO expired
     std::uint64_t send_stalls = 0;     // packets not sent for want of a send buffer (sent again later)
+    std::uint64_t credit_stalls = 0;   // times a session had a packet to send and no credit
+                                       // (or congestion window) free: once per wait
     std::uint64_t copies = 0;          // packets whose payload was copied into a send buffer
     std::uint64_t message_copies = 0;  // whole messages copied at the client: a request into
                                        // its session's window or staging memory as its call
