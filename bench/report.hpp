@@ -25,6 +25,7 @@ struct Setup {
     AsyncMode async = AsyncMode::off; // the client's loop (RPC tests: its endpoint's mode)
     std::uint32_t window = 0;         // RPC tests: calls in flight per session
     std::uint32_t sessions = 0;       // RPC tests
+    bool one_way = false;             // RPC tests: empty responses
 };
 
 // The banner and the column heads, perftest's layout (the RPC tests': their own banner,

@@ -24,6 +24,7 @@ namespace rdmaxx::perf {
 namespace {
 
 constexpr std::uint8_t echo = 1;
+constexpr std::uint8_t sink = 2; // answers empty (--one-way)
 // The server waits this long for its first session (Side's accept_wait).
 constexpr std::chrono::seconds first_session_wait{120};
 // Receive buffers of an endpoint, at most (each holds a packet of the MTU).
@@ -77,14 +78,16 @@ struct CallerBuffers {
     rpc::MessageBuffer request, response;
 };
 
-Result<std::vector<CallerBuffers>> allocate(rpc::Endpoint& endpoint, std::uint32_t size, std::uint32_t callers) {
+// One way: a response buffer of 1 byte (a larger one would be offered to the server).
+Result<std::vector<CallerBuffers>> allocate(rpc::Endpoint& endpoint, std::uint32_t size, bool one_way,
+                                            std::uint32_t callers) {
     std::vector<CallerBuffers> all;
     const std::size_t capacity = std::max(size, 1u);
     for (std::uint32_t c = 0; c < callers; ++c) {
         auto request = endpoint.alloc_buffer(capacity, rpc::BufferUse::request);
         if (!request)
             return std::unexpected(std::move(request.error()));
-        auto response = endpoint.alloc_buffer(capacity, rpc::BufferUse::response);
+        auto response = endpoint.alloc_buffer(one_way ? 1 : capacity, rpc::BufferUse::response);
         if (!response)
             return std::unexpected(std::move(response.error()));
         request->resize(size);
@@ -94,10 +97,11 @@ Result<std::vector<CallerBuffers>> allocate(rpc::Endpoint& endpoint, std::uint32
 }
 
 struct Run {
-    Run(std::uint32_t size, std::chrono::milliseconds timeout, std::uint32_t callers,
+    Run(std::uint32_t size, bool one_way, std::chrono::milliseconds timeout, std::uint32_t callers,
         std::span<Clock::time_point> stamps = {})
-        : size(size), timeout(timeout), stamps(stamps), callers_left(callers) {}
+        : size(size), one_way(one_way), timeout(timeout), stamps(stamps), callers_left(callers) {}
     std::uint32_t size;
+    bool one_way;
     std::chrono::milliseconds timeout;
     std::span<Clock::time_point> stamps; // latency: one per call's start, and one after the last
     std::uint32_t callers_left;
@@ -106,7 +110,7 @@ struct Run {
 };
 
 // `calls` calls, one after the other; each response's size and number checked, the
-// last one's bytes too.
+// last one's bytes too (echo), or each response empty (one way).
 asio::awaitable<void> caller(rpc::Session* session, CallerBuffers* buffers, std::uint32_t calls, std::uint32_t id,
                              Run* run) {
     rpc::MessageBuffer& request = buffers->request;
@@ -118,20 +122,21 @@ asio::awaitable<void> caller(rpc::Session* session, CallerBuffers* buffers, std:
         number(request.bytes(), n); // bytes() anew: a call that timed out may renew the memory
         if (!run->stamps.empty())
             run->stamps[n] = Clock::now();
-        const auto got = co_await session->call(echo, request, response, {.timeout = run->timeout});
+        const auto got =
+            co_await session->call(run->one_way ? sink : echo, request, response, {.timeout = run->timeout});
+        const std::size_t expected = run->one_way ? 0 : run->size;
         if (!got) {
             run->error = got.error();
-        } else if (*got != run->size ||
+        } else if (*got != expected ||
                    std::memcmp(response.bytes().data(), request.bytes().data(), std::min<std::size_t>(*got, sizeof n)) !=
                        0) {
-            run->error = Error::protocol("peer", fmt::format("call {}: a {}-byte response, not the {}-byte echo of "
-                                                               "the call",
-                                                               n, *got, run->size));
+            run->error = Error::protocol(
+                "peer", fmt::format("call {}: a {}-byte response, not the {} bytes its call expects", n, *got, expected));
         }
     }
     if (!run->stamps.empty())
         run->stamps[calls] = Clock::now();
-    if (calls > 0 && !run->error && !std::ranges::equal(response.bytes(), request.bytes()))
+    if (calls > 0 && !run->error && !run->one_way && !std::ranges::equal(response.bytes(), request.bytes()))
         run->error = Error::protocol("peer", fmt::format("caller {}: wrong bytes in its last response", id));
     if (--run->callers_left == 0)
         run->end = Clock::now();
@@ -161,7 +166,8 @@ asio::awaitable<void> connect_all(rpc::Endpoint* endpoint, const Options* o, std
 RpcSide::RpcSide(Options options, std::unique_ptr<asio::io_context> io, std::unique_ptr<rpc::Endpoint> endpoint)
     : options_(std::move(options)), io_(std::move(io)), endpoint_(std::move(endpoint)) {
     setup_ = {.test = options_.test, .device = options_.device, .mtu_bytes = endpoint_->mtu(),
-              .async = options_.async, .window = options_.window, .sessions = options_.sessions};
+              .async = options_.async, .window = options_.window, .sessions = options_.sessions,
+              .one_way = options_.one_way};
     if (auto context = Context::open(options_.device))
         setup_.device = std::string(context->name());
 }
@@ -190,17 +196,18 @@ Result<RpcSide> RpcSide::accept(const Options& options) {
     (*endpoint)->set_handler(echo, [](rpc::Request request, rpc::Responder responder) {
         responder.respond(request.bytes());
     });
+    (*endpoint)->set_handler(sink, [](rpc::Request, rpc::Responder responder) { responder.respond({}); });
     return RpcSide(options, std::move(io), std::move(*endpoint));
 }
 
 Result<Figures> run_client(RpcSide& side, std::uint32_t size, std::uint32_t iters) {
     const Options& o = side.options_;
     const bool latency = o.test.measure == Measure::latency;
-    auto buffers = allocate(*side.endpoint_, size, o.sessions * o.window);
+    auto buffers = allocate(*side.endpoint_, size, o.one_way, o.sessions * o.window);
     if (!buffers)
         return std::unexpected(std::move(buffers.error()));
     // warm up: the RTO estimate, Asio's handler memory, the sessions' buffers
-    Run warm(size, o.timeout, o.sessions);
+    Run warm(size, o.one_way, o.timeout, o.sessions);
     for (std::uint32_t s = 0; s < o.sessions; ++s)
         asio::co_spawn(*side.io_,
                        caller(&side.sessions_[s], &(*buffers)[s * o.window], std::clamp(iters / 10, 5u, 200u), s, &warm),
@@ -210,7 +217,7 @@ Result<Figures> run_client(RpcSide& side, std::uint32_t size, std::uint32_t iter
         return std::unexpected(std::move(*warm.error));
 
     std::vector<Clock::time_point> stamps(latency ? iters + 1 : 0);
-    Run run(size, o.timeout, o.sessions * o.window, stamps);
+    Run run(size, o.one_way, o.timeout, o.sessions * o.window, stamps);
     const std::uint64_t retransmitted = side.endpoint_->counters().retransmissions;
     const auto cpu = cpu_time();
     const auto start = Clock::now();

@@ -4,7 +4,7 @@ sends and UCX's active messages, in the same run, alternating, on this machine's
 (in the VM: bench/compare.sh BUILD --rpc).
 
   rpc_compare.py --perf BUILD/bench/rdmaxx-perf [--rounds N (5)] [--size S (32)]
-                 [--window W (32)] [--out DIR]
+                 [--window W (32)] [--large-rounds N (3)] [--out DIR]
 
 Per round, in this order: ib_send_lat -c UD, ib_send_lat -c RC, rpc_lat, ucp_am_lat,
 ib_send_bw -c UD, ib_send_bw -c RC, rpc_bw -w W, ucp_am_bw (ucx_perftest). Reported,
@@ -14,6 +14,11 @@ each tool's best round, the median of the rounds and the range:
   rate:       rpc_bw's calls per second / ib_send_bw UD's message rate  (target >= 0.4)
   UCX:        rpc against ucp_am_lat (2 x its typical: it reports half a round trip, as
               perftest) and ucp_am_bw's message rate                (target: rpc faster)
+Then per large round, 1 MiB: ib_read_bw, rpc_bw --one-way (1 MiB requests READ by the
+server, empty responses: window 4), rpc_bw echo (1 MiB each way: window 1), ucp_am_bw;
+the RPC tests in event mode (busy polling on the VM's 2 vCPUs takes the CPU rxe's
+packet processing needs). Reported: goodput, one way / ib_read_bw (target >= 0.8) and
+/ UCX AM (target > 1); echo's both ways together / ib_read_bw, for reference.
 UCX runs on the RDMA device only if one of its verbs transports does (UCX_TLS rc_verbs,
 ud_verbs, then rc_v,ud_v, UCX_NET_DEVICES=DEVICE:1); every attempt's error is kept in
 the results. TCP is tried last and reported apart: it does not count.
@@ -121,12 +126,12 @@ class Ucx:
     def counts(self):
         return self.tls is not None and self.tls != "tcp"
 
-    def run(self, test, iters, env=None, probe=False):
+    def run(self, test, iters, env=None, probe=False, size=None):
         saved = {k: os.environ.get(k) for k in (env or self.env)}
         os.environ.update(env or self.env)
         try:
             server = ["ucx_perftest"]
-            client = ["ucx_perftest", "127.0.0.1", "-t", test, "-s", str(self.size), "-n", str(iters),
+            client = ["ucx_perftest", "127.0.0.1", "-t", test, "-s", str(size or self.size), "-n", str(iters),
                       "-w", str(max(10, iters // 10)), "-v"]
             if probe:  # line-buffered: a hung run killed at its timeout still shows its log
                 out = probe_pair(["stdbuf", "-oL", "-eL"] + server, ["stdbuf", "-oL", "-eL"] + client, 20)
@@ -178,6 +183,7 @@ def main():
     ap.add_argument("--perf", required=True)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--size", type=int, default=32)
+    ap.add_argument("--large-rounds", type=int, default=3)
     ap.add_argument("--window", type=int, default=32)
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args()
@@ -190,12 +196,13 @@ def main():
     host = "127.0.0.1"
     lat_iters, bw_iters, ucx_lat_iters, ucx_bw_iters = 5000, 20000, 5000, 20000
 
-    def perftest(program, transport, iters):
-        pt = [program, "-d", device, "-c", transport, "-s", size, "-n", str(iters)] + (["-x", gid] if gid else [])
+    def perftest(program, transport, iters, msg_size=size):
+        pt = [program, "-d", device, *(["-c", transport] if transport else []), "-s", msg_size, "-n", str(iters)] + (
+            ["-x", gid] if gid else [])
         return run_pair(pt, pt + [host])
 
-    def rdmaxx(test, iters, extra=()):
-        mine = [args.perf, test, "-d", device, "-s", size, "-n", str(iters), *extra]
+    def rdmaxx(test, iters, extra=(), msg_size=size):
+        mine = [args.perf, test, "-d", device, "-s", msg_size, "-n", str(iters), *extra]
         out = run_pair(mine, mine[:2] + [host] + mine[2:] + ["--json"])
         return rdmaxx_row(out) if out is not None else None
 
@@ -231,6 +238,23 @@ def main():
         if ucx.tls:
             add("ucx_am_bw_mpps", ucx.run("ucp_am_bw", ucx_bw_iters)["overall_mr"] / 1e6)
         print(f"rpc_compare: round {r + 1}: " + ", ".join(f"{k} {v[-1]:.4g}" for k, v in runs.items() if v),
+              flush=True)
+
+    mib = 1 << 20
+    large = {k: [] for k in ("read_bw", "rpc_one_way", "rpc_echo_both", "ucx_am_bw")}
+    for r in range(args.large_rounds):
+        out = perftest("ib_read_bw", None, 300, str(mib))
+        if out:
+            large["read_bw"].append(perftest_figure(out, False, mib))
+        row = rdmaxx("rpc_bw", 300, ["--one-way", "-w", "4", "--async", "event"], str(mib))
+        if row:
+            large["rpc_one_way"].append(row["mib_per_s"])
+        row = rdmaxx("rpc_bw", 300, ["-w", "1", "--async", "event"], str(mib))
+        if row:
+            large["rpc_echo_both"].append(2 * row["mib_per_s"])
+        if ucx.tls:
+            large["ucx_am_bw"].append(ucx.run("ucp_am_bw", 300, size=mib)["overall_mr"] * mib / 2**20)
+        print(f"rpc_compare: 1 MiB round {r + 1}: " + ", ".join(f"{k} {v[-1]:.4g}" for k, v in large.items() if v),
               flush=True)
 
     lat = {k: best_median(runs[k], min) for k in ("send_lat_ud_us", "send_lat_rc_us", "rpc_rtt_us", "ucx_am_lat_us")}
@@ -291,6 +315,24 @@ def main():
               "t_typical, ucx_perftest's 50th percentile); ucp_am_lat's means (half round trips, us): "
               f"{[round(v, 1) for v in ucx_mean]}. ucp_am_bw's rate is of one-way messages, rpc_bw's of calls "
               "(a request and its response).\n")
+    big = {k: best_median(v, max) for k, v in large.items()}
+    ratios["mib_one_way_vs_read_bw"] = [ratio(big["rpc_one_way"], big["read_bw"], i) for i in (0, 1)]
+    ratios["mib_echo_both_vs_read_bw"] = [ratio(big["rpc_echo_both"], big["read_bw"], i) for i in (0, 1)]
+    ratios["mib_one_way_vs_ucx_am_bw"] = [ratio(big["rpc_one_way"], big["ucx_am_bw"], i) for i in (0, 1)]
+    table += (f"\n## 1 MiB ({args.large_rounds} rounds alternating, MiB/s of payload)\n\n"
+              "| comparison | other: best / median (range) | rdmaxx rpc: best / median (range) | ratio best (median) "
+              "| target | verdict |\n| --- | --- | --- | --- | --- | --- |\n")
+    for name, other, mine, key, target, ok in (
+            ("one way (1 MiB requests, window 4) vs ib_read_bw", "read_bw", "rpc_one_way", "mib_one_way_vs_read_bw",
+             ">= 0.8", lambda v: v >= 0.8),
+            (f"one way vs {ucx_name} ucp_am_bw{ucx_note}", "ucx_am_bw", "rpc_one_way", "mib_one_way_vs_ucx_am_bw",
+             "> 1", (lambda v: v > 1) if ucx.counts() else None),
+            ("echo (1 MiB each way, window 1), both ways together, vs ib_read_bw", "read_bw", "rpc_echo_both",
+             "mib_echo_both_vs_read_bw", "(reference)", None)):
+        best, median = ratios[key]
+        table += (f"| {name} | {fmt(big[other][0], 1)} / {fmt(big[other][1], 1)} ({spread(large[other], 1)}) | "
+                  f"{fmt(big[mine][0], 1)} / {fmt(big[mine][1], 1)} ({spread(large[mine], 1)}) | "
+                  f"{fmt(best)} ({fmt(median)}) | {target} | {verdict(best, ok) if ok else '-'} |\n")
     table += "\n## UCX on this device\n\n"
     for a in ucx.attempts:
         if a["error"] is None:
@@ -303,7 +345,7 @@ def main():
         f.write(table)
     with open(os.path.join(args.out, "rpc.json"), "w") as f:
         json.dump({"device": device, "size": args.size, "window": args.window, "rounds": args.rounds,
-                   "runs": runs, "retransmissions": retransmissions, "ucx_am_lat_mean_us": ucx_mean, "ratios_best_median": ratios,
+                   "runs": runs, "large_runs_mib_per_s": large, "retransmissions": retransmissions, "ucx_am_lat_mean_us": ucx_mean, "ratios_best_median": ratios,
                    "ucx": {"tls": ucx.tls, "counts": ucx.counts(), "attempts": ucx.attempts}}, f, indent=1)
 
 

@@ -114,7 +114,9 @@ TEST_CASE("perf options: the RPC tests take a size, a window and sessions, on li
     CHECK(bw.sessions == 4);
     CHECK(bw.sizes == std::vector<std::uint32_t>{4096});
     CHECK(bw.async == AsyncMode::event);
+    CHECK_FALSE(bw.one_way);
     CHECK(must(parse({"rpc_bw"})).window == 32);
+    CHECK(must(parse({"rpc_bw", "h", "--one-way", "-s", "1048576"})).one_way);
     const Options sweep = must(parse({"rpc_lat", "-a"}));
     CHECK(sweep.sizes.front() == 2);
     CHECK(sweep.sizes.back() == rpc_max_size);
@@ -124,6 +126,7 @@ TEST_CASE("perf options: the RPC tests take a size, a window and sessions, on li
     expect_invalid({"rpc_bw", "h", "-s", "2097152"}, "at most 1048576 bytes");
     expect_invalid({"rpc_bw", "h", "-w", "1025"}, "outside 1..1024");
     expect_invalid({"write_bw", "h", "-w", "4"}, "the RPC tests'");
+    expect_invalid({"write_bw", "h", "--one-way"}, "the RPC tests'");
 }
 
 TEST_CASE("perf report: the RPC tests' banner, perftest's columns, their own JSON fields") {
@@ -135,8 +138,12 @@ TEST_CASE("perf report: the RPC tests' banner, perftest's columns, their own JSO
     CHECK(head.find("MsgRate[Mpps]") != std::string::npos);
     const std::string json = bandwidth_json(setup, 32, 1000, {.mpps = 0.5, .cpu_us_per_op = 2, .retransmissions = 3});
     CHECK(json.find("\"test\":\"rpc_bw\"") != std::string::npos);
-    CHECK(json.find("\"async\":\"busy\",\"cpu_us_per_op\":2.000,\"window\":32,\"sessions\":2,"
+    CHECK(json.find("\"async\":\"busy\",\"cpu_us_per_op\":2.000,\"window\":32,\"sessions\":2,\"one_way\":false,"
                     "\"retransmissions\":3}") != std::string::npos);
+    CHECK(head.find("SIZE bytes each way (echo)") != std::string::npos);
+    Setup one_way = setup;
+    one_way.one_way = true;
+    CHECK(table_head(one_way).find("answers empty") != std::string::npos);
 }
 
 TEST_CASE("perf options: bad input is an error that says what is wrong") {
