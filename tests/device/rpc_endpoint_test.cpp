@@ -35,6 +35,7 @@
 #include "../support/device.hpp"
 #include "../support/rpc_rig.hpp"
 #include "packet.hpp"
+#include "rc_codec.hpp"
 #include "session_codec.hpp"
 #include "ud_transport.hpp"
 
@@ -264,13 +265,14 @@ struct Attacker {
     }
 };
 
-asio::awaitable<void> hostile_setup(Rig* rig, Attacker* attacker, asio::ip::tcp::socket* socket) {
+asio::awaitable<void> hostile_setup(Rig* rig, Attacker* attacker, asio::ip::tcp::socket* socket,
+                                    std::uint16_t number = 7) {
     namespace d = rpc::detail;
     const asio::ip::tcp::endpoint server(asio::ip::make_address("127.0.0.1"), rig->port);
     co_await socket->async_connect(server, asio::use_awaitable);
     const std::uint32_t payload = attacker->ud->mtu() - static_cast<std::uint32_t>(d::header_bytes);
     const d::SessionRequest request{.client = attacker->ud->address(),
-                                    .session = {.number = 7, .generation = 1},
+                                    .session = {.number = number, .generation = 1},
                                     .limits = {.window = 8, .credits = 8, .max_request = 4096,
                                                .max_response = 4096, .payload_per_packet = payload}};
     const auto out = d::encode(request);
@@ -359,6 +361,135 @@ TEST_CASE("rpc endpoint: a client sending garbage and forged packets disturbs no
     CHECK(s.dropped() >= 360);
     CHECK(s.handled >= 300);
     CHECK(rig.server->sessions() == 2);
+    CHECK(rig.client->counters().failed == 0);
+}
+
+// ---------------------------------------------------------------------------------
+// A hostile client on the RC path: an RC QP of its own offered over its session's TCP
+// connection, then descriptors the server must not READ (beyond the session's limit),
+// one naming memory that is not there (the READ fails), and garbage in place of an RC
+// message on another session. Each ends at most the hostile session; an honest client's
+// large calls go on.
+
+namespace {
+
+const rpc::EndpointOptions large_messages{.max_request = 1 << 20, .max_response = 1 << 20};
+
+struct RcAttack {
+    bool answered_too_far = false; // the descriptor beyond the limit: answered, not READ
+    bool ended_by_bad_read = false;
+    bool ended_by_garbage = false;
+    int honest_wrong = 0;
+};
+
+// Sends the attacker's descriptor request `request` (its memory: `memory`).
+void send_descriptor(Attacker& a, std::uint64_t request, const RemoteMemory& memory) {
+    namespace d = rpc::detail;
+    const auto head = d::encode_request_head(memory, {});
+    std::array<std::byte, d::header_bytes> header{};
+    d::encode({.kind = d::Kind::request,
+               .rpc_type = echo,
+               .status = d::Status::ok,
+               .session = a.reply.session.number,
+               .generation = a.reply.session.generation,
+               .message_size = static_cast<std::uint32_t>(head.size()),
+               .request = request,
+               .index = 0,
+               .rdma = true},
+              header);
+    (void)must(a.ud->send(*a.to_server, a.reply.server, header, head));
+}
+
+// Whether the server closes `socket` within `limit` (a read ends in an error).
+asio::awaitable<bool> closed_within(asio::ip::tcp::socket* socket, std::chrono::milliseconds limit) {
+    // the read's state outlives this coroutine if the read is cancelled at the deadline
+    struct Read {
+        std::array<std::byte, 1> one{};
+        std::optional<std::error_code> ended;
+    };
+    auto read = std::make_shared<Read>();
+    socket->async_read_some(asio::buffer(read->one), [read](std::error_code ec, std::size_t) { read->ended = ec; });
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    while (!read->ended && std::chrono::steady_clock::now() < deadline)
+        co_await pause(5ms);
+    if (!read->ended)
+        socket->cancel();
+    co_return read->ended && *read->ended;
+}
+
+asio::awaitable<void> honest_large(Rig* rig, std::optional<rpc::Session>* session, std::uint32_t first, int* wrong) {
+    std::vector<std::byte> response(300'000);
+    for (std::uint32_t n = first; n < first + 4; ++n) {
+        const auto request = message(n, 100'000 + n);
+        const auto got = co_await (**session).call(echo, request, response, {.timeout = 30s});
+        if (!got || *got != request.size() || !echoed(response, request))
+            ++*wrong;
+    }
+}
+
+asio::awaitable<void> attack_rc(Rig* rig, Attacker* attacker, asio::ip::tcp::socket* socket,
+                                asio::ip::tcp::socket* second, RcAttack* out) {
+    namespace d = rpc::detail;
+    std::optional<rpc::Session> honest;
+    co_await connect_into(rig, &honest);
+    co_await honest_large(rig, &honest, 0, &out->honest_wrong);
+
+    co_await hostile_setup(rig, attacker, socket);
+    REQUIRE(!attacker->reply.refusal);
+    attacker->to_server.emplace(must(attacker->ud->handle_to(attacker->reply.server)));
+    auto cq = must(CompletionQueue::create(attacker->ud->context(), {.depth = 16}));
+    auto qp = must(QueuePair::create(attacker->ud->pd(), {.type = QpType::rc,
+                                                          .send_cq = &cq,
+                                                          .recv_cq = &cq,
+                                                          .caps = {.max_send_wr = 4, .max_recv_wr = 4},
+                                                          .port = attacker->ud->port(),
+                                                          .gid_index = attacker->ud->gid_index()}));
+    const auto offer = d::encode(d::RcMessage{.kind = d::RcMessage::Kind::offer, .available = true, .qp = qp.endpoint()});
+    co_await asio::async_write(*socket, asio::buffer(offer), asio::use_awaitable);
+    std::array<std::byte, d::rc_message_bytes> in{};
+    co_await asio::async_read(*socket, asio::buffer(in), asio::use_awaitable);
+    const auto answer = must(d::decode_rc(in));
+    REQUIRE(answer.available);
+    must(qp.connect(answer.qp));
+
+    // beyond the session's max_request (4096): answered transfer_failed, nothing READ
+    const std::uint64_t reads = rig->server->counters().rdma_reads;
+    send_descriptor(*attacker, 0, {.addr = 0x10000, .length = 100'000, .rkey = 0xbad});
+    co_await until([attacker] { return attacker->answers >= 1; });
+    out->answered_too_far = rig->server->counters().rdma_reads == reads;
+    // within it, but no such memory: the READ fails, the server ends this session only
+    send_descriptor(*attacker, 1, {.addr = 0x10000, .length = 4000, .rkey = 0xbad});
+    out->ended_by_bad_read = co_await closed_within(socket, 10s);
+    co_await honest_large(rig, &honest, 10, &out->honest_wrong);
+
+    // garbage where an RC message belongs, on a second hostile session
+    co_await hostile_setup(rig, attacker, second, 8);
+    REQUIRE(!attacker->reply.refusal);
+    std::array<std::byte, d::rc_message_bytes> garbage{};
+    for (std::size_t i = 0; i < garbage.size(); ++i)
+        garbage[i] = static_cast<std::byte>(i * 37 + 11);
+    co_await asio::async_write(*second, asio::buffer(garbage), asio::use_awaitable);
+    out->ended_by_garbage = co_await closed_within(second, 10s);
+    co_await honest_large(rig, &honest, 20, &out->honest_wrong);
+    co_await pause(50ms);
+}
+
+} // namespace
+
+TEST_CASE("rpc endpoint: a hostile client's RC offer and descriptors end its own session only") {
+    Rig rig(large_messages, large_messages);
+    Attacker attacker;
+    attacker.ud = must(rpc::detail::UdTransport::create(rig.io, {.ring = 64, .send_depth = 64},
+                                                          &Attacker::deliver, &attacker));
+    asio::ip::tcp::socket socket(rig.io), second(rig.io);
+    RcAttack out;
+    run(rig.io, attack_rc(&rig, &attacker, &socket, &second, &out), 120s);
+    CHECK(out.answered_too_far);
+    CHECK(out.ended_by_bad_read);
+    CHECK(out.ended_by_garbage);
+    CHECK(out.honest_wrong == 0);
+    CHECK(rig.server->sessions() == 1); // the honest one
+    CHECK(rig.server->counters().rdma_reads >= 12);
     CHECK(rig.client->counters().failed == 0);
 }
 
