@@ -34,6 +34,11 @@
 //    NIC never touches the caller's memory after the coroutine resumes.
 //  * Arguments are taken by value; the memory a slice names must stay valid until the
 //    call completes (co_await guarantees it).
+//  * With g++ 12, build an options struct before the co_await, not braced inside the
+//    call (`co_await Connection::connect(ex, host, port, {.device = d})`): g++ 12
+//    mishandles such a temporary in a coroutine (examples/kv hit
+//    it as an invalid free in ~ConnectionOptions). Name it: `ConnectionOptions o{...};
+//    co_await Connection::connect(ex, host, port, o);`.
 //  * Transports: TCP and RDMA CM. RDMA CM's active side waits inside librdmacm
 //    (resolution, the connect request's answer): like Asio's resolver, connect runs
 //    those waits on a private thread and finishes on the io_context's.
