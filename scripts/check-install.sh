@@ -1,7 +1,8 @@
 #!/bin/bash
 # check-install.sh - rdmaxx as its users get it: `meson install` into a prefix, then a
-# consumer project built against the installed .pc files, and the same consumer with
-# rdmaxx as a meson subproject. The wrap-only program must not need the data library.
+# consumer project built against the installed .pc files, the same consumer built with
+# CMake (find_package), and with rdmaxx as a meson subproject. The wrap-only program
+# must not need the data library; the CMake-built programs run without LD_LIBRARY_PATH.
 # The lib/rpc consumer makes a call over RDMA: on this machine's device, else on rxe0
 # in the project's Soft-RoCE VM (scripts/vm/run.sh).
 set -euo pipefail
@@ -24,6 +25,8 @@ done
 [ -f "$work/prefix/include/rdmaxx/wrap/qp.hpp" ] && [ -f "$work/prefix/include/rdmaxx/data/post.hpp" ] &&
     [ -f "$work/prefix/include/rdmaxx/rpc/endpoint.hpp" ] ||
     { echo "check-install: headers not installed under include/rdmaxx"; exit 1; }
+[ -f "$pcdir/../cmake/rdmaxx/rdmaxxConfig.cmake" ] && [ -f "$pcdir/../cmake/rdmaxx/rdmaxxConfigVersion.cmake" ] ||
+    { echo "check-install: the CMake package not installed"; exit 1; }
 
 # installed: found through pkg-config
 PKG_CONFIG_PATH=$pcdir meson setup "$work/installed" tests/consumer --wrap-mode=nofallback >/dev/null
@@ -40,6 +43,33 @@ fi
 if readelf -d "$work/installed/wrap-only" | grep -q rdmaxx-data; then
     echo "check-install: wrap-only links the data library"; exit 1
 fi
+
+# installed: found through CMake (its package reads the same .pc files); no
+# LD_LIBRARY_PATH: the installed libraries carry a runpath, CMake gives the programs one
+cmake -S tests/consumer -B "$work/cmake" -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
+cmake --build "$work/cmake" >/dev/null
+"$work/cmake/wrap-only"
+"$work/cmake/with-data"
+"${runner[@]}" "$work/cmake/with-rpc" || { echo "check-install: the CMake-built lib/rpc consumer failed"; exit 1; }
+if readelf -d "$work/cmake/wrap-only" | grep -q rdmaxx-data; then
+    echo "check-install: the CMake-built wrap-only links the data library"; exit 1
+fi
+mkdir -p "$work/versions"
+cat > "$work/versions/CMakeLists.txt" <<'VERSIONS'
+cmake_minimum_required(VERSION 3.20)
+project(rdmaxx-versions CXX) # CXX: the library architecture directory is searched
+find_package(rdmaxx 0.2 CONFIG QUIET)
+if(rdmaxx_FOUND)
+  message(FATAL_ERROR "0.1 satisfied a request for 0.2")
+endif()
+find_package(rdmaxx 0.1.0 CONFIG QUIET COMPONENTS nosuch)
+if(rdmaxx_FOUND)
+  message(FATAL_ERROR "a component that does not exist was found")
+endif()
+find_package(rdmaxx 0.1.0 CONFIG REQUIRED COMPONENTS async)
+VERSIONS
+cmake -S "$work/versions" -B "$work/versions/build" -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null ||
+    { echo "check-install: the CMake package's version or component rules are wrong"; exit 1; }
 
 # subproject
 cp -r tests/consumer "$work/consumer"
