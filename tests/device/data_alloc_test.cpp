@@ -1,34 +1,15 @@
 // The performance contract: post, poll and a warm pool's allocation allocate nothing.
-// replaced in this program and counts while a window is open.
-#include <atomic>
-#include <cstdlib>
-#include <new>
-
 #include <doctest/doctest.h>
 
 #include <rdmaxx/data/completion.hpp>
 #include <rdmaxx/data/post.hpp>
 
+#include "../support/allocations.hpp"
 #include "../support/device.hpp"
 
-// The replacements below pair malloc with free on purpose; GCC, seeing through
-// them, would call each free "mismatched" with the operator new it inlined.
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-
-namespace {
-std::atomic<bool> counting{false};
-std::atomic<long> allocations{0};
-} // namespace
-
-void* operator new(std::size_t size) {
-    if (counting.load(std::memory_order_relaxed))
-        allocations.fetch_add(1, std::memory_order_relaxed);
-    if (void* p = std::malloc(size == 0 ? 1 : size))
-        return p;
-    throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+// operator new is counted while a window is open (support/allocations.cpp).
+using rdmaxx::test::allocations;
+using rdmaxx::test::counting;
 
 using namespace rdmaxx;
 using rdmaxx::test::must;

@@ -32,6 +32,7 @@
 
 #include <rdmaxx/rpc/endpoint.hpp>
 
+#include "../support/allocations.hpp"
 #include "../support/device.hpp"
 #include "../support/rpc_rig.hpp"
 #include "packet.hpp"
@@ -380,6 +381,7 @@ struct RcAttack {
     bool ended_by_bad_read = false;
     bool ended_by_garbage = false;
     int honest_wrong = 0;
+    std::uint32_t server_sessions = 0; // at the end, the honest one still open
 };
 
 // Sends the attacker's descriptor request `request` (its memory: `memory`).
@@ -417,7 +419,7 @@ asio::awaitable<bool> closed_within(asio::ip::tcp::socket* socket, std::chrono::
     co_return read->ended && *read->ended;
 }
 
-asio::awaitable<void> honest_large(Rig* rig, std::optional<rpc::Session>* session, std::uint32_t first, int* wrong) {
+asio::awaitable<void> honest_large(std::optional<rpc::Session>* session, std::uint32_t first, int* wrong) {
     std::vector<std::byte> response(300'000);
     for (std::uint32_t n = first; n < first + 4; ++n) {
         const auto request = message(n, 100'000 + n);
@@ -432,7 +434,7 @@ asio::awaitable<void> attack_rc(Rig* rig, Attacker* attacker, asio::ip::tcp::soc
     namespace d = rpc::detail;
     std::optional<rpc::Session> honest;
     co_await connect_into(rig, &honest);
-    co_await honest_large(rig, &honest, 0, &out->honest_wrong);
+    co_await honest_large(&honest, 0, &out->honest_wrong);
 
     co_await hostile_setup(rig, attacker, socket);
     REQUIRE(!attacker->reply.refusal);
@@ -460,7 +462,7 @@ asio::awaitable<void> attack_rc(Rig* rig, Attacker* attacker, asio::ip::tcp::soc
     // within it, but no such memory: the READ fails, the server ends this session only
     send_descriptor(*attacker, 1, {.addr = 0x10000, .length = 4000, .rkey = 0xbad});
     out->ended_by_bad_read = co_await closed_within(socket, 10s);
-    co_await honest_large(rig, &honest, 10, &out->honest_wrong);
+    co_await honest_large(&honest, 10, &out->honest_wrong);
 
     // garbage where an RC message belongs, on a second hostile session
     co_await hostile_setup(rig, attacker, second, 8);
@@ -470,8 +472,9 @@ asio::awaitable<void> attack_rc(Rig* rig, Attacker* attacker, asio::ip::tcp::soc
         garbage[i] = static_cast<std::byte>(i * 37 + 11);
     co_await asio::async_write(*second, asio::buffer(garbage), asio::use_awaitable);
     out->ended_by_garbage = co_await closed_within(second, 10s);
-    co_await honest_large(rig, &honest, 20, &out->honest_wrong);
+    co_await honest_large(&honest, 20, &out->honest_wrong);
     co_await pause(50ms);
+    out->server_sessions = rig->server->sessions();
 }
 
 } // namespace
@@ -488,8 +491,9 @@ TEST_CASE("rpc endpoint: a hostile client's RC offer and descriptors end its own
     CHECK(out.ended_by_bad_read);
     CHECK(out.ended_by_garbage);
     CHECK(out.honest_wrong == 0);
-    CHECK(rig.server->sessions() == 1); // the honest one
+    CHECK(out.server_sessions == 1); // the honest one
     CHECK(rig.server->counters().rdma_reads >= 12);
+    CHECK(rig.server->counters().message_copies == 0); // echo: WRITTEN from the bytes READ
     CHECK(rig.client->counters().failed == 0);
 }
 
@@ -805,14 +809,16 @@ asio::awaitable<void> echo_session(rpc::Session* session, std::uint32_t first, s
     for (std::uint32_t n = first; n < first + calls; ++n) {
         const auto request = message(n, (n * 7919u) % (max_size + 1));
         const auto got = co_await session->call(echo, request, response, {.timeout = 20s});
+        if (!got)
+            MESSAGE("call ", n, ": ", got.error().message());
         if (!got || *got != request.size() || !echoed(response, request))
             ++*wrong;
     }
     ++*finished;
 }
 
-// Calls both ways at once on one session, 40 KiB the largest (UD both ways: the
-// server's calls never take the RC path); then the server drops its handle.
+// Calls both ways at once on one session, 40 KB the largest (both ends' large calls
+// take the RC path, whose offers may cross); then the server drops its handle.
 asio::awaitable<void> call_both_ways(Rig* rig, std::optional<rpc::Session>* session,
                                      std::vector<rpc::Session>* accepted, BothWays* out) {
     co_await connect_into(rig, session);
@@ -849,11 +855,51 @@ TEST_CASE("rpc endpoint: a server with an accept handler calls its clients back 
     CHECK(out.wrong == 0);
     CHECK(rig.client->counters().handled == 300);
     CHECK(rig.server->counters().handled == 300);
-    CHECK(rig.client->counters().rdma_reads + rig.client->counters().rdma_writes == 0); // the server's calls: UD
-    CHECK(rig.server->counters().rdma_reads > 0); // the client's large ones: its RC path
+    CHECK(rig.client->counters().rdma_reads > 0); // the server's large calls: the RC path
+    CHECK(rig.server->counters().rdma_reads > 0); // the client's
+    CHECK(rig.client->counters().failed == 1);     // only the call after the server left
+    CHECK(rig.server->counters().failed == 0);
     REQUIRE(out.after_server_left);
     CHECK(out.after_server_left->is_errno(ECONNRESET));
     CHECK(rig.server->sessions() == 0);
+}
+
+namespace {
+
+// The server's large calls set the RC path up (its end offers); the client's then use it.
+asio::awaitable<void> server_calls_first(Rig* rig, std::optional<rpc::Session>* session,
+                                         std::vector<rpc::Session>* accepted, int* wrong) {
+    co_await connect_into(rig, session);
+    co_await until([accepted] { return accepted->size() == 1; });
+    std::vector<std::byte> response(300'000);
+    for (std::uint32_t n = 0; n < 8; ++n) {
+        rpc::Session& caller = n < 4 ? accepted->front() : **session;
+        const auto request = message(n, 200'000 + n);
+        const auto got = co_await caller.call(echo, request, response, {.timeout = 30s});
+        if (!got || *got != request.size() || !echoed(response, request))
+            ++*wrong;
+    }
+}
+
+} // namespace
+
+TEST_CASE("rpc endpoint: on a both-ways session the server's first large call sets the RC path up for both") {
+    const rpc::EndpointOptions large{.max_request = 1 << 20, .max_response = 1 << 20};
+    Rig rig(large, large);
+    std::vector<rpc::Session> accepted;
+    rig.server->set_accept_handler([&accepted](rpc::Session session) { accepted.push_back(std::move(session)); });
+    rig.client->set_handler(echo, [](rpc::Request request, rpc::Responder responder) {
+        responder.respond(request.bytes());
+    });
+    std::optional<rpc::Session> session;
+    int wrong = 0;
+    run(rig.io, server_calls_first(&rig, &session, &accepted, &wrong), 120s);
+    CHECK(wrong == 0);
+    CHECK(rig.client->counters().rdma_reads == 4);  // the server's requests, READ by the client
+    CHECK(rig.client->counters().rdma_writes == 4); // and their responses
+    CHECK(rig.server->counters().rdma_reads == 4);  // the client's, on the same QPs
+    CHECK(rig.server->counters().rdma_writes == 4);
+    accepted.clear();
 }
 
 namespace {
@@ -893,4 +939,50 @@ TEST_CASE("rpc endpoint: a coroutine handler co_awaits before it answers, 8 at o
     run(rig.io, call_coroutine_handler(&rig, &session, &wrong), 60s);
     CHECK(wrong == 0);
     CHECK(rig.server->counters().handled == 8);
+}
+
+// ---------------------------------------------------------------------------------
+// Allocations per call: none once warm (operator new counted: support/allocations.cpp)
+
+namespace {
+
+// Echo calls of one and of three packets, with spans and with MessageBuffers, one at a
+// time, both endpoints on this thread; the allocations of calls 200.. are counted.
+asio::awaitable<void> counted_rpc_calls(Rig* rig, std::optional<rpc::Session>* session, long* counted, int* wrong) {
+    co_await connect_into(rig, session);
+    auto request = must(rig->client->alloc_buffer(4096, rpc::BufferUse::request));
+    auto response = must(rig->client->alloc_buffer(4096, rpc::BufferUse::response));
+    const auto bytes = message(3, 3000);
+    std::vector<std::byte> span_response(4096);
+    for (int i = 0; i < 2200; ++i) {
+        if (i == 200) {
+            test::allocations = 0;
+            test::counting = true;
+        }
+        const std::size_t size = i % 2 == 0 ? 32 : 3000;
+        Result<std::size_t> got = 0;
+        if (i % 4 < 2) {
+            got = co_await (**session).call(echo, std::span(bytes).first(size), span_response);
+        } else {
+            request.resize(size);
+            std::memcpy(request.bytes().data(), bytes.data(), size);
+            got = co_await (**session).call(echo, request, response);
+        }
+        *wrong += got && *got == size ? 0 : 1;
+    }
+    test::counting = false;
+    *counted = test::allocations;
+}
+
+} // namespace
+
+TEST_CASE("rpc endpoint: calls allocate nothing once warm, with spans and with MessageBuffers") {
+    Rig rig;
+    std::optional<rpc::Session> session;
+    long counted = -1;
+    int wrong = 0;
+    run(rig.io, counted_rpc_calls(&rig, &session, &counted, &wrong), 120s);
+    CHECK(wrong == 0);
+    CHECK(counted == 0);
+    MESSAGE("allocations in 2,000 calls: ", counted);
 }

@@ -1,5 +1,5 @@
-// Counting operator new, for the zero-allocation tests: the replacement is defined once
-// per test program (device/async_test.cpp for device-async-tests) and counts every
+// Counting operator new, for the zero-allocation tests: the replacement
+// (allocations.cpp) is linked into the programs that count, and counts every
 // allocation while `counting` is set.
 #pragma once
 

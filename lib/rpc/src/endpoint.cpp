@@ -106,6 +106,17 @@ Result<MemoryRegion*> staging(const ProtectionDomain& pd, std::optional<MemoryRe
     return &*held;
 }
 
+// Where `bytes` start in `region`, if they lie wholly in it.
+std::optional<std::size_t> offset_within(std::span<const std::byte> bytes, const std::optional<MemoryRegion>& region) {
+    if (!region || bytes.empty())
+        return std::nullopt;
+    const auto at = reinterpret_cast<std::uintptr_t>(bytes.data());
+    const auto base = reinterpret_cast<std::uintptr_t>(region->data());
+    if (at < base || at - base > region->size() || bytes.size() > region->size() - (at - base))
+        return std::nullopt;
+    return at - base;
+}
+
 // A server transfer's wr_id: the session (number and generation), the window slot
 // (below max_window: 10 bits), READ or WRITE.
 std::uint64_t transfer_id(SessionId id, std::uint32_t slot, RcTransport::Op op) noexcept {
@@ -149,6 +160,9 @@ struct RcPath {
         std::uint8_t rpc_type = 0;
         RemoteMemory source{}, target{}; // the client's request, and the memory offered
         std::uint32_t response_size = 0;
+        // a response that lies in `request` (a handler answering with the bytes READ,
+        // or a part of them) is WRITTEN from there, uncopied: its offset; else none
+        std::optional<std::size_t> response_in_request;
         std::optional<MemoryRegion> request, response;
     };
 
@@ -157,6 +171,9 @@ struct RcPath {
     std::vector<ClientSlot> client_slots;
     std::vector<ServerSlot> server_slots;
     std::uint32_t transfers = 0; // server: posted, not completed
+    // server: descriptor requests that came while this end's own offer was still out
+    // (the peer was ready first): handled once the path is, refused if it never is
+    std::vector<HandlerCall> waiting;
     // last: destroyed first, before the memory it reaches
     std::optional<QueuePair> qp;
 };
@@ -245,6 +262,8 @@ struct EndpointCore {
     void renew(MessageBuffer& buffer, bool keep_bytes);
     Result<QueuePair> make_rc_qp(RcRole role, std::uint32_t depth);
     void offer_rc(SessionState& s);
+    void rc_ready(SessionState& s);
+    void rc_unavailable(SessionState& s);
     Result<std::optional<std::array<std::byte, rc_message_bytes>>> take_rc(SessionState& s, const RcMessage& message);
     bool post_transfer(SessionState& s, std::uint32_t slot);
     static void transfer_done(void* self, const WorkCompletion& completion) {
@@ -636,8 +655,7 @@ void EndpointCore::tick() {
         if (s->rc.state == RcPath::State::offered && now - s->rc.offered_at > options.setup_timeout) {
             logger()->warn("rdmaxx rpc: session {}: no answer to its RC offer in {} ms: large messages go by UD",
                            s->local.number, options.setup_timeout.count());
-            s->rc.state = RcPath::State::unavailable;
-            s->rc.qp.reset();
+            rc_unavailable(*s);
         }
         for (PendingCall& call : s->calls)
             if (call.busy && call.deadline <= now) {
@@ -671,6 +689,15 @@ void EndpointCore::handle(SessionState& s, const HandlerCall& call) {
     const auto lent = call.lent ? call.message : std::span<const std::byte>{};
     if (!call.rdma)
         return run_handler(s, call.rpc_type, call.request, call.message, lent);
+    if (s.rc.state == RcPath::State::offered) { // the peer is ready first: wait for our answer
+        HandlerCall kept = call;
+        if (call.lent) {
+            kept.message = s.server->keep(call.request, call.message);
+            kept.lent = false;
+        }
+        s.rc.waiting.push_back(kept);
+        return;
+    }
     const auto described = decode_request_descriptor(call.message, s.limits.max_request, s.limits.max_response);
     if (!described || s.rc.server_slots.empty()) { // no RC QP here, or a descriptor from the server
         logger()->debug("rdmaxx rpc: session {}: a large request not to be read: {}", s.local.number,
@@ -728,10 +755,19 @@ void EndpointCore::respond(std::uint16_t number, std::uint32_t generation, std::
             slot.phase = RcPath::ServerSlot::Phase::idle;
             if (status == Status::ok && response.size() > options.rdma_threshold &&
                 response.size() <= slot.target.length) {
+                slot.response_size = static_cast<std::uint32_t>(response.size());
+                slot.response_in_request = offset_within(response, slot.request);
+                if (slot.response_in_request) {
+                    // the slot's next READ comes only after this WRITE: its call begins
+                    // once the client heard this one's notice, which follows the WRITE
+                    slot.phase = RcPath::ServerSlot::Phase::writing;
+                    post_transfer(*s, k);
+                    return;
+                }
                 auto region = staging(transport->pd(), slot.response, response.size(), Access::none, nullptr);
                 if (region) {
                     std::memcpy((*region)->data(), response.data(), response.size());
-                    slot.response_size = static_cast<std::uint32_t>(response.size());
+                    ++counters.message_copies;
                     slot.phase = RcPath::ServerSlot::Phase::writing;
                     post_transfer(*s, k);
                     return;
@@ -747,10 +783,10 @@ void EndpointCore::respond(std::uint16_t number, std::uint32_t generation, std::
 // ---------------------------------------------------------------------------------
 // The RC path
 
-// The RC path carries the initiator's calls only (its QP is the target of the other
-// end's READs and WRITEs): calls from the other end of a both-ways session go by UD.
+// Either end of a both-ways session calls over the RC path (their QPs have both roles);
+// on a one-way session only the initiator calls.
 bool EndpointCore::wants_rdma(const SessionState& s, std::size_t request, std::uint32_t capacity) const noexcept {
-    if (!s.initiator || s.rc.state == RcPath::State::unavailable)
+    if (s.rc.state == RcPath::State::unavailable)
         return false;
     const std::uint32_t threshold = options.rdma_threshold;
     if (request > threshold)
@@ -869,11 +905,23 @@ Result<QueuePair> EndpointCore::make_rc_qp(RcRole role, std::uint32_t depth) {
     return rc->create_qp(role, depth, transport->port(), transport->gid_index());
 }
 
+namespace {
+
+// The role of this end's RC QP on session `s`, and its send queue's depth.
+std::pair<RcRole, std::uint32_t> rc_role(const SessionState& s) noexcept {
+    if (s.client && s.server)
+        return {RcRole::both, s.limits.window};
+    return s.initiator ? std::pair{RcRole::client, 1u} : std::pair{RcRole::server, s.limits.window};
+}
+
+} // namespace
+
 void EndpointCore::offer_rc(SessionState& s) {
-    auto qp = make_rc_qp(RcRole::client, 1);
+    const auto [role, depth] = rc_role(s);
+    auto qp = make_rc_qp(role, depth);
     if (!qp) {
         logger()->warn("rdmaxx rpc: session {}: an RC QP (large messages go by UD): {}", s.local.number, qp.error());
-        s.rc.state = RcPath::State::unavailable;
+        rc_unavailable(s);
         return;
     }
     s.rc.qp.emplace(std::move(*qp));
@@ -894,48 +942,86 @@ asio::awaitable<void> EndpointCore::send_rc(Anchor anchor, SessionId id, std::ar
     co_await asio::async_write(*s->socket, asio::buffer(bytes), no_throw);
 }
 
-// An RC setup message from the peer: what to answer (server), or an Error: the peer
-// broke the protocol.
+// An RC setup message from the peer: what to answer, or an Error: the peer broke the
+// protocol. On a one-way session the initiator offers, once, and the other end answers.
+// On a both-ways session the end that first needs the path offers; if both offer at
+// once, the initiator's offer wins (the other end drops its own and answers; the
+// initiator ignores the other's).
 Result<std::optional<std::array<std::byte, rc_message_bytes>>> EndpointCore::take_rc(SessionState& s,
                                                                                      const RcMessage& message) {
     constexpr const char* call = "rpc session";
-    if (!s.initiator) {
-        if (message.kind != RcMessage::Kind::offer || s.rc.state != RcPath::State::none)
-            return std::unexpected(Error::protocol(call, "an RC message other than one offer from a client"));
+    const bool both_ways = s.client && s.server;
+    if (message.kind == RcMessage::Kind::offer) {
+        if (s.initiator && !both_ways)
+            return std::unexpected(Error::protocol(call, "an RC offer from a server"));
+        const bool crossed = both_ways && s.rc.state == RcPath::State::offered;
+        if (crossed && s.initiator)
+            return std::nullopt; // ours wins: the other end answers it
+        if (s.rc.state != RcPath::State::none && !crossed)
+            return std::unexpected(Error::protocol(call, "a second RC offer"));
+        s.rc.qp.reset(); // crossed: ours is dropped, its answer will be ignored
         RcMessage answer{.kind = RcMessage::Kind::answer, .available = false, .qp = {}};
-        auto qp = make_rc_qp(RcRole::server, s.limits.window);
+        const auto [role, depth] = rc_role(s);
+        auto qp = make_rc_qp(role, depth);
         Result<void> up = qp ? qp->connect(message.qp) : std::unexpected(qp.error());
         if (up) {
             s.rc.qp.emplace(std::move(*qp));
-            s.rc.state = RcPath::State::ready;
-            s.rc.server_slots.resize(s.limits.window);
+            rc_ready(s);
             answer = {.kind = RcMessage::Kind::answer, .available = true, .qp = s.rc.qp->endpoint()};
         } else {
-            logger()->warn("rdmaxx rpc: session {}: no RC QP for the client (it keeps to UD): {}", s.local.number,
+            logger()->warn("rdmaxx rpc: session {}: no RC QP for the peer (it keeps to UD): {}", s.local.number,
                            up.error());
-            s.rc.state = RcPath::State::unavailable;
+            rc_unavailable(s);
+        }
+        if (s.client) {
+            begin_queued(s, Clock::now());
+            pump(s);
         }
         return encode(answer);
     }
-    if (message.kind != RcMessage::Kind::answer)
-        return std::unexpected(Error::protocol(call, "an RC offer from a server"));
+    if (!s.initiator && !both_ways)
+        return std::unexpected(Error::protocol(call, "an RC answer from a client"));
     if (s.rc.state != RcPath::State::offered)
-        return std::nullopt; // late: the offer timed out, the session keeps to UD
+        return std::nullopt; // late: the offer timed out (or crossed), the session keeps as it is
+    const SessionId id = s.local; // rc_ready may end the session (a failed post)
     if (!message.available) {
-        s.rc.state = RcPath::State::unavailable;
-        s.rc.qp.reset();
+        rc_unavailable(s);
     } else if (auto up = s.rc.qp->connect(message.qp); !up) {
         logger()->warn("rdmaxx rpc: session {}: connecting its RC QP (large messages go by UD): {}", s.local.number,
                        up.error());
-        s.rc.state = RcPath::State::unavailable;
-        s.rc.qp.reset();
+        rc_unavailable(s);
     } else {
-        s.rc.state = RcPath::State::ready;
-        s.rc.client_slots.resize(s.limits.window);
+        rc_ready(s);
     }
-    begin_queued(s, Clock::now());
-    pump(s);
+    if (SessionState* still = table.lookup(id); still != nullptr && still->client) {
+        begin_queued(*still, Clock::now());
+        pump(*still);
+    }
     return std::nullopt;
+}
+
+// The RC QP is connected: the slots of this end's calls and of the calls it serves;
+// the descriptor requests that waited for it are handled (a failed post may end the
+// session: `s` is then gone).
+void EndpointCore::rc_ready(SessionState& s) {
+    s.rc.state = RcPath::State::ready;
+    if (s.client)
+        s.rc.client_slots.resize(s.limits.window);
+    if (s.server)
+        s.rc.server_slots.resize(s.limits.window);
+    const SessionId id = s.local;
+    const auto waiting = std::exchange(s.rc.waiting, {});
+    for (const HandlerCall& call : waiting)
+        if (SessionState* still = table.lookup(id))
+            handle(*still, call);
+}
+
+// The session keeps to UD: the descriptor requests that waited are refused.
+void EndpointCore::rc_unavailable(SessionState& s) {
+    s.rc.state = RcPath::State::unavailable;
+    s.rc.qp.reset();
+    for (const HandlerCall& call : std::exchange(s.rc.waiting, {}))
+        send(s, s.server->respond(call.request, Status::transfer_failed, {}));
 }
 
 // Posts the transfer the server slot's phase calls for (READ the request, WRITE the
@@ -948,7 +1034,9 @@ bool EndpointCore::post_transfer(SessionState& s, std::uint32_t k) {
     RcPath::ServerSlot& slot = s.rc.server_slots[k];
     const bool read = slot.phase == RcPath::ServerSlot::Phase::reading;
     const auto op = read ? RcTransport::Op::read : RcTransport::Op::write;
-    const LocalSlice local = read ? slot.request->slice(0, slot.source.length) : slot.response->slice(0, slot.response_size);
+    const LocalSlice local = read                        ? slot.request->slice(0, slot.source.length)
+                             : slot.response_in_request ? slot.request->slice(*slot.response_in_request, slot.response_size)
+                                                        : slot.response->slice(0, slot.response_size);
     const RemoteMemory remote = read ? slot.source : slot.target.slice(0, slot.response_size);
     if (auto posted = RcTransport::post(*s.rc.qp, op, local, remote, transfer_id(s.local, k, op)); !posted) {
         end_session(s.local, fmt::format("posting an RDMA transfer: {}", posted.error().message()));

@@ -21,15 +21,15 @@ Result<std::unique_ptr<RcTransport>> RcTransport::create(asio::io_context& io, c
 
 Result<QueuePair> RcTransport::create_qp(RcRole role, std::uint32_t depth, std::uint8_t port,
                                          std::optional<std::uint32_t> gid_index) const {
-    const bool server = role == RcRole::server;
+    const bool initiates = role != RcRole::client, target = role != RcRole::server;
     return QueuePair::create(*pd_, {.type = QpType::rc,
                                     .send_cq = &cq_->get(),
                                     .recv_cq = &cq_->get(),
-                                    .caps = {.max_send_wr = server ? depth : 1, .max_recv_wr = 1},
+                                    .caps = {.max_send_wr = initiates ? depth : 1, .max_recv_wr = 1},
                                     .signal_all = true,
                                     .port = port,
                                     .gid_index = gid_index,
-                                    .remote_access = server ? Access::none : Access::remote_read | Access::remote_write});
+                                    .remote_access = target ? Access::remote_read | Access::remote_write : Access::none});
 }
 
 Result<void> RcTransport::post(QueuePair& qp, Op op, const LocalSlice& local, const RemoteMemory& remote,

@@ -7,6 +7,8 @@
 //    nothing on it. Its QP allows remote READ and WRITE; each staging region allows
 //    only the one its role needs.
 //  * A server's RC QP only initiates: it allows the peer nothing.
+//  * On a both-ways session each end calls and serves: its QP is both (a target
+//    allowing remote READ and WRITE, and the initiator of its own end's transfers).
 //  * Every READ and WRITE is signaled and named by a wr_id the endpoint chooses; each
 //    completion, success or failure, goes to the Done function in the CQ's batch.
 //  * The CQ has `depth` entries: the endpoint keeps the transfers in flight across all
@@ -32,7 +34,7 @@
 
 namespace rdmaxx::rpc::detail {
 
-enum class RcRole : std::uint8_t { client, server };
+enum class RcRole : std::uint8_t { client, server, both };
 
 class RcTransport {
 public:
@@ -47,7 +49,7 @@ public:
     RcTransport& operator=(const RcTransport&) = delete;
 
     // An RC QP of `role` on the shared CQ, in RESET (connect() it towards the peer's).
-    // `depth`: the transfers a server QP may have in flight.
+    // `depth`: the transfers a server (or both-role) QP may have in flight.
     Result<QueuePair> create_qp(RcRole role, std::uint32_t depth, std::uint8_t port,
                                 std::optional<std::uint32_t> gid_index) const;
 

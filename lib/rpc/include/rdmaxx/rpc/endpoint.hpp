@@ -47,7 +47,9 @@
 //
 // Large messages (above EndpointOptions::rdma_threshold) take the session's RC path:
 // a client's first large call sends an offer of an RC QP over the session's TCP
-// connection and waits (in the queue of calls beyond the window) for the server's QP;
+// connection and waits (in the queue of calls beyond the window) for the server's QP
+// (on a both-ways session, either end's first large call; the QPs then carry both
+// ends' calls);
 // from then on a large request is copied into registered staging memory of its window
 // slot and READ by the server into a buffer its handler reads in place, and a response
 // above the threshold is WRITTEN by the server into staging memory the call offered,
@@ -70,7 +72,9 @@
 // with MessageBuffers (message_buffer.hpp) copies neither its request nor a response
 // above rdma_threshold. At the server, a one-packet request is not copied
 // unless its handler returns without answering; the packets of a longer one are
-// (Counters::request_copies).
+// (Counters::request_copies). A large response is copied into staging memory for its
+// WRITE, unless it lies in the large request the server READ (an echo, a forwarded
+// part): it is then WRITTEN from there.
 //
 // Thread safety: none, as the io_context's one thread. Every call but the handlers'
 // Responder checks that it runs on the thread that created the endpoint, and aborts
@@ -156,10 +160,12 @@ struct Counters {
     std::uint64_t credit_stalls = 0;   // times a session had a packet to send and no credit
                                        // (or congestion window) free: once per wait
     std::uint64_t copies = 0;          // packets whose payload was copied into a send buffer
-    std::uint64_t message_copies = 0;  // whole messages copied at the client: a request into
+    std::uint64_t message_copies = 0;  // whole messages copied: at a client, a request into
                                        // its session's window or staging memory as its call
                                        // begins, a response out of them (message_buffer.hpp
-                                       // tells when a call with MessageBuffers copies)
+                                       // tells when a call with MessageBuffers copies); at a
+                                       // server, a large response into staging memory for
+                                       // its WRITE (none when it lies in the request READ)
     std::uint64_t request_copies = 0;  // request packets copied into a window (server; a
                                        // one-packet request answered by its handler: none)
     std::uint64_t rdma_reads = 0;      // large requests READ from clients (server)
@@ -385,8 +391,9 @@ public:
                                std::source_location where = std::source_location::current());
 
     // From now on, sessions clients set up are both ways: `handler` gets each one's
-    // Session, to call the client back (the client's handlers answer; large messages
-    // from the server travel as UD packets). Each end of such a session reserves twice
+    // Session, to call the client back (the client's handlers answer). Large messages
+    // take the session's RC path either way: its QPs, set up by the end that first
+    // needs them, serve both ends' calls. Each end of such a session reserves twice
     // its credits in its receive ring. An empty handler: sessions from now on are the
     // client's only. Programming error: not the endpoint's thread.
     void set_accept_handler(AcceptHandler handler, std::source_location where = std::source_location::current());
