@@ -405,11 +405,11 @@ void EndpointCore::pump(SessionState& s) {
 
 // A request packet whose payload lies in its call's MessageBuffer: gathered from there.
 void EndpointCore::send_gathered(SessionState& s, const Outgoing& out, const BufferHold& memory) {
-    const MemoryRegion& region = memory.get()->region;
     std::array<std::byte, header_bytes> header;
     encode(out.header, header);
-    const LocalSlice payload =
-        region.slice(static_cast<std::size_t>(out.payload.data() - region.data()), out.payload.size());
+    // the window's packet lies in the call's buffer (it borrowed the request from it)
+    const LocalSlice payload(const_cast<std::byte*>(out.payload.data()), static_cast<std::uint32_t>(out.payload.size()),
+                             memory.get()->lkey);
     const auto sent = transport->send_gather(s.ah, s.peer, header, payload, memory);
     if (!sent) {
         logger()->error("rdmaxx rpc: sending to session {}: {}", s.local.number, sent.error());
@@ -890,7 +890,8 @@ void EndpointCore::renew(MessageBuffer& buffer, bool keep_bytes) {
     }
     if (keep_bytes && buffer.size_ > 0)
         std::memcpy(fresh->data(), old.data(), buffer.size_);
-    buffer.hold_ = BufferHold(new BufferBlock{.region = std::move(*fresh), .holders = 1});
+    const std::uint32_t lkey = fresh->lkey();
+    buffer.hold_ = BufferHold(new BufferBlock{.region = std::move(*fresh), .holders = 1, .lkey = lkey});
     ++counters.buffers_renewed;
 }
 
@@ -1527,7 +1528,9 @@ Result<MessageBuffer> Endpoint::alloc_buffer(std::size_t capacity, BufferUse use
     auto region = MemoryRegion::allocate(core_->transport->pd(), capacity, access, {}, where);
     if (!region)
         return std::unexpected(std::move(region.error()));
-    return MessageBuffer(detail::BufferHold(new detail::BufferBlock{.region = std::move(*region), .holders = 1}), use);
+    const std::uint32_t lkey = region->lkey();
+    return MessageBuffer(
+        detail::BufferHold(new detail::BufferBlock{.region = std::move(*region), .holders = 1, .lkey = lkey}), use);
 }
 
 std::span<std::byte> MessageBuffer::bytes(std::source_location where) {

@@ -63,6 +63,10 @@ Result<std::unique_ptr<UdTransport>> UdTransport::create(asio::io_context& io, c
     for (std::uint32_t i = options.send_depth; i-- > 0;)
         t->free_sends_.push_back(i);
     t->gathered_.resize(options.send_depth);
+    for (std::uint32_t i = 0; i < options.send_depth; ++i)
+        t->send_slices_.push_back(t->send_mr_->slice(std::size_t{i} * t->mtu_, t->mtu_));
+    for (std::uint32_t i = 0; i < options.ring; ++i)
+        t->ring_slices_.push_back(t->ring_mr_->slice(std::size_t{i} * (grh_bytes + t->mtu_), grh_bytes + t->mtu_));
     if (auto up = t->qp_->activate(where); !up)
         return std::unexpected(std::move(up.error()));
     t->repost_.reserve(options.ring);
@@ -89,7 +93,7 @@ Result<void> UdTransport::post_receives(std::span<const std::uint32_t> buffers) 
     for (std::size_t at = 0; at < buffers.size(); at += repost_batch) {
         batch.clear();
         for (std::size_t k = at; k < std::min(buffers.size(), at + repost_batch); ++k)
-            batch.add(ring_mr_->slice(std::size_t{buffers[k]} * (grh_bytes + mtu_), grh_bytes + mtu_), buffers[k]);
+            batch.add(ring_slices_[buffers[k]], buffers[k]);
         if (auto posted = batch.post(); !posted)
             return posted;
     }
@@ -111,7 +115,7 @@ Result<bool> UdTransport::send(const AddressHandle& to, const UdAddress& peer, s
         std::memcpy(send_mr_->data() + at + header.size(), payload.data(), payload.size());
         ++copies_;
     }
-    const LocalSlice whole = send_mr_->slice(at, bytes);
+    const LocalSlice whole = send_slices_[free_sends_.back()].slice(0, bytes);
     return post_send(to, peer, header, {&whole, 1}, where);
 }
 
@@ -123,7 +127,7 @@ Result<bool> UdTransport::send_gather(const AddressHandle& to, const UdAddress& 
     if (free_sends_.empty())
         return false;
     const std::uint32_t buffer = free_sends_.back();
-    const std::array<LocalSlice, 2> gather{send_mr_->slice(std::size_t{buffer} * mtu_, header.size()), payload};
+    const std::array<LocalSlice, 2> gather{send_slices_[buffer].slice(0, header.size()), payload};
     auto posted = post_send(to, peer, header, gather, where);
     if (posted && *posted)
         gathered_[buffer] = memory;

@@ -121,6 +121,9 @@ private:
     std::optional<async::CompletionQueue> cq_;
     std::optional<QueuePair> qp_;
     std::optional<MemoryRegion> ring_mr_, send_mr_;
+    // each ring and send buffer's slice, made once (a checked slice per packet was a
+    // tenth of a call's instructions)
+    std::vector<LocalSlice> ring_slices_, send_slices_;
     std::uint32_t mtu_ = 0, ring_ = 0;
     Deliver deliver_;
     void* context_arg_;

@@ -63,6 +63,7 @@ struct EndpointCore;
 struct BufferBlock {
     MemoryRegion region;
     std::uint32_t holders = 1;
+    std::uint32_t lkey = 0; // region's, for the packets gathered from it
 };
 
 // One holder of a BufferBlock.
