@@ -428,6 +428,58 @@ TEST_CASE("rpc large: an abandoned call's MessageBuffers get new memory; its lat
     CHECK(rig.client->sessions() == 1);
 }
 
+namespace {
+
+struct SharedRequest {
+    std::optional<Error> timed_out;
+    bool queued_right = false;
+};
+
+// Eight held calls fill the window, the first of them lending a request buffer that a
+// ninth call, queued behind them, also names. The first times out (the buffer gets new
+// memory) and the held ones are answered; the ninth then begins, in the first's slot,
+// from the buffer as it is now, and is answered right.
+asio::awaitable<void> share_while_queued(Rig* rig, std::optional<rpc::Session>* session, SharedRequest* out) {
+    co_await connect_into(rig, session);
+    rpc::Session& s = **session;
+    Buffers shared = buffers_for(*rig->client, 5, 300'000, 0, mib);
+    auto other_response = must(rig->client->alloc_buffer(mib, rpc::BufferUse::response));
+    std::optional<Result<std::size_t>> first, ninth;
+    s.call(hold_it, shared.request, shared.response, {.timeout = 300ms},
+           [&first](Result<std::size_t> r) { first = std::move(r); });
+    std::vector<std::vector<std::byte>> held_responses(7, std::vector<std::byte>(64));
+    const auto small = message(1, 10);
+    int held_done = 0;
+    for (auto& response : held_responses)
+        s.call(hold_it, small, response, {.timeout = 30s}, [&held_done](Result<std::size_t>) { ++held_done; });
+    s.call(echo, shared.request, other_response, {.timeout = 30s},
+           [&ninth](Result<std::size_t> r) { ninth = std::move(r); });
+    co_await until([&first] { return first.has_value(); });
+    if (!*first)
+        out->timed_out = first->error();
+    // the server's slot of the first call is its handler's until it answers (late)
+    for (auto& responder : rig->held)
+        responder.respond(message(2, 10));
+    rig->held.clear();
+    co_await until([&ninth] { return ninth.has_value(); });
+    out->queued_right = *ninth && **ninth == 300'000 && echoed(other_response.bytes(), ask(5, 300'000, 0));
+    co_await until([&held_done] { return held_done == 7; }); // their buffers are this frame's
+}
+
+} // namespace
+
+TEST_CASE("rpc large: a queued call reads its MessageBuffer as it is when it begins, after another renewed it") {
+    Rig rig(large, large);
+    add_sized(rig);
+    std::optional<rpc::Session> session;
+    SharedRequest out;
+    run(rig.io, share_while_queued(&rig, &session, &out), 120s);
+    REQUIRE(out.timed_out);
+    CHECK(out.timed_out->is_timeout());
+    CHECK(out.queued_right);
+    CHECK(rig.client->counters().buffers_renewed >= 1);
+}
+
 TEST_CASE("rpc large: MessageBuffer misuse is a programming error naming the caller") {
     Rig rig(large, large);
     RDMAXX_CHECK_DEATH(must(rig.client->alloc_buffer(0, rpc::BufferUse::request)), "alloc_buffer");

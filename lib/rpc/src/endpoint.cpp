@@ -506,10 +506,16 @@ bool EndpointCore::try_begin(SessionState& s, std::uint8_t type, std::span<const
 }
 
 // What can begin, begins, in order (a call at the head past its deadline ends instead).
-// On the packet path: it looks at the head only.
+// On the packet path: it looks at the head only. A call with MessageBuffers reads their
+// memory as it is now: another call abandoned with the same request buffer may have
+// given it new memory since this one was queued.
 void EndpointCore::begin_queued(SessionState& s, Clock::time_point now) {
     while (!s.queued.empty()) {
         QueuedCall& next = s.queued.front();
+        if (next.buffers.request != nullptr) {
+            next.request = next.buffers.request->hold_.get()->region.bytes().first(next.buffers.request->size_);
+            next.response = next.buffers.response->hold_.get()->region.bytes();
+        }
         if (next.deadline <= now) {
             fail(std::move(next.handler), Error::timeout("rpc::Session::call", "waiting for a window slot"));
         } else if (!try_begin(s, next.type, next.request, next.response, next.buffers, next.deadline,
