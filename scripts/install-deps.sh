@@ -19,6 +19,8 @@ PACKAGES=(
     rdma-core ibverbs-providers ibverbs-utils rdmacm-utils perftest
     # bench/rpc_compare.py's other engine: UCX active messages (ucx_perftest)
     ucx-utils
+    # the API reference (ninja docs) and its host test
+    doxygen
     # bench/compare.sh's plot (Debian's python3, not a pyenv one)
     python3-matplotlib
 )
