@@ -77,7 +77,7 @@ struct PendingCall {
 struct QueuedCall {
     std::uint64_t ticket = 0;
     std::uint8_t type = 0;
-    std::span<const std::byte> request;
+    std::span<const std::byte> request;   // a call with MessageBuffers takes both from them as it begins
     std::span<std::byte> response;
     CallBuffers buffers;
     Clock::time_point deadline{};
@@ -226,8 +226,7 @@ struct EndpointCore {
     }
     void take(UdSource from, std::span<const std::byte> packet);
     void drop(DropReason reason) noexcept { ++counters.drops[static_cast<std::size_t>(reason)]; }
-    void send(SessionState& s, const Outgoing& out);
-    void send_gathered(SessionState& s, const Outgoing& out, const BufferHold& memory);
+    void send(SessionState& s, const Outgoing& out, const BufferHold* memory = nullptr);
     void pump(SessionState& s);
 
     // client calls
@@ -375,10 +374,18 @@ void EndpointCore::take(UdSource from, std::span<const std::byte> packet) {
     drop(DropReason::wrong_kind);
 }
 
-void EndpointCore::send(SessionState& s, const Outgoing& out) {
+// A request packet whose payload lies in its call's MessageBuffer (`memory`) is
+// gathered from there: header from the transport's send buffer, payload from the buffer.
+void EndpointCore::send(SessionState& s, const Outgoing& out, const BufferHold* memory) {
     std::array<std::byte, header_bytes> header;
     encode(out.header, header);
-    const auto sent = transport->send(s.ah, s.peer, header, out.payload);
+    const auto sent = memory == nullptr
+                          ? transport->send(s.ah, s.peer, header, out.payload)
+                          : transport->send_gather(s.ah, s.peer, header,
+                                                   LocalSlice(const_cast<std::byte*>(out.payload.data()),
+                                                              static_cast<std::uint32_t>(out.payload.size()),
+                                                              memory->get()->lkey),
+                                                   *memory);
     if (!sent) {
         logger()->error("rdmaxx rpc: sending to session {}: {}", s.local.number, sent.error());
         return;
@@ -396,27 +403,10 @@ void EndpointCore::pump(SessionState& s) {
         if (!out)
             break;
         const PendingCall& call = s.calls[out->header.request % s.calls.size()];
-        if (out->header.kind == Kind::request && call.sending.get() != nullptr && !out->payload.empty())
-            send_gathered(s, *out, call.sending);
-        else
-            send(s, *out);
+        const bool gathered = out->header.kind == Kind::request && call.sending.get() != nullptr &&
+                              !out->payload.empty();
+        send(s, *out, gathered ? &call.sending : nullptr);
     }
-}
-
-// A request packet whose payload lies in its call's MessageBuffer: gathered from there.
-void EndpointCore::send_gathered(SessionState& s, const Outgoing& out, const BufferHold& memory) {
-    std::array<std::byte, header_bytes> header;
-    encode(out.header, header);
-    // the window's packet lies in the call's buffer (it borrowed the request from it)
-    const LocalSlice payload(const_cast<std::byte*>(out.payload.data()), static_cast<std::uint32_t>(out.payload.size()),
-                             memory.get()->lkey);
-    const auto sent = transport->send_gather(s.ah, s.peer, header, payload, memory);
-    if (!sent) {
-        logger()->error("rdmaxx rpc: sending to session {}: {}", s.local.number, sent.error());
-        return;
-    }
-    if (!*sent)
-        ++counters.send_stalls;
 }
 
 // ---------------------------------------------------------------------------------
@@ -456,10 +446,16 @@ void EndpointCore::start(SessionId id, std::uint8_t type, std::span<const std::b
 }
 
 // A call with MessageBuffers lends those that nothing else may still touch (an earlier
-// call's transfer or send): the others are copied, as spans are.
+// call's transfer or send): the others are copied, as spans are. It reads their memory as
+// it is now: another call abandoned with the same request buffer may have given it new
+// memory since this one was queued.
 bool EndpointCore::try_begin(SessionState& s, std::uint8_t type, std::span<const std::byte> request,
                              std::span<std::byte> response, CallBuffers buffers, Clock::time_point deadline,
                              StoredCall& handler) {
+    if (buffers.request != nullptr) {
+        request = buffers.request->hold_.get()->region.bytes().first(buffers.request->size_);
+        response = buffers.response->hold_.get()->region.bytes();
+    }
     const auto capacity = static_cast<std::uint32_t>(std::min<std::size_t>(response.size(), s.limits.max_response));
     if (s.calls[s.client->next_request() % s.calls.size()].busy)
         return false; // the window is full (begin() would say so)
@@ -506,16 +502,10 @@ bool EndpointCore::try_begin(SessionState& s, std::uint8_t type, std::span<const
 }
 
 // What can begin, begins, in order (a call at the head past its deadline ends instead).
-// On the packet path: it looks at the head only. A call with MessageBuffers reads their
-// memory as it is now: another call abandoned with the same request buffer may have
-// given it new memory since this one was queued.
+// On the packet path: it looks at the head only.
 void EndpointCore::begin_queued(SessionState& s, Clock::time_point now) {
     while (!s.queued.empty()) {
         QueuedCall& next = s.queued.front();
-        if (next.buffers.request != nullptr) {
-            next.request = next.buffers.request->hold_.get()->region.bytes().first(next.buffers.request->size_);
-            next.response = next.buffers.response->hold_.get()->region.bytes();
-        }
         if (next.deadline <= now) {
             fail(std::move(next.handler), Error::timeout("rpc::Session::call", "waiting for a window slot"));
         } else if (!try_begin(s, next.type, next.request, next.response, next.buffers, next.deadline,
