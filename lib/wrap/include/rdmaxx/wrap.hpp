@@ -1,4 +1,5 @@
-// The whole wrap layer: thin, move-only RAII wrappers over the core verbs objects.
+/// @file
+/// The whole wrap layer: thin, move-only RAII wrappers over the core verbs objects.
 #pragma once
 
 #include <rdmaxx/wrap/ah.hpp>

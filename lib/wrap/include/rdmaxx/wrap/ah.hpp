@@ -1,4 +1,5 @@
-// An address handle: where a UD send (or an mlx5 DC initiator's work request) goes.
+/// @file
+/// An address handle: where a UD send (or an mlx5 DC initiator's work request) goes.
 #pragma once
 
 #include <memory>
@@ -11,23 +12,38 @@
 
 namespace rdmaxx {
 
+/// An address handle: where a UD send (or an mlx5 DC initiator's work request) goes.
+/// It keeps its PD alive.
+///
+/// @threadsafety Distinct objects: safe. Shared objects: safe, but for moving to or
+/// from one: get() is const and changes nothing.
 class AddressHandle : detail::MoveOnly {
 public:
-    // An address handle towards `peer` for sends on the UD QP `via` (its PD, port and
-    // GID). The peer description is checked as in QueuePair::connect (Error).
-    // `options` supplies service level, traffic class and hop limit.
-    // Programming error: `via` is not UD or is moved-from.
+    /// An address handle towards `peer` for sends on the UD QP `via` (its PD, port and
+    /// GID). The peer description is checked as in QueuePair::connect (Error).
+    /// `options` supplies service level, traffic class and hop limit.
+    ///
+    /// @errors A peer description that cannot be right (EINVAL, as QueuePair::connect);
+    /// ibv_create_ah fails (no route to the GID, out of resources).
+    /// @misuse `via` is not UD or is moved-from.
     static Result<AddressHandle> create(const QueuePair& via, const Endpoint& peer,
                                         const QpConnectOptions& options = {},
                                         std::source_location where = std::source_location::current());
-    // The same for a sender that is not a wrap QueuePair (an mlx5 DC initiator): the
-    // path starts at `local` (a GID of `port`, whose link layer is `layer`) in the PD
-    // `pd` (a ProtectionDomain's or QueuePair's handle). Of `peer` only the address
-    // (GID, LID) is used. Programming error: a null `pd`.
+    /// The same for a sender that is not a wrap QueuePair (an mlx5 DC initiator): the
+    /// path starts at `local` (a GID of `port`, whose link layer is `layer`) in the PD
+    /// `pd` (a ProtectionDomain's or QueuePair's handle). Of `peer` only the address
+    /// (GID, LID) is used.
+    ///
+    /// @errors As the first overload: the whole of `peer` is checked, its QPN, PSN and
+    /// MTU included; ibv_create_ah fails.
+    /// @misuse A null `pd`.
     static Result<AddressHandle> create(const std::shared_ptr<ibv_pd>& pd, const Endpoint& peer, const GidEntry& local,
                                         std::uint8_t port, LinkLayer layer, const QpConnectOptions& options = {},
                                         std::source_location where = std::source_location::current());
 
+    /// The verbs address handle, for a UD work request (`wr.ud.ah`).
+    ///
+    /// @misuse A moved-from AddressHandle.
     ibv_ah* get(std::source_location where = std::source_location::current()) const {
 
         return detail::live(ah_, "AddressHandle", where).get();

@@ -1,5 +1,6 @@
-// Ownership helpers of the wrap layer, shared with the layers that create verbs
-// objects of their own (lib/mlx5dv): not part of the user-facing API.
+/// @file
+/// Ownership helpers of the wrap layer, shared with the layers that create verbs
+/// objects of their own (lib/mlx5dv): not part of the user-facing API.
 #pragma once
 
 #include <memory>

@@ -1,10 +1,5 @@
-// Memory windows (type 2): an rkey bound by a work request to exactly the bytes of one
-// registered region, with remote rights of its own, and invalidated without touching
-// the registration. The key works only through the QP that bound it. Binding and
-// invalidating are posts (post_bind, post_invalidate in rdmaxx/data/post.hpp);
-// destroying the window (ibv_dealloc_mw) invalidates it at once.
-//
-// Thread safety: none; a window is bound and invalidated through one QP's posts.
+/// @file
+/// Memory windows (type 2): MemoryWindow.
 #pragma once
 
 #include <cstdint>
@@ -18,20 +13,37 @@
 
 namespace rdmaxx {
 
+/// Memory windows (type 2): an rkey bound by a work request to exactly the bytes of one
+/// registered region, with remote rights of its own, and invalidated without touching
+/// the registration. The key works only through the QP that bound it. Binding and
+/// invalidating are posts (post_bind, post_invalidate in rdmaxx/data/post.hpp);
+/// destroying the window (ibv_dealloc_mw) invalidates it at once.
+///
+/// @threadsafety Distinct objects: safe. Shared objects: unsafe; a window is bound and
+/// invalidated through one QP's posts.
 class MemoryWindow : detail::MoveOnly {
 public:
-    // An unbound type 2 window. An Error on a device without them
-    // (DeviceAttributes::type2_windows). Programming error: a moved-from PD.
+    /// An unbound type 2 window. An Error on a device without them
+    /// (DeviceAttributes::type2_windows).
+    ///
+    /// @errors ibv_alloc_mw fails (no type 2 windows on the device, out of resources).
+    /// @misuse A moved-from PD.
     static Result<MemoryWindow> allocate(const ProtectionDomain& pd,
                                          std::source_location where = std::source_location::current());
 
-    // The key of the last bind posted (its low 8 bits change with every bind, so a
-    // key handed out before is refused once the window is bound again).
-    // Programming error, here and below: a moved-from window.
+    /// The key of the last bind posted (its low 8 bits change with every bind, so a
+    /// key handed out before is refused once the window is bound again).
+    ///
+    /// @misuse A moved-from window.
     std::uint32_t rkey(std::source_location where = std::source_location::current()) const;
-    // The key the next bind gives, made current: for post_bind.
+    /// The key the next bind gives, made current: for post_bind.
+    ///
+    /// @misuse A moved-from window.
     std::uint32_t advance_rkey(std::source_location where = std::source_location::current());
 
+    /// The verbs window, for calls rdmaxx does not wrap.
+    ///
+    /// @misuse A moved-from window.
     ibv_mw* get(std::source_location where = std::source_location::current()) const {
         return detail::live(mw_, "MemoryWindow", where).get();
     }
