@@ -1,5 +1,6 @@
-// Work completions: a value type over ibv_wc, batch polling into caller memory, and
-// bounded waits (busy polling or the completion channel).
+/// @file
+/// Work completions: a value type over ibv_wc, batch polling into caller memory, and
+/// bounded waits (busy polling or the completion channel).
 #pragma once
 
 #include <algorithm>
@@ -22,10 +23,14 @@ namespace rdmaxx {
 class AsyncEvents;
 class QueuePair;
 
+/// What a completed work request did (ibv_wc_opcode, for the operations rdmaxx posts);
+/// `unknown` for a failed completion and for any other opcode.
 enum class WcOpcode : std::uint8_t {
-    unknown, // a failed completion's opcode is undefined (ibv_poll_cq(3)): never read it
+    unknown, ///< a failed completion's opcode is undefined (ibv_poll_cq(3)): never read it
     send, rdma_write, rdma_read, compare_swap, fetch_add, recv, recv_rdma_with_imm,
 };
+/// The opcode's name in capitals ("SEND", "RDMA_WRITE", "COMPARE_SWAP", ...); "unknown"
+/// for `unknown`.
 std::string_view to_string(WcOpcode opcode) noexcept;
 
 namespace detail {
@@ -33,32 +38,45 @@ namespace detail {
 [[gnu::cold]] Error poll_error(int n);
 } // namespace detail
 
-// One completion, layout-identical to ibv_wc so that ibv_poll_cq writes straight into
-// a caller's array of them.
+/// One completion, layout-identical to ibv_wc so that ibv_poll_cq writes straight into
+/// a caller's array of them.
+///
+/// @threadsafety Distinct objects: safe. Shared objects: safe (a value; every member
+/// function is const).
 class WorkCompletion {
 public:
+    /// The wr_id the work request was posted with.
     std::uint64_t wr_id() const noexcept { return wc_.wr_id; }
+    /// IBV_WC_SUCCESS, or why the work request failed (ibv_wc_status_str() names it).
     ibv_wc_status status() const noexcept { return wc_.status; }
+    /// Whether the work request succeeded (status IBV_WC_SUCCESS).
     bool ok() const noexcept { return wc_.status == IBV_WC_SUCCESS; }
-    // `unknown` for a failed completion.
+    /// What completed; `unknown` for a failed completion.
     WcOpcode opcode() const noexcept;
+    /// Bytes transferred: for a receive, the message's length (on UD, plus the
+    /// ud_grh_bytes of the GRH).
     std::uint32_t byte_len() const noexcept { return wc_.byte_len; }
-    // The immediate in host order, when the completion carries one (IBV_WC_WITH_IMM:
-    // a bit, tested as a bit: providers set other bits beside it).
+    /// The immediate in host order, when the completion carries one (IBV_WC_WITH_IMM:
+    /// a bit, tested as a bit: providers set other bits beside it).
     std::optional<std::uint32_t> imm() const noexcept {
         if (ok() && (wc_.wc_flags & IBV_WC_WITH_IMM))
             return ntohl(wc_.imm_data);
         return std::nullopt;
     }
+    /// The number of the local QP whose work request completed.
     std::uint32_t qp_num() const noexcept { return wc_.qp_num; }
-    std::uint32_t src_qp() const noexcept { return wc_.src_qp; } // UD receives
+    std::uint32_t src_qp() const noexcept { return wc_.src_qp; } ///< UD receives: the sender's QPN
+    /// Whether a global routing header came first in the buffer (IBV_WC_GRH: UD receives).
     bool has_grh() const noexcept { return (wc_.wc_flags & IBV_WC_GRH) != 0; }
+    /// The ibv_wc itself, for the fields not above.
     const ibv_wc& raw() const noexcept { return wc_; }
 
-    // The failure as an Error (status text, wr_id, QP, vendor error). Programming
-    // error: a successful completion.
+    /// The failure as an Error (status text, wr_id, QP, vendor error).
+    /// @misuse a successful completion.
     Error error(std::source_location where = std::source_location::current()) const;
-    // Success, or the failure as an Error.
+    /// Success, or the failure as an Error.
+    /// @errors this completion's failure: an Error of kind completion whose code is its
+    /// ibv_wc_status.
     Result<void> check() const {
         if (ok()) [[likely]]
             return {};
@@ -70,8 +88,10 @@ private:
 };
 static_assert(std::is_standard_layout_v<WorkCompletion> && sizeof(WorkCompletion) == sizeof(ibv_wc));
 
-// Takes up to `out.size()` completions without waiting; returns how many. Failed
-// completions are returned like the others: check each one.
+/// Takes up to `out.size()` completions without waiting; returns how many. Failed
+/// completions are returned like the others: check each one.
+/// @errors ibv_poll_cq fails (the provider's errno; EIO when it gives none).
+/// @misuse a moved-from CQ.
 [[gnu::always_inline]] inline Result<std::size_t> poll(const CompletionQueue& cq, std::span<WorkCompletion> out) {
     const int n = ibv_poll_cq(cq.get(), static_cast<int>(out.size()), reinterpret_cast<ibv_wc*>(out.data()));
     if (n < 0) [[unlikely]]
@@ -79,19 +99,22 @@ static_assert(std::is_standard_layout_v<WorkCompletion> && sizeof(WorkCompletion
     return static_cast<std::size_t>(n);
 }
 
+/// How wait_n and wait_for wait for completions.
 enum class WaitMode : std::uint8_t {
-    busy_poll, // spin on ibv_poll_cq: lowest latency, one core
-    event,     // sleep on the CQ's completion channel (created with CqOptions::channel)
+    busy_poll, ///< spin on ibv_poll_cq: lowest latency, one core
+    event,     ///< sleep on the CQ's completion channel (created with CqOptions::channel)
 };
 
+/// How long and how wait_n and wait_for wait, and which device events end the wait.
 struct WaitOptions {
-    std::chrono::milliseconds timeout{5000};
-    WaitMode mode = WaitMode::busy_poll;
-    // When set, device events that kill the wait's work (a fatal event of `qp`, a
-    // CQ error of the CQ waited on, `qp`'s port down, a fatal device error) end the
-    // wait with an Error instead of letting it run out its timeout.
+    std::chrono::milliseconds timeout{5000}; ///< the bound of the wait
+    WaitMode mode = WaitMode::busy_poll;     ///< spin, or sleep on the completion channel
+    /// When set, device events that kill the wait's work (a fatal event of `qp`, a
+    /// CQ error of the CQ waited on, `qp`'s port down, a fatal device error) end the
+    /// wait with an Error instead of letting it run out its timeout.
     AsyncEvents* events = nullptr;
-    const QueuePair* qp = nullptr; // the QP waited for; nullptr: any QP, any port (AsyncEvents::check)
+    /// The QP waited for; nullptr: any QP, any port (AsyncEvents::check).
+    const QueuePair* qp = nullptr;
 };
 
 namespace detail {
@@ -156,10 +179,13 @@ template <class Room, class Take>
 
 } // namespace detail
 
-// Waits until `n` completions were taken into `out`. A failed completion ends the
-// wait early with its Error (it and those before it are in `out`). A timeout is an
-// Error of kind timeout. Programming error: n > out.size(), event mode on a CQ
-// without a channel.
+/// Waits until `n` completions were taken into `out`. A failed completion ends the
+/// wait early with its Error (it and those before it are in `out`). A timeout is an
+/// Error of kind timeout.
+/// @errors a failed completion (kind completion), the timeout (kind timeout), a failed
+/// ibv_poll_cq or, in event mode, a failed wait on the completion channel; with
+/// WaitOptions::events, a device event that kills the work (event_error).
+/// @misuse n > out.size(), event mode on a CQ without a channel, a moved-from CQ.
 [[gnu::always_inline]] inline Result<void> wait_n(CompletionQueue& cq, std::span<WorkCompletion> out, std::size_t n,
                            const WaitOptions& options = {},
                            std::source_location where = std::source_location::current()) {
@@ -181,11 +207,15 @@ namespace detail {
 struct NoOtherCompletions {};
 } // namespace detail
 
-// Waits for the completion of `wr_id`, taking one completion at a time so that none
-// after it leaves the CQ. Completions of other WRs taken meanwhile are handed to
-// `other`; a failed one ends the wait with its Error. Without `other`, the CQ must
-// hold no successful completion of another WR (a programming error otherwise, naming
-// both wr_ids: it would be lost). Pass a handler that drops them to mean dropping.
+/// Waits for the completion of `wr_id`, taking one completion at a time so that none
+/// after it leaves the CQ. Completions of other WRs taken meanwhile are handed to
+/// `other`; a failed one ends the wait with its Error. Without `other`, the CQ must
+/// hold no successful completion of another WR (a programming error otherwise, naming
+/// both wr_ids: it would be lost). Pass a handler that drops them to mean dropping.
+/// @errors as wait_n's: a failed completion (of `wr_id` or of another WR), the timeout,
+/// a failed ibv_poll_cq or channel wait, a device event that kills the work.
+/// @misuse without `other`, a successful completion of another WR; event mode on a CQ
+/// without a channel; a moved-from CQ.
 template <class Other = detail::NoOtherCompletions>
 Result<WorkCompletion> wait_for(CompletionQueue& cq, std::uint64_t wr_id, const WaitOptions& options = {},
                                 Other&& other = {},

@@ -1,8 +1,9 @@
-// What AsyncEvents remembers of the events that kill work, and whom each concerns.
-// An event concerns an object only if it was read after the object was created: the
-// kernel drops a destroyed QP's or CQ's unread events (and ibv_destroy_* waits for the
-// read ones to be acknowledged), so an event read earlier is about an older object
-// that had the same QP number or the same address. Pure logic, tested on the host.
+/// @file
+/// What AsyncEvents remembers of the events that kill work, and whom each concerns.
+/// An event concerns an object only if it was read after the object was created: the
+/// kernel drops a destroyed QP's or CQ's unread events (and ibv_destroy_* waits for the
+/// read ones to be acknowledged), so an event read earlier is about an older object
+/// that had the same QP number or the same address. Pure logic, tested on the host.
 #pragma once
 
 #include <array>

@@ -1,19 +1,20 @@
-// Posting work requests: one-sided (READ, WRITE, WRITE_WITH_IMM, CAS, FAA), two-sided
-// (SEND, SEND_WITH_IMM, RECV), UD sends, and batches rung with one doorbell.
-//
-// Everything here is inline (the posts always: no call of rdmaxx's own between the
-// caller and ibv_post_send) and allocation-free: a post costs the checks below (47
-// instructions per single-WR post on rxe, counted by bench/post-cost.sh) plus what
-// ibv_post_send costs. On a QP created with PostApi::extended, the built WRs are
-// replayed through the ibv_wr_* API by one out-of-line call (88 instructions then). A hot loop builds
-// its WRs once in a SendBatch or RecvBatch and posts that batch again and again,
-// changing only what varies (wr_id, signaling, immediate, atomic operands), as
-// perftest does with its prebuilt WRs. The checks are
-// programming errors (abort naming the caller): posting on a QP that is not in RTS,
-// a remote slice smaller than the local data, inline data above the QP's
-// max_inline_data, more SGEs than the QP was created with, an operation the QP type
-// does not support, atomics that are not 8 bytes and 8-aligned on both sides.
-// What the device refuses is an Error.
+/// @file
+/// Posting work requests: one-sided (READ, WRITE, WRITE_WITH_IMM, CAS, FAA), two-sided
+/// (SEND, SEND_WITH_IMM, RECV), UD sends, and batches rung with one doorbell.
+///
+/// Everything here is inline (the posts always: no call of rdmaxx's own between the
+/// caller and ibv_post_send) and allocation-free: a post costs the checks below (47
+/// instructions per single-WR post on rxe, counted by bench/post-cost.sh) plus what
+/// ibv_post_send costs. On a QP created with PostApi::extended, the built WRs are
+/// replayed through the ibv_wr_* API by one out-of-line call (88 instructions then). A hot loop builds
+/// its WRs once in a SendBatch or RecvBatch and posts that batch again and again,
+/// changing only what varies (wr_id, signaling, immediate, atomic operands), as
+/// perftest does with its prebuilt WRs. The checks are
+/// programming errors (abort naming the caller): posting on a QP that is not in RTS,
+/// a remote slice smaller than the local data, inline data above the QP's
+/// max_inline_data, more SGEs than the QP was created with, an operation the QP type
+/// does not support, atomics that are not 8 bytes and 8-aligned on both sides.
+/// What the device refuses is an Error.
 #pragma once
 
 #include <array>
@@ -34,34 +35,41 @@
 
 namespace rdmaxx {
 
+/// How one work request is posted: the wr_id its completion carries, and its flags.
 struct PostOptions {
-    std::uint64_t wr_id = 0;
-    bool signaled = true;     // ignored (always on) when the QP signals every WR
-    bool inline_data = false; // copy the payload into the WR: the buffer is free at once
-    bool fence = false;       // wait for earlier READs and atomics first
-    bool solicited = false;   // wake a receiver that armed for solicited events only
+    std::uint64_t wr_id = 0;  ///< returned by the WR's completion (WorkCompletion::wr_id)
+    bool signaled = true;     ///< ignored (always on) when the QP signals every WR
+    bool inline_data = false; ///< copy the payload into the WR: the buffer is free at once
+    bool fence = false;       ///< wait for earlier READs and atomics first
+    bool solicited = false;   ///< wake a receiver that armed for solicited events only
 };
 
-// The local side of a work request: one slice or a scatter/gather list. Only a
-// parameter type: it refers to its argument for the duration of the call.
+/// The local side of a work request: one slice or a scatter/gather list. Only a
+/// parameter type: it refers to its argument for the duration of the call.
+///
+/// @threadsafety Distinct objects: safe. Shared objects: safe (every member function is
+/// const).
 class Gather {
 public:
+    /// One slice.
     Gather(const LocalSlice& one) noexcept : slices_(&one, 1) {}               // NOLINT: implicit
+    /// A scatter/gather list, in order.
     Gather(std::span<const LocalSlice> many) noexcept : slices_(many) {}       // NOLINT: implicit
+    /// The slices, one SGE each.
     std::span<const LocalSlice> slices() const noexcept { return slices_; }
 
 private:
     std::span<const LocalSlice> slices_;
 };
 
-// Where a UD send goes.
+/// Where a UD send goes.
 struct UdDestination {
-    const AddressHandle* ah = nullptr;
-    std::uint32_t qpn = 0;
-    std::uint32_t qkey = 0;
+    const AddressHandle* ah = nullptr; ///< the route to the destination's port; required
+    std::uint32_t qpn = 0;             ///< the destination QP's number
+    std::uint32_t qkey = 0;            ///< the destination QP's Q_Key (QueuePair::qkey there)
 };
 
-// The payload of a UD receive starts after the 40-byte global routing header.
+/// The payload of a UD receive starts after the 40-byte global routing header.
 inline constexpr std::size_t ud_grh_bytes = 40;
 
 namespace detail {
@@ -159,28 +167,39 @@ int post_extended(ibv_qp_ex* qpx, const ibv_send_wr* wr);
 
 } // namespace detail
 
-// Up to N send WRs chained and posted with one doorbell; no heap. Add operations,
-// then post(); clear() makes room for the next batch. Each add checks what the
-// matching post_* function documents (programming errors), plus: the batch is full.
-// A batch stays built after post(): post it again, after changing what varies with
-// the set_* calls, and a post costs ibv_post_send and a few branches. A batch may be
-// copied and moved (each post points its WRs at their own storage); its QP must
-// outlive it.
+/// Up to N send WRs chained and posted with one doorbell; no heap. Add operations,
+/// then post(); clear() makes room for the next batch. Each add checks what the
+/// matching post_* function documents (programming errors), plus: the batch is full.
+/// A batch stays built after post(): post it again, after changing what varies with
+/// the set_* calls, and a post costs ibv_post_send and a few branches. A batch may be
+/// copied and moved (each post points its WRs at their own storage); its QP must
+/// outlive it.
+///
+/// @threadsafety Distinct objects: safe. Shared objects: unsafe.
 template <std::size_t N>
 class SendBatch {
 public:
+    /// An empty batch that posts on `qp`.
     explicit SendBatch(QueuePair& qp) noexcept : qp_(&qp) {}
 
+    /// How many WRs were added.
     std::size_t size() const noexcept { return count_; }
+    /// N: the most WRs the batch holds.
     static constexpr std::size_t capacity() noexcept { return N; }
+    /// Removes every WR: the next one added is WR 0.
     void clear() noexcept { count_ = 0, atomics_ = false; }
+    /// The QP the batch posts on.
     const QueuePair& queue_pair() const noexcept { return *qp_; }
 
+    /// Adds an RDMA WRITE of `local` into `remote` (as post_write).
+    /// @misuse as post_write's; a full batch.
     SendBatch& write(Gather local, const RemoteMemory& remote, const PostOptions& options = {},
                      std::source_location where = std::source_location::current()) {
         detail::build_rdma(next(where), *qp_, IBV_WR_RDMA_WRITE, local, remote, options, where);
         return *this;
     }
+    /// Adds an RDMA WRITE with immediate (as post_write_with_imm).
+    /// @misuse as post_write's; a full batch.
     SendBatch& write_with_imm(Gather local, const RemoteMemory& remote, std::uint32_t imm,
                               const PostOptions& options = {},
                               std::source_location where = std::source_location::current()) {
@@ -189,17 +208,23 @@ public:
         s.wr.imm_data = htonl(imm);
         return *this;
     }
+    /// Adds an RDMA READ of `remote` into `local` (as post_read).
+    /// @misuse as post_read's; a full batch.
     SendBatch& read(Gather local, const RemoteMemory& remote, const PostOptions& options = {},
                     std::source_location where = std::source_location::current()) {
         detail::build_rdma(next(where), *qp_, IBV_WR_RDMA_READ, local, remote, options, where);
         return *this;
     }
+    /// Adds an RC/UC SEND (as post_send).
+    /// @misuse as post_send's; a full batch.
     SendBatch& send(Gather local, const PostOptions& options = {},
                     std::source_location where = std::source_location::current()) {
         require(qp_->type() != QpType::ud, where, "a send on a UD QP needs a UdDestination");
         detail::build(next(where), *qp_, IBV_WR_SEND, local, options, where);
         return *this;
     }
+    /// Adds an RC/UC SEND with immediate (as post_send_with_imm).
+    /// @misuse as post_send's; a full batch.
     SendBatch& send_with_imm(Gather local, std::uint32_t imm, const PostOptions& options = {},
                              std::source_location where = std::source_location::current()) {
         require(qp_->type() != QpType::ud, where, "a send on a UD QP needs a UdDestination");
@@ -208,6 +233,8 @@ public:
         s.wr.imm_data = htonl(imm);
         return *this;
     }
+    /// Adds a UD SEND of `local` to destination `to` (as the UD post_send).
+    /// @misuse as the UD post_send's; a full batch.
     SendBatch& send(Gather local, const UdDestination& to, const PostOptions& options = {},
                     std::source_location where = std::source_location::current()) {
         require(qp_->type() == QpType::ud, where, "a UdDestination on a {} QP", qp_->type());
@@ -219,6 +246,8 @@ public:
         s.wr.wr.ud.remote_qkey = to.qkey;
         return *this;
     }
+    /// Adds an atomic compare-and-swap (as post_compare_swap).
+    /// @misuse as post_compare_swap's; a full batch.
     SendBatch& compare_swap(const LocalSlice& result, const RemoteMemory& target, std::uint64_t compare,
                             std::uint64_t swap, const PostOptions& options = {},
                             std::source_location where = std::source_location::current()) {
@@ -227,6 +256,8 @@ public:
         atomics_ = true;
         return *this;
     }
+    /// Adds an atomic fetch-and-add (as post_fetch_add).
+    /// @misuse as post_fetch_add's; a full batch.
     SendBatch& fetch_add(const LocalSlice& result, const RemoteMemory& target, std::uint64_t add,
                          const PostOptions& options = {},
                          std::source_location where = std::source_location::current()) {
@@ -235,21 +266,23 @@ public:
         return *this;
     }
 
-    // What varies between posts of WR k (in the order added). Programming error: k
-    // past the batch, an immediate on a WR without one, atomic operands on a WR that
-    // is not an atomic.
+    /// What varies between posts of WR k (in the order added): its wr_id.
+    /// @misuse k past the batch.
     SendBatch& set_wr_id(std::size_t k, std::uint64_t wr_id,
                          std::source_location where = std::source_location::current()) {
         at(k, where).wr.wr_id = wr_id;
         return *this;
     }
+    /// Whether WR k is signaled (always, on a QP that signals every WR).
+    /// @misuse k past the batch.
     SendBatch& set_signaled(std::size_t k, bool signaled,
                             std::source_location where = std::source_location::current()) {
         ibv_send_wr& wr = at(k, where).wr;
         wr.send_flags = signaled ? wr.send_flags | IBV_SEND_SIGNALED : wr.send_flags & ~unsigned{IBV_SEND_SIGNALED};
         return *this;
     }
-    // `imm` in host order, as in write_with_imm().
+    /// WR k's immediate: `imm` in host order, as in write_with_imm().
+    /// @misuse k past the batch, a WR without an immediate.
     SendBatch& set_imm(std::size_t k, std::uint32_t imm, std::source_location where = std::source_location::current()) {
         ibv_send_wr& wr = at(k, where).wr;
         require(wr.opcode == IBV_WR_RDMA_WRITE_WITH_IMM || wr.opcode == IBV_WR_SEND_WITH_IMM, where,
@@ -257,7 +290,9 @@ public:
         wr.imm_data = htonl(imm);
         return *this;
     }
-    // compare_add: the CAS's compare value or the FAA's addend; swap: the CAS's swap.
+    /// WR k's atomic operands. compare_add: the CAS's compare value or the FAA's addend;
+    /// swap: the CAS's swap.
+    /// @misuse k past the batch, a WR that is not an atomic.
     SendBatch& set_atomic(std::size_t k, std::uint64_t compare_add, std::uint64_t swap = 0,
                           std::source_location where = std::source_location::current()) {
         ibv_send_wr& wr = at(k, where).wr;
@@ -268,11 +303,14 @@ public:
         return *this;
     }
 
-    // Posts every WR with one doorbell. On failure the Error says which WR failed and
-    // why, and accepted() how many WRs before it the device took (the classic API
-    // posts those; the extended API posts all or nothing). Atomics on a device
-    // without atomic support are an Error before anything is posted. Programming
-    // error: an empty batch, a QP not in RTS (or later).
+    /// Posts every WR with one doorbell. On failure the Error says which WR failed and
+    /// why, and accepted() how many WRs before it the device took (the classic API
+    /// posts those; the extended API posts all or nothing). Atomics on a device
+    /// without atomic support are an Error before anything is posted.
+    /// @errors ibv_post_send fails (ibv_wr_complete on a QP with the extended post
+    /// API), e.g. ENOMEM for a full send queue; atomics on a device without them (kind
+    /// unsupported). What the device refuses later is a failed completion.
+    /// @misuse an empty batch, a QP not in RTS (or later), a moved-from QP.
     [[gnu::always_inline]] Result<void> post(std::source_location where = std::source_location::current()) {
         require(count_ > 0, where, "post of an empty batch");
         accepted_ = 0;
@@ -284,7 +322,7 @@ public:
         }
         return detail::submit(*qp_, wrs_[0].wr, count_, accepted_, where);
     }
-    // How many WRs the last post() handed to the device.
+    /// How many WRs the last post() handed to the device.
     std::size_t accepted() const noexcept { return accepted_; }
 
 private:
@@ -304,49 +342,79 @@ private:
     std::array<detail::SendWr, N> wrs_;
 };
 
-// One WR, posted at once: a batch of one, with the same checks.
+/// An RDMA WRITE of `local` into `remote`. One WR, posted at once: a batch of one, with
+/// the same checks (so is every post_* call below).
+/// @errors ibv_post_send fails (ibv_wr_complete on a QP with the extended post API),
+/// e.g. ENOMEM for a full send queue; so for every send-side post_* call. What the
+/// device refuses later is a failed completion.
+/// @misuse a QP not in RTS (or later); a UD QP; more local bytes than `remote` holds;
+/// more SGEs than the QP's max_send_sge (or 16); inline data above its max_inline_data;
+/// a moved-from QP.
 inline Result<void> post_write(QueuePair& qp, Gather local, const RemoteMemory& remote, const PostOptions& options = {},
                                std::source_location where = std::source_location::current()) {
     return SendBatch<1>(qp).write(local, remote, options, where).post(where);
 }
 
-// `imm` in host order; the receiver's completion returns it in host order.
+/// An RDMA WRITE that also consumes a receive of the peer, whose completion carries
+/// `imm`. `imm` in host order; the receiver's completion returns it in host order.
+/// @errors as post_write's.
+/// @misuse as post_write's.
 inline Result<void> post_write_with_imm(QueuePair& qp, Gather local, const RemoteMemory& remote, std::uint32_t imm,
                                         const PostOptions& options = {},
                                         std::source_location where = std::source_location::current()) {
     return SendBatch<1>(qp).write_with_imm(local, remote, imm, options, where).post(where);
 }
 
+/// An RDMA READ of `remote` into `local`.
+/// @errors as post_write's.
+/// @misuse as post_write's, and a QP not RC, inline_data.
 inline Result<void> post_read(QueuePair& qp, Gather local, const RemoteMemory& remote, const PostOptions& options = {},
                               std::source_location where = std::source_location::current()) {
     return SendBatch<1>(qp).read(local, remote, options, where).post(where);
 }
 
-// RC/UC send; a UD send takes a destination.
+/// RC/UC send; a UD send takes a destination.
+/// @errors as post_write's.
+/// @misuse a UD QP (it takes the UdDestination overload); a QP not in RTS (or later);
+/// more SGEs than the QP's max_send_sge (or 16); inline data above its max_inline_data;
+/// a moved-from QP.
 inline Result<void> post_send(QueuePair& qp, Gather local, const PostOptions& options = {},
                               std::source_location where = std::source_location::current()) {
     return SendBatch<1>(qp).send(local, options, where).post(where);
 }
 
+/// An RC/UC send whose receiver's completion carries `imm` (host order both sides).
+/// @errors as post_write's.
+/// @misuse as post_send's.
 inline Result<void> post_send_with_imm(QueuePair& qp, Gather local, std::uint32_t imm, const PostOptions& options = {},
                                        std::source_location where = std::source_location::current()) {
     return SendBatch<1>(qp).send_with_imm(local, imm, options, where).post(where);
 }
 
+/// A UD send of `local` to destination `to`: a message of at most the path MTU.
+/// @errors as post_write's.
+/// @misuse a QP that is not UD, a destination without an address handle, a QP not in
+/// RTS, more SGEs than the QP's max_send_sge (or 16), inline data above its
+/// max_inline_data, a moved-from QP or address handle.
 inline Result<void> post_send(QueuePair& qp, Gather local, const UdDestination& to, const PostOptions& options = {},
                               std::source_location where = std::source_location::current()) {
     return SendBatch<1>(qp).send(local, to, options, where).post(where);
 }
 
-// The remote 8 bytes become `swap` if they equal `compare`; their old value lands in
-// `result` either way. A device without atomics gives an Error before posting.
+/// The remote 8 bytes become `swap` if they equal `compare`; their old value lands in
+/// `result` either way. A device without atomics gives an Error before posting.
+/// @errors as post_write's, and a device without atomics (kind unsupported).
+/// @misuse a QP not RC or not in RTS; `result` not 8 bytes, 8-aligned; `target` shorter
+/// than 8 bytes or not 8-aligned; inline_data; a moved-from QP.
 inline Result<void> post_compare_swap(QueuePair& qp, const LocalSlice& result, const RemoteMemory& target,
                                       std::uint64_t compare, std::uint64_t swap, const PostOptions& options = {},
                                       std::source_location where = std::source_location::current()) {
     return SendBatch<1>(qp).compare_swap(result, target, compare, swap, options, where).post(where);
 }
 
-// Adds `add` to the remote 8 bytes; their old value lands in `result`.
+/// Adds `add` to the remote 8 bytes; their old value lands in `result`.
+/// @errors as post_compare_swap's.
+/// @misuse as post_compare_swap's.
 inline Result<void> post_fetch_add(QueuePair& qp, const LocalSlice& result, const RemoteMemory& target,
                                    std::uint64_t add, const PostOptions& options = {},
                                    std::source_location where = std::source_location::current()) {
@@ -354,28 +422,36 @@ inline Result<void> post_fetch_add(QueuePair& qp, const LocalSlice& result, cons
 }
 
 // --- memory windows (rdmaxx/wrap/mw.hpp) ---------------------------------------------
-// Binds `window` to `length` bytes at `offset` of `region` with the remote `rights`
-// (type 2: the key works only through `qp`, an RC QP) and returns the descriptor to
-// hand to the peer, with the window's new key. The bind is posted on `qp`'s send queue
-// like any WR: WRs posted after it (the message that carries the key) run after it.
-// It fails with an error completion when the device refuses it (a region not
-// registered with Access::mw_bind: a pooled region's arena is).
-// Whether the device refuses an access outside the window's bytes is its business:
-// Soft-RoCE in Linux 6.1 checks only the region's (window_bounds_enforced() tells).
-// Programming error: `rights` not remote ones (remote_read|remote_write|remote_atomic,
-// at least one), a range outside the region, a QP not RC, or not in RTS.
+/// Binds `window` to `length` bytes at `offset` of `region` with the remote `rights`
+/// (type 2: the key works only through `qp`, an RC QP) and returns the descriptor to
+/// hand to the peer, with the window's new key. The bind is posted on `qp`'s send queue
+/// like any WR: WRs posted after it (the message that carries the key) run after it.
+/// It fails with an error completion when the device refuses it (a region not
+/// registered with Access::mw_bind: a pooled region's arena is).
+/// Whether the device refuses an access outside the window's bytes is its business:
+/// Soft-RoCE in Linux 6.1 checks only the region's (window_bounds_enforced() tells).
+/// @errors the post fails (ibv_post_send, or ibv_wr_complete on a QP with the extended
+/// post API); the window's key is then unchanged.
+/// @misuse `rights` not remote ones (remote_read|remote_write|remote_atomic,
+/// at least one), a range outside the region, a QP not RC, or not in RTS; a moved-from
+/// QP, window or region.
 Result<RemoteMemory> post_bind(QueuePair& qp, MemoryWindow& window, const MemoryRegion& region, std::size_t offset,
                                std::size_t length, Access rights, const PostOptions& options = {},
                                std::source_location where = std::source_location::current());
-// The whole region.
+/// post_bind() of the whole region.
+/// @errors as the other post_bind's.
+/// @misuse as the other post_bind's.
 inline Result<RemoteMemory> post_bind(QueuePair& qp, MemoryWindow& window, const MemoryRegion& region, Access rights,
                                       const PostOptions& options = {},
                                       std::source_location where = std::source_location::current()) {
     return post_bind(qp, window, region, 0, region.size(), rights, options, where);
 }
-// Invalidates the window's current key (LOCAL_INV on `qp`, which bound it): once this
-// completes, an access with the key fails at the NIC with a remote access error, and
-// the window may be bound again. Same programming errors as post_bind.
+/// Invalidates the window's current key (LOCAL_INV on `qp`, which bound it): once this
+/// completes, an access with the key fails at the NIC with a remote access error, and
+/// the window may be bound again.
+/// @errors as post_bind's.
+/// @misuse as post_bind's that apply: a QP not RC, or not in RTS; a moved-from QP or
+/// window.
 Result<void> post_invalidate(QueuePair& qp, const MemoryWindow& window, const PostOptions& options = {},
                              std::source_location where = std::source_location::current());
 
@@ -398,27 +474,35 @@ inline void build_recv(ibv_recv_wr& wr, std::array<ibv_sge, max_sge>& sge, Gathe
 
 } // namespace detail
 
-// Up to N receive WRs of a QP, posted with one call; no heap. Like SendBatch, a
-// batch stays built after post(): a loop that reposts the same buffers builds them
-// once. On UD, each buffer's first 40 bytes (ud_grh_bytes) receive the GRH.
-// Programming error: a QP whose receives come from an SRQ, more SGEs than the QP's
-// max_recv_sge, a full batch; at post, an empty batch or a QP in RESET.
+/// Up to N receive WRs of a QP, posted with one call; no heap. Like SendBatch, a
+/// batch stays built after post(): a loop that reposts the same buffers builds them
+/// once. On UD, each buffer's first 40 bytes (ud_grh_bytes) receive the GRH.
+///
+/// @threadsafety Distinct objects: safe. Shared objects: unsafe.
 template <std::size_t N>
 class RecvBatch {
 public:
+    /// An empty batch for `qp`'s receive queue; `qp` must outlive it.
+    /// @misuse a QP whose receives come from an SRQ.
     explicit RecvBatch(QueuePair& qp, std::source_location where = std::source_location::current()) : qp_(&qp) {
         require(!qp.has_srq(), where, "a receive on a QP whose receives come from an SRQ");
     }
 
+    /// How many WRs were added.
     std::size_t size() const noexcept { return count_; }
+    /// Removes every WR: the next one added is WR 0.
     void clear() noexcept { count_ = 0; }
 
+    /// Adds a receive into `local` whose completion carries `wr_id`.
+    /// @misuse more SGEs than the QP's max_recv_sge (or 16), a full batch.
     RecvBatch& add(Gather local, std::uint64_t wr_id, std::source_location where = std::source_location::current()) {
         require(count_ < N, where, "a RecvBatch<{}> is full", N);
         detail::build_recv(wrs_[count_], sges_[count_], local, wr_id, qp_->caps().max_recv_sge, where);
         ++count_;
         return *this;
     }
+    /// The wr_id of WR k (in the order added), for the next post.
+    /// @misuse k past the batch.
     RecvBatch& set_wr_id(std::size_t k, std::uint64_t wr_id,
                          std::source_location where = std::source_location::current()) {
         require(k < count_, where, "WR {} of a batch of {}", k, count_);
@@ -426,7 +510,10 @@ public:
         return *this;
     }
 
-    // On failure the Error names the failing WR; the WRs before it were posted.
+    /// Posts every WR with one ibv_post_recv. On failure the Error names the failing WR;
+    /// the WRs before it were posted.
+    /// @errors ibv_post_recv fails, e.g. ENOMEM for a full receive queue.
+    /// @misuse an empty batch, a QP in RESET, a moved-from QP.
     [[gnu::always_inline]] Result<void> post(std::source_location where = std::source_location::current()) {
         require(count_ > 0, where, "post of an empty batch");
         require(qp_->state() != QpState::reset, where, "a receive on a QP in RESET: bring it to INIT first");
@@ -447,13 +534,20 @@ private:
     std::array<std::array<ibv_sge, detail::max_sge>, N> sges_;
 };
 
-// A receive buffer for the next incoming SEND (or WRITE_WITH_IMM's immediate): a
-// RecvBatch of one, with its checks.
+/// A receive buffer for the next incoming SEND (or WRITE_WITH_IMM's immediate): a
+/// RecvBatch of one, with its checks.
+/// @errors ibv_post_recv fails, e.g. ENOMEM for a full receive queue.
+/// @misuse a QP whose receives come from an SRQ, more SGEs than its max_recv_sge (or
+/// 16), a QP in RESET, a moved-from QP.
 inline Result<void> post_recv(QueuePair& qp, Gather local, std::uint64_t wr_id,
                               std::source_location where = std::source_location::current()) {
     return RecvBatch<1>(qp, where).add(local, wr_id, where).post(where);
 }
 
+/// A receive buffer on the shared receive queue `srq`: for the next incoming SEND (or
+/// WRITE_WITH_IMM's immediate) on any QP attached to it.
+/// @errors ibv_post_srq_recv fails, e.g. ENOMEM for a full queue.
+/// @misuse more SGEs than the SRQ's max_sge (or 16), a moved-from SRQ.
 inline Result<void> post_recv(SharedReceiveQueue& srq, Gather local, std::uint64_t wr_id,
                               std::source_location where = std::source_location::current()) {
     ibv_recv_wr wr;

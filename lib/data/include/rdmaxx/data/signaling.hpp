@@ -1,7 +1,8 @@
-// Selective signaling made safe. Signaling one WR in k saves completions, but an
-// unsignaled WR leaves the send queue only when a later signaled one completes: post
-// more than the queue's depth without reaping one and ibv_post_send fails with ENOMEM
-// (or, on some providers, the queue silently wraps). SignaledSendQueue keeps the count.
+/// @file
+/// Selective signaling made safe. Signaling one WR in k saves completions, but an
+/// unsignaled WR leaves the send queue only when a later signaled one completes: post
+/// more than the queue's depth without reaping one and ibv_post_send fails with ENOMEM
+/// (or, on some providers, the queue silently wraps). SignaledSendQueue keeps the count.
 #pragma once
 
 #include <algorithm>
@@ -15,11 +16,17 @@
 
 namespace rdmaxx {
 
+/// The send queue of one QP under selective signaling: next() hands out each WR's
+/// PostOptions, signaling one in `interval`, and reaps completions whenever the queue
+/// is full, so that a post never finds it overfilled.
+///
+/// @threadsafety Distinct objects: safe. Shared objects: unsafe.
 class SignaledSendQueue : detail::MoveOnly {
 public:
-    // Signals every `interval`-th WR of `qp`, whose send completions go to `send_cq`
-    // and to nowhere else: this object reaps them. Programming error: interval 0 or
-    // above the QP's send queue depth, a QP that signals every WR anyway.
+    /// Signals every `interval`-th WR of `qp`, whose send completions go to `send_cq`
+    /// and to nowhere else: this object reaps them.
+    /// @misuse interval 0 or above the QP's send queue depth, a QP that signals every
+    /// WR anyway.
     SignaledSendQueue(QueuePair& qp, CompletionQueue& send_cq, std::uint32_t interval,
                       std::source_location where = std::source_location::current())
         : qp_(&qp), cq_(&send_cq), depth_(qp.caps().max_send_wr), interval_(interval), signaled_(depth_) {
@@ -30,11 +37,15 @@ public:
                 qp.qpn());
     }
 
-    // The options for the next WR, counted as posted: `signaled` set on every
-    // interval-th WR (and when `force_signal`, e.g. for the last WR of a stream).
-    // Waits, reaping completions, while the send queue is full. A post that then
-    // fails must be given back with unpost(). A failed completion is its Error; a completion of
-    // another QP in `send_cq` is a programming error.
+    /// The options for the next WR, counted as posted: `signaled` set on every
+    /// interval-th WR (and when `force_signal`, e.g.\ for the last WR of a stream).
+    /// Waits, reaping completions, while the send queue is full. A post that then
+    /// fails must be given back with unpost(). A failed completion is its Error; a completion of
+    /// another QP in `send_cq` is a programming error.
+    /// @errors a failed completion reaped (kind completion); no completion within
+    /// `timeout` while the queue is full (kind timeout); ibv_poll_cq fails.
+    /// @misuse a completion of another QP in `send_cq`, or of a WR this object did not
+    /// signal; a moved-from CQ.
     Result<PostOptions> next(PostOptions options = {}, bool force_signal = false,
                              std::chrono::milliseconds timeout = std::chrono::seconds(5),
                              std::source_location where = std::source_location::current()) {
@@ -53,10 +64,10 @@ public:
         return options;
     }
 
-    // The last `count` WRs that next() counted were not posted: ibv_post_send failed
-    // at the first of them (SendBatch: count = its size - accepted()). Forgets them, so
-    // that drain() waits for no completion that cannot come.
-    // Programming error: more than are outstanding.
+    /// The last `count` WRs that next() counted were not posted: ibv_post_send failed
+    /// at the first of them (SendBatch: count = its size - accepted()). Forgets them, so
+    /// that drain() waits for no completion that cannot come.
+    /// @misuse more than are outstanding.
     void unpost(std::uint32_t count, std::source_location where = std::source_location::current()) {
         require(count <= posted_ - retired_, where, "unpost({}) with {} WRs outstanding", count, posted_ - retired_);
         posted_ -= count;
@@ -70,8 +81,11 @@ public:
         since_signal_ = static_cast<std::uint32_t>(posted_ - std::min(after, posted_));
     }
 
-    // Reaps until every signaled WR completed. WRs after the last signaled one stay
-    // outstanding: signal the last WR of a stream (next(options, true)).
+    /// Reaps until every signaled WR completed. WRs after the last signaled one stay
+    /// outstanding: signal the last WR of a stream (next(options, true)).
+    /// @errors as next()'s: a failed completion, a timeout (`timeout` for each signaled
+    /// WR), a failed ibv_poll_cq.
+    /// @misuse as next()'s.
     Result<void> drain(std::chrono::milliseconds timeout = std::chrono::seconds(5),
                        std::source_location where = std::source_location::current()) {
         while (signaled_count_ != 0)
@@ -80,7 +94,7 @@ public:
         return {};
     }
 
-    // WRs posted and not yet known to have left the send queue.
+    /// WRs posted and not yet known to have left the send queue.
     std::uint64_t outstanding() const noexcept { return posted_ - retired_; }
 
 private:
