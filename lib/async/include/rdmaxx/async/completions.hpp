@@ -1,57 +1,61 @@
-// Completions on an Asio io_context: one service per io_context drives the completion
-// queues registered with it, and resumes the operation each completion belongs to.
-//
-//   asio::io_context io;
-//   auto cq = rdmaxx::async::CompletionQueue::create(io, context, {.depth = 4096},
-//                                                    {.mode = rdmaxx::async::CompletionMode::event});
-//
-// No background thread: completions are taken by handlers that run inside the
-// io_context's run(), beside the program's sockets and timers. The modes, per CQ:
-//  * event: the CQ's completion channel is watched by the io_context's reactor; on
-//    wake every pending event is taken, the CQ polled empty, armed, polled again (a
-//    completion that lands between poll and arm is never stranded), and events
-//    acknowledged in batches. Costs a system call per wake; no CPU while idle.
-//  * busy: a handler polls up to DriveOptions::busy_polls times, then yields to the
-//    io_context's other handlers and polls again. Lowest latency; a core while
-//    operations are in flight.
-//  * hybrid: busy for DriveOptions::spin after the last completion, then event.
-//  * manual: nothing is driven; the application calls poll() from its own loop (and
-//    the io_context's run() does not wait for these operations: nothing in it is). A
-//    channel asked for (CqOptions::channel) is created and left to the application:
-//    its loop may block on it (get().arm(), get().wait_event() or channel_fd()).
-// A CQ is driven only while operations are in flight on it, so run() returns once
-// every operation has completed. A CQ created with a CompletionSink is the exception:
-// its completions go to the sink (an engine that posts its own work requests, such as
-// lib/rpc's receive ring), and it is driven from its creation until its handle is
-// destroyed.
-//
-// The device's async events (ibv_get_async_event(3)): the service watches the event fd
-// of each device context it has a CQ of (sink CQs aside), once per context however
-// many CQs and QPs it has, in the io_context's reactor, and reads every event (each
-// acknowledged at once). An event that leaves work unable to complete ends the
-// operations it concerns with its Error (rdmaxx::event_error: a port down is
-// ENETDOWN): a QP's fatal, request or access error that QP's; a port down (PORT_ERR)
-// those of the QPs on that port; a CQ error those of the QPs on that CQ; a fatal
-// device error all. The QP is moved to the error state and marked dead: an operation
-// waiting for queue entries fails at once, a posted one completes with the event's
-// Error when its (flush) completion is taken, never before (its memory stays the
-// NIC's until then), and later ones fail at once. Port events are not undone by a
-// PORT_ACTIVE: the QP stays dead. QPs still in RESET (never connected) are left alone.
-// Why watched per context and only while needed: the kernel queues each context's
-// events on its fd, and an fd can be in a reactor once; and a wait pending in the
-// reactor would keep run() from returning, so the fd is waited on only while a
-// driven (not manual) CQ of the context has operations in flight; events that come
-// meanwhile stay queued in the kernel and are read, in order, when the watch
-// resumes. Manual mode: the application takes them with take_device_events() from its
-// own loop (when the context's async_fd is readable). The kernel hands each event to
-// one reader: while this service watches a context, nothing else (AsyncEvents,
-// WaitOptions::events, another io_context's CQs on the same Context) may read that
-// context's events, or an event read there is lost to this one (an async::Connection
-// opens a context of its own, so it never competes).
-//
-// Thread safety: an io_context with rdmaxx CQs is run by one thread (the objects here
-// keep counts without locks, and a handler of theirs never runs concurrently with
-// another). Distinct io_contexts on distinct threads are independent.
+/// @file
+/// Completions on an Asio io_context: one service per io_context drives the completion
+/// queues registered with it, and resumes the operation each completion belongs to.
+///
+/// @code
+/// asio::io_context io;
+/// auto cq = rdmaxx::async::CompletionQueue::create(io, context, {.depth = 4096},
+///                                                  {.mode = rdmaxx::async::CompletionMode::event});
+/// @endcode
+///
+/// No background thread: completions are taken by handlers that run inside the
+/// io_context's run(), beside the program's sockets and timers. The modes, per CQ:
+///  * event: the CQ's completion channel is watched by the io_context's reactor; on
+///    wake every pending event is taken, the CQ polled empty, armed, polled again (a
+///    completion that lands between poll and arm is never stranded), and events
+///    acknowledged in batches. Costs a system call per wake; no CPU while idle.
+///  * busy: a handler polls up to DriveOptions::busy_polls times, then yields to the
+///    io_context's other handlers and polls again. Lowest latency; a core while
+///    operations are in flight.
+///  * hybrid: busy for DriveOptions::spin after the last completion, then event.
+///  * manual: nothing is driven; the application calls poll() from its own loop (and
+///    the io_context's run() does not wait for these operations: nothing in it is). A
+///    channel asked for (CqOptions::channel) is created and left to the application:
+///    its loop may block on it (get().arm(), get().wait_event() or channel_fd()).
+///
+/// A CQ is driven only while operations are in flight on it, so run() returns once
+/// every operation has completed. A CQ created with a CompletionSink is the exception:
+/// its completions go to the sink (an engine that posts its own work requests, such as
+/// lib/rpc's receive ring), and it is driven from its creation until its handle is
+/// destroyed.
+///
+/// The device's async events (ibv_get_async_event(3)): the service watches the event fd
+/// of each device context it has a CQ of (sink CQs aside), once per context however
+/// many CQs and QPs it has, in the io_context's reactor, and reads every event (each
+/// acknowledged at once). An event that leaves work unable to complete ends the
+/// operations it concerns with its Error (rdmaxx::event_error: a port down is
+/// ENETDOWN): a QP's fatal, request or access error that QP's; a port down (PORT_ERR)
+/// those of the QPs on that port; a CQ error those of the QPs on that CQ; a fatal
+/// device error all. The QP is moved to the error state and marked dead: an operation
+/// waiting for queue entries fails at once, a posted one completes with the event's
+/// Error when its (flush) completion is taken, never before (its memory stays the
+/// NIC's until then), and later ones fail at once. Port events are not undone by a
+/// PORT_ACTIVE: the QP stays dead. QPs still in RESET (never connected) are left alone.
+/// Why watched per context and only while needed: the kernel queues each context's
+/// events on its fd, and an fd can be in a reactor once; and a wait pending in the
+/// reactor would keep run() from returning, so the fd is waited on only while a
+/// driven (not manual) CQ of the context has operations in flight; events that come
+/// meanwhile stay queued in the kernel and are read, in order, when the watch
+/// resumes. Manual mode: the application takes them with take_device_events() from its
+/// own loop (when the context's async_fd is readable). The kernel hands each event to
+/// one reader: while this service watches a context, nothing else (AsyncEvents,
+/// WaitOptions::events, another io_context's CQs on the same Context) may read that
+/// context's events, or an event read there is lost to this one (an async::Connection
+/// opens a context of its own, so it never competes).
+///
+/// @threadsafety An io_context with rdmaxx CQs is run by one thread (the objects here
+/// keep counts without locks, and a handler of theirs never runs concurrently with
+/// another). Distinct io_contexts on distinct threads are independent.
 #pragma once
 
 #include <chrono>
@@ -72,22 +76,29 @@
 
 namespace rdmaxx::async {
 
+/// How a CQ's completions are taken (the modes in full: completions.hpp).
+///  - `event`: the completion channel in the io_context's reactor; no CPU while idle.
+///  - `busy`: a handler polls, and yields to the io_context's others between turns.
+///  - `hybrid`: busy for DriveOptions::spin after the last completion, then event.
+///  - `manual`: nothing is driven; the application calls poll().
 enum class CompletionMode : std::uint8_t { event, busy, hybrid, manual };
 
+/// How a CompletionQueue is driven.
 struct DriveOptions {
-    CompletionMode mode = CompletionMode::event;
-    // busy, hybrid: polls per turn before the io_context's other handlers run
+    CompletionMode mode = CompletionMode::event; ///< the mode (completions.hpp tells each)
+    /// busy, hybrid: polls per turn before the io_context's other handlers run
     unsigned busy_polls = 64;
-    // hybrid: how long to spin without a completion before sleeping on the channel
+    /// hybrid: how long to spin without a completion before sleeping on the channel
     std::chrono::microseconds spin{50};
 };
 
-// Where a sink CQ's completions go: `take` is called from the driver (inside the
-// io_context's run, or poll()) with each batch polled, successes and failures alike,
-// in the CQ's order. It may post work requests; it must not destroy the CQ (a
-// programming error the library cannot see).
+/// Where a sink CQ's completions go: `take` is called from the driver (inside the
+/// io_context's run, or poll()) with each batch polled, successes and failures alike,
+/// in the CQ's order. It may post work requests; it must not destroy the CQ (a
+/// programming error the library cannot see).
 struct CompletionSink {
-    void* context = nullptr;
+    void* context = nullptr; ///< given to `take` as it is
+    /// Called with each batch polled (required).
     void (*take)(void* context, std::span<const WorkCompletion> completions) = nullptr;
 };
 
@@ -130,42 +141,60 @@ struct CqCore {
 
 } // namespace detail
 
-// The service. Reach it with Completions::of(io); it is created with the first CQ.
+/// The service that drives an io_context's CQs. Reach it with Completions::of(io); it
+/// is created with the first CQ.
+/// Destroying its io_context quiesces every QP with operations in flight (QP to the
+/// error state, flush completions taken) before their handlers are destroyed uncalled.
+/// @threadsafety As the io_context, which one thread runs (completions.hpp).
 class Completions : public asio::io_context::service {
 public:
+    /// Asio's key of this service.
     static inline asio::io_context::id id;
 
+    /// Made by Asio (asio::use_service, through of()), not by applications.
     explicit Completions(asio::io_context& io);
+    /// Destroyed with its io_context.
+    /// @misuse An async::QueuePair or async::CompletionQueue that outlives its
+    /// io_context (the abort names the line that created it).
     ~Completions() override;
 
+    /// The service of `io`, created on first use.
     static Completions& of(asio::io_context& io) { return asio::use_service<Completions>(io); }
 
-    // Polls every CQ of this io_context once, whatever its mode (up to turn_budget
-    // completions each), and runs the handlers of what completed (inline, when their
-    // executor allows). Returns how many operations completed. For applications with
-    // their own loop (manual mode).
+    /// Polls every CQ of this io_context once, whatever its mode (up to turn_budget
+    /// completions each), and runs the handlers of what completed (inline, when their
+    /// executor allows). Returns how many operations completed. For applications with
+    /// their own loop (manual mode).
     std::size_t poll();
-    // Reads the pending async events of every device context this service watches,
-    // without waiting, and ends the operations they concern (see the top of this
-    // file); returns how many events were read. For manual mode: the io_context
-    // watches a context's events only while a driven CQ of it has work in flight.
+    /// Reads the pending async events of every device context this service watches,
+    /// without waiting, and ends the operations they concern (see the top of this
+    /// file); returns how many events were read. For manual mode: the io_context
+    /// watches a context's events only while a driven CQ of it has work in flight.
     std::size_t take_device_events();
 
-    // Operations posted or waiting for queue entries.
+    /// Operations posted or waiting for queue entries.
     std::size_t in_flight() const noexcept { return slab_.in_use(); }
-    // Completions that named no operation in flight: late flushes of a batch's
-    // unsignaled WRs after it failed, or a WR posted on an async QP by other means.
+    /// Completions that named no operation in flight: late flushes of a batch's
+    /// unsignaled WRs after it failed, or a WR posted on an async QP by other means.
     std::uint64_t stale_completions() const noexcept { return stale_; }
 
-    // --- lib/async's own use --------------------------------------------------------
+    /// @name lib/async's own use
+    /// What async::CompletionQueue and async::QueuePair call; not for applications.
+    /// @{
+
+    /// The slots of the operations in flight.
     detail::OpSlab& slab() noexcept { return slab_; }
+    /// Whether the io_context is shutting down: no handler runs any more.
     bool shut_down() const noexcept { return shut_down_; }
+    /// Registers a CQ's driver state (CompletionQueue::create).
     void add(detail::CqCore& cq) { cqs_.push_back(&cq); }
+    /// Registers a QP's state (QueuePair::attach).
     void add(detail::QpCore& qp) { qps_.push_back(&qp); }
+    /// Forgets a QP's state (~QueuePair).
     void remove(detail::QpCore& qp) noexcept;
-    // Drives `cq` from a handler posted now (never inline: see completions.cpp).
+    /// Drives `cq` from a handler posted now (never inline: see completions.cpp).
     void start(detail::CqCore& cq);
-    // An operation was posted whose completion will come to `cq`: drive it.
+    /// An operation was posted whose completion will come to `cq`: drive it.
     void posted(detail::CqCore& cq) {
         ++cq.outstanding;
         if (cq.drive.mode == CompletionMode::manual)
@@ -175,18 +204,27 @@ public:
         if (cq.device != nullptr && !cq.device->armed)
             watch(*cq.device);
     }
-    // The watch of `context`'s events, pinned for a CQ (created with the first).
+    /// The watch of `context`'s events, pinned for a CQ (created with the first).
+    /// @errors Opening the context's events (AsyncEvents::open); adding their fd to the
+    /// reactor (epoll_ctl).
+    /// @misuse A moved-from Context.
     Result<detail::DeviceWatch*> device(const Context& context, std::source_location where);
+    /// Releases a pin of `device`'s watch; the last frees it.
     void unpin(detail::DeviceWatch& device) noexcept;
-    // Takes what `cq` holds, up to about `limit` completions (whole polls of
-    // poll_batch), and completes it: handlers run inline unless `defer`.
+    /// Takes what `cq` holds, up to about `limit` completions (whole polls of
+    /// poll_batch), and completes it: handlers run inline unless `defer`.
     std::size_t drain(detail::CqCore& cq, bool defer, std::size_t limit);
+    /// Work completions one ibv_poll_cq takes.
     static constexpr int poll_batch = 16;
-    // What one turn (a wake, a manual poll) takes before the io_context's other
-    // handlers get theirs: a CQ that never runs dry must not starve a socket.
+    /// What one turn (a wake, a manual poll) takes before the io_context's other
+    /// handlers get theirs: a CQ that never runs dry must not starve a socket.
     static constexpr std::size_t turn_budget = 64;
+    /// drain()'s `limit` for all there is.
     static constexpr std::size_t unlimited = ~std::size_t{0};
+    /// Releases a pin of `cq`'s driver state; the last frees it.
     void unpin(detail::CqCore& cq) noexcept;
+
+    /// @}
 
 private:
     struct Turn;
@@ -214,39 +252,52 @@ private:
     bool shut_down_ = false;
 };
 
-// A completion queue driven by its io_context's Completions service. Create QPs on
-// get(), then attach them (async::QueuePair). Destroy the QPs attached first, and this
-// object before its io_context (programming errors otherwise). Thread safety: as the
-// io_context (see the top of this file).
+/// A completion queue driven by its io_context's Completions service. Create QPs on
+/// get(), then attach them (async::QueuePair). Destroy the QPs attached first, and this
+/// object before its io_context (programming errors otherwise). Move-only.
+/// @threadsafety As the io_context, which one thread runs (completions.hpp).
 class CompletionQueue : rdmaxx::detail::MoveOnly {
 public:
-    // `cq` as for rdmaxx::CompletionQueue::create; its channel is created for the
-    // event and hybrid modes (and in manual mode if `cq.channel` asks for it).
-    // Programming error: a moved-from Context, depth 0.
+    /// `cq` as for rdmaxx::CompletionQueue::create; its channel is created for the
+    /// event and hybrid modes (and in manual mode if `cq.channel` asks for it).
+    /// @errors rdmaxx::CompletionQueue::create's (a depth above the device's max_cqe,
+    /// say); opening the context's async events; adding an fd to the reactor
+    /// (epoll_ctl).
+    /// @misuse A moved-from Context, depth 0; busy_polls 0 in busy or hybrid mode.
     static Result<CompletionQueue> create(asio::io_context& io, const Context& context, CqOptions cq = {},
                                           DriveOptions drive = {},
                                           std::source_location where = std::source_location::current());
-    // A sink CQ (see the top of this file): every completion goes to `sink`; no
-    // async::QueuePair can be attached to it. Driven from now until the handle is
-    // destroyed (busy mode spins all that time), so it keeps run() going.
-    // Programming error: as create(), and a sink without `take`.
+    /// A sink CQ (see the top of completions.hpp): every completion goes to `sink`; no
+    /// async::QueuePair can be attached to it. Driven from now until the handle is
+    /// destroyed (busy mode spins all that time), so it keeps run() going.
+    /// @errors As create(), but for the async events, which a sink CQ does not watch.
+    /// @misuse As create(), and a sink without `take`.
     static Result<CompletionQueue> create(asio::io_context& io, const Context& context, CompletionSink sink,
                                           CqOptions cq = {}, DriveOptions drive = {},
                                           std::source_location where = std::source_location::current());
 
+    /// Takes over `other`'s CQ; `other` is left moved-from.
     CompletionQueue(CompletionQueue&& other) noexcept : state_(std::exchange(other.state_, nullptr)) {}
+    /// Lets go of this one's CQ, as the destructor does, then takes over `other`'s.
     CompletionQueue& operator=(CompletionQueue&& other) noexcept;
+    /// Stops driving the CQ; it is destroyed once no pending driver handler names it.
+    /// @misuse A QueuePair attached to it still alive.
     ~CompletionQueue();
 
-    // The verbs CQ, to create QPs on (QpOptions::send_cq / recv_cq).
+    /// The verbs CQ, to create QPs on (QpOptions::send_cq / recv_cq).
+    /// @misuse A moved-from CompletionQueue.
     rdmaxx::CompletionQueue& get(std::source_location where = std::source_location::current()) const;
+    /// How it is driven (not to be asked of a moved-from CompletionQueue).
     CompletionMode mode() const noexcept { return state_->drive.mode; }
-    // Takes this CQ's completions now and runs their handlers (or gives them to its
-    // sink); returns how many.
+    /// Takes this CQ's completions now and runs their handlers (or gives them to its
+    /// sink); returns how many.
+    /// @misuse A moved-from CompletionQueue.
     std::size_t poll(std::source_location where = std::source_location::current());
-    // Completions due: operations posted and not yet completed.
+    /// Completions due: operations posted and not yet completed.
     std::size_t outstanding() const noexcept { return state_ ? state_->outstanding : 0; }
 
+    /// lib/async's own use: the driver's state of this CQ.
+    /// @misuse A moved-from CompletionQueue.
     detail::CqCore& state(std::source_location where) const;
 
 private:

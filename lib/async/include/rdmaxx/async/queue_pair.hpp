@@ -1,40 +1,43 @@
-// Asynchronous RDMA operations on a QP: post, and complete when the work completion
-// arrives. Every operation takes an Asio completion token and completes with
-// `Result<WorkCompletion>`:
-//
-//   Result<WorkCompletion> done = co_await qp.write(local, remote, asio::use_awaitable);
-//
-// (the default token is asio::use_awaitable; callbacks, asio::use_future and
-// asio::experimental::as_tuple work as well). Many operations may be in flight on one
-// QP and across QPs from one thread; an operation is posted when the QP's queue has
-// room for it (a credit wait, in order), so that many coroutines never overflow it.
-//
-// The rules that keep the NIC from writing into freed memory:
-//  * An operation completes only when its work completion has been taken from the CQ:
-//    never before, whatever happens. Its memory must stay valid until then, as every
-//    Asio operation's buffers must; for a coroutine that awaits it this holds by
-//    construction (the frame stays suspended until the completion).
-//  * Cancelling a posted operation (Asio's cancellation slot with a terminal type,
-//    which is what `op || timer` and parallel_group emit) moves the QP to the error
-//    state: the operation completes with an Error of kind cancelled when its flush
-//    completion arrives, and the QP is then dead (every other operation completes with
-//    a flush error, every later one fails at once). An operation still waiting for
-//    queue room is cancelled cleanly (any cancellation type) and the QP lives on.
-//  * Destroying this object, or the io_context, with operations in flight quiesces
-//    first: the QP goes to the error state and its flush completions are taken (the
-//    handlers of a destroyed io_context are then destroyed uncalled).
-//  * A failed work completion kills the QP the same way (RC QPs enter the error state
-//    at the first one).
-//  * So does a device event that concerns the QP (its fatal error, its port down, its
-//    CQ in error, the device fatal: rdmaxx/async/completions.hpp): its operations end
-//    with the event's Error (a port down: ENETDOWN), a posted one at its flush
-//    completion, one waiting for queue entries at once.
-//
-// The operations' checks are those of rdmaxx/data/post.hpp (programming errors naming
-// the caller's line), made when the operation is called. Of PostOptions, wr_id and
-// signaled are the operation's own: every operation is signaled and named by its slot.
-//
-// Thread safety: as the io_context (rdmaxx/async/completions.hpp).
+/// @file
+/// Asynchronous RDMA operations on a QP: post, and complete when the work completion
+/// arrives. Every operation takes an Asio completion token and completes with
+/// `Result<WorkCompletion>`:
+///
+/// @code
+/// Result<WorkCompletion> done = co_await qp.write(local, remote, asio::use_awaitable);
+/// @endcode
+///
+/// (the default token is asio::use_awaitable; callbacks, asio::use_future and
+/// asio::experimental::as_tuple work as well). Many operations may be in flight on one
+/// QP and across QPs from one thread; an operation is posted when the QP's queue has
+/// room for it (a credit wait, in order), so that many coroutines never overflow it.
+///
+/// The rules that keep the NIC from writing into freed memory:
+///  * An operation completes only when its work completion has been taken from the CQ:
+///    never before, whatever happens. Its memory must stay valid until then, as every
+///    Asio operation's buffers must; for a coroutine that awaits it this holds by
+///    construction (the frame stays suspended until the completion).
+///  * Cancelling a posted operation (Asio's cancellation slot with a terminal type,
+///    which is what `op || timer` and parallel_group emit) moves the QP to the error
+///    state: the operation completes with an Error of kind cancelled when its flush
+///    completion arrives, and the QP is then dead (every other operation completes with
+///    a flush error, every later one fails at once). An operation still waiting for
+///    queue room is cancelled cleanly (any cancellation type) and the QP lives on.
+///  * Destroying this object, or the io_context, with operations in flight quiesces
+///    first: the QP goes to the error state and its flush completions are taken (the
+///    handlers of a destroyed io_context are then destroyed uncalled).
+///  * A failed work completion kills the QP the same way (RC QPs enter the error state
+///    at the first one).
+///  * So does a device event that concerns the QP (its fatal error, its port down, its
+///    CQ in error, the device fatal: rdmaxx/async/completions.hpp): its operations end
+///    with the event's Error (a port down: ENETDOWN), a posted one at its flush
+///    completion, one waiting for queue entries at once.
+///
+/// The operations' checks are those of rdmaxx/data/post.hpp (programming errors naming
+/// the caller's line), made when the operation is called. Of PostOptions, wr_id and
+/// signaled are the operation's own: every operation is signaled and named by its slot.
+///
+/// @threadsafety As the io_context (rdmaxx/async/completions.hpp).
 #pragma once
 
 #include <cstdint>
@@ -98,34 +101,75 @@ Result<void> post_batch(void* batch, std::uint64_t wr_id, std::source_location w
 
 } // namespace detail
 
+/// A verbs QP whose operations are Asio asynchronous operations, each completing with
+/// `Result<WorkCompletion>` once its work completion is taken (the top of queue_pair.hpp
+/// tells the rules). Move-only.
+///
+/// @anchor async_qp_errors
+/// @par Runtime errors of every operation
+/// An operation completes with an Error, never before its work completion is taken
+/// if it was posted:
+///  - the QP dead before it was posted (a failed completion, a cancellation after a
+///    post, a device event): that Error, at once;
+///  - the device refusing the post (ibv_post_send's or ibv_post_recv's errno);
+///  - a failed work completion: kind completion (its ibv_wc_status); the event's
+///    Error (a port down: ENETDOWN) once a device event killed the QP; kind cancelled
+///    for the operation cancelled after its post;
+///  - cancelled while waiting for queue room: kind cancelled (the QP lives on);
+///  - the QueuePair destroyed: a waiting operation kind cancelled, a posted one its
+///    flush completion.
+///
+/// @par Programming errors of every operation
+/// A moved-from QueuePair, and the checks of rdmaxx/data/post.hpp, named at the
+/// caller's line: more SGEs than the QP was created with, inline data above its
+/// max_inline_data, an operation its type does not support, and, once a send-side
+/// operation is posted, a QP not in RTS.
+///
+/// @threadsafety As the io_context, which one thread runs (rdmaxx/async/completions.hpp).
 class QueuePair : rdmaxx::detail::MoveOnly {
 public:
+    /// The completion token when none is given.
     using DefaultToken = asio::use_awaitable_t<>;
 
-    // Attaches `qp`, created on send_cq.get() and recv_cq.get() (of one io_context), in
-    // any state: connect it (get()) before its first operation. The CQs must have room
-    // for every completion their QPs can have due at once: a CQ's depth at least the
-    // sum of the send and receive queue depths of the QPs attached to it (an overrun
-    // CQ loses completions, and some devices do not say so).
-    // Programming error: a QP not created on these CQs, CQs of two io_contexts, a QP
-    // whose receives come from an SRQ, CQs without that room, a moved-from argument.
+    /// Attaches `qp`, created on send_cq.get() and recv_cq.get() (of one io_context), in
+    /// any state: connect it (get()) before its first operation. The CQs must have room
+    /// for every completion their QPs can have due at once: a CQ's depth at least the
+    /// sum of the send and receive queue depths of the QPs attached to it (an overrun
+    /// CQ loses completions, and some devices do not say so).
+    /// @misuse A QP not created on these CQs, CQs of two io_contexts, a sink CQ, a QP
+    /// whose receives come from an SRQ, CQs without that room, a moved-from argument.
     static QueuePair attach(rdmaxx::QueuePair qp, CompletionQueue& send_cq, CompletionQueue& recv_cq,
                             std::source_location where = std::source_location::current());
 
+    /// Takes over `other`'s QP; `other` is left moved-from.
     QueuePair(QueuePair&& other) noexcept : state_(std::exchange(other.state_, nullptr)) {}
+    /// Lets go of this one's QP, as the destructor does, then takes over `other`'s.
     QueuePair& operator=(QueuePair&& other) noexcept;
-    // Quiesces (see the top of this file); waits for the flush completions without
-    // running the io_context (their handlers are posted to it).
+    /// Quiesces (see the top of queue_pair.hpp); waits for the flush completions without
+    /// running the io_context (their handlers are posted to it). A device that gives
+    /// no flush completion within 10 s has its QP leaked, not destroyed under a DMA.
     ~QueuePair();
 
-    // The verbs QP: connect it, read its endpoint. Posting on it directly is a
-    // programming error the library cannot see (its completions would be lost).
+    /// The verbs QP: connect it, read its endpoint. Posting on it directly is a
+    /// programming error the library cannot see (its completions would be lost).
+    /// @misuse A moved-from QueuePair.
     rdmaxx::QueuePair& get(std::source_location where = std::source_location::current()) const;
-    // Operations whose completion is due.
+    /// Operations whose completion is due.
     std::size_t posted() const noexcept { return state_ ? state_->posted : 0; }
-    // Why the QP can complete nothing more, if it cannot.
+    /// Why the QP can complete nothing more, if it cannot (not to be asked of a
+    /// moved-from QueuePair).
     const std::optional<Error>& dead() const noexcept { return state_->dead; }
 
+    /// @name Operations
+    /// Each takes an Asio completion token (default: asio::use_awaitable) and completes
+    /// with `Result<WorkCompletion>`: the runtime and programming errors of every
+    /// operation are in the class description.
+    /// @{
+
+    /// RDMA WRITE of `local` to the start of `remote`.
+    /// @errors @ref async_qp_errors "Those of every operation".
+    /// @misuse @ref async_qp_errors "Those of every operation" (a UD QP, among them),
+    /// and a remote slice smaller than the local data.
     template <class Token = DefaultToken>
     auto write(Gather local, const RemoteMemory& remote, Token&& token = {}, const PostOptions& options = {},
                std::source_location where = std::source_location::current()) {
@@ -133,7 +177,10 @@ public:
         rdmaxx::detail::build_rdma(wr(claim), state_->qp, IBV_WR_RDMA_WRITE, local, remote, options, where);
         return detail::initiate(std::forward<Token>(token), std::move(claim));
     }
-    // `imm` in host order.
+    /// RDMA WRITE that consumes a receive of the peer's, which completes with `imm`.
+    /// `imm` in host order.
+    /// @errors @ref async_qp_errors "Those of every operation".
+    /// @misuse As write().
     template <class Token = DefaultToken>
     auto write_with_imm(Gather local, const RemoteMemory& remote, std::uint32_t imm, Token&& token = {},
                         const PostOptions& options = {}, std::source_location where = std::source_location::current()) {
@@ -142,6 +189,9 @@ public:
         wr(claim).wr.imm_data = htonl(imm);
         return detail::initiate(std::forward<Token>(token), std::move(claim));
     }
+    /// RDMA READ of the start of `remote` into `local`.
+    /// @errors @ref async_qp_errors "Those of every operation".
+    /// @misuse As write(), and a QP other than RC, inline data.
     template <class Token = DefaultToken>
     auto read(Gather local, const RemoteMemory& remote, Token&& token = {}, const PostOptions& options = {},
               std::source_location where = std::source_location::current()) {
@@ -149,7 +199,9 @@ public:
         rdmaxx::detail::build_rdma(wr(claim), state_->qp, IBV_WR_RDMA_READ, local, remote, options, where);
         return detail::initiate(std::forward<Token>(token), std::move(claim));
     }
-    // RC/UC send; a UD send takes a destination.
+    /// RC/UC send; a UD send takes a destination.
+    /// @errors @ref async_qp_errors "Those of every operation".
+    /// @misuse @ref async_qp_errors "Those of every operation", and a UD QP.
     template <class Token = DefaultToken>
     auto send(Gather local, Token&& token = {}, const PostOptions& options = {},
               std::source_location where = std::source_location::current()) {
@@ -158,6 +210,9 @@ public:
         rdmaxx::detail::build(wr(claim), state_->qp, IBV_WR_SEND, local, options, where);
         return detail::initiate(std::forward<Token>(token), std::move(claim));
     }
+    /// RC/UC send whose receive completes with `imm`, in host order.
+    /// @errors @ref async_qp_errors "Those of every operation".
+    /// @misuse @ref async_qp_errors "Those of every operation", and a UD QP.
     template <class Token = DefaultToken>
     auto send_with_imm(Gather local, std::uint32_t imm, Token&& token = {}, const PostOptions& options = {},
                        std::source_location where = std::source_location::current()) {
@@ -167,7 +222,11 @@ public:
         wr(claim).wr.imm_data = htonl(imm);
         return detail::initiate(std::forward<Token>(token), std::move(claim));
     }
-    // The address handle must stay alive until the operation completes.
+    /// UD send to the destination `to`. The address handle must stay alive until the
+    /// operation completes.
+    /// @errors @ref async_qp_errors "Those of every operation".
+    /// @misuse @ref async_qp_errors "Those of every operation", a QP other than UD, a
+    /// destination without an address handle.
     template <class Token = DefaultToken>
     auto send(Gather local, const UdDestination& to, Token&& token = {}, const PostOptions& options = {},
               std::source_location where = std::source_location::current()) {
@@ -178,7 +237,14 @@ public:
         wr(claim).wr.wr.ud = {.ah = to.ah->get(where), .remote_qpn = to.qpn, .remote_qkey = to.qkey};
         return detail::initiate(std::forward<Token>(token), std::move(claim));
     }
-    // The old remote value lands in `result`. A device without atomics: an Error.
+    /// Atomic compare-and-swap of the 8 bytes at `target`: `swap` replaces them if they
+    /// equal `compare`. The old remote value lands in `result`. A device without
+    /// atomics: an Error.
+    /// @errors A device without atomics (unsupported); otherwise
+    /// @ref async_qp_errors "those of every operation".
+    /// @misuse @ref async_qp_errors "Those of every operation", a QP other than RC,
+    /// inline data, a `result` not 8 bytes and 8-aligned, a `target` shorter than 8
+    /// bytes or not 8-aligned.
     template <class Token = DefaultToken>
     auto compare_swap(const LocalSlice& result, const RemoteMemory& target, std::uint64_t compare, std::uint64_t swap,
                       Token&& token = {}, const PostOptions& options = {},
@@ -188,6 +254,10 @@ public:
                                      options, where);
         return detail::initiate(std::forward<Token>(token), std::move(claim));
     }
+    /// Atomic fetch-and-add of `add` to the 8 bytes at `target`; the old remote value
+    /// lands in `result`.
+    /// @errors As compare_swap().
+    /// @misuse As compare_swap().
     template <class Token = DefaultToken>
     auto fetch_add(const LocalSlice& result, const RemoteMemory& target, std::uint64_t add, Token&& token = {},
                    const PostOptions& options = {}, std::source_location where = std::source_location::current()) {
@@ -196,11 +266,13 @@ public:
                                      options, where);
         return detail::initiate(std::forward<Token>(token), std::move(claim));
     }
-    // A prebuilt batch as one operation: its WRs are given the operation's wr_id, the
-    // last one alone signaled, and it completes with the last one's completion (or the
-    // first failure). It takes as many queue entries as it has WRs. The batch must
-    // stay alive and unchanged until the operation completes.
-    // Programming error: a batch of another QP, an empty one, one larger than the queue.
+    /// A prebuilt batch as one operation: its WRs are given the operation's wr_id, the
+    /// last one alone signaled, and it completes with the last one's completion (or the
+    /// first failure). It takes as many queue entries as it has WRs. The batch must
+    /// stay alive and unchanged until the operation completes.
+    /// @errors @ref async_qp_errors "Those of every operation".
+    /// @misuse A batch of another QP, an empty one, one larger than the queue; a
+    /// moved-from QueuePair; a QP not in RTS when the batch is posted.
     template <std::size_t N, class Token = DefaultToken>
     auto post(SendBatch<N>& batch, Token&& token = {}, std::source_location where = std::source_location::current()) {
         require(&batch.queue_pair() == &state(where).qp, where, "a SendBatch of QP {:#x} posted on QP {:#x}",
@@ -214,8 +286,10 @@ public:
         op.wr.batch = {.batch = &batch, .post = &detail::post_batch<N>};
         return detail::initiate(std::forward<Token>(token), std::move(claim));
     }
-    // A receive buffer for the next incoming SEND or WRITE_WITH_IMM; completes with it
-    // (byte_len(), imm()). On UD the buffer's first 40 bytes receive the GRH.
+    /// A receive buffer for the next incoming SEND or WRITE_WITH_IMM; completes with it
+    /// (byte_len(), imm()). On UD the buffer's first 40 bytes receive the GRH.
+    /// @errors @ref async_qp_errors "Those of every operation".
+    /// @misuse A moved-from QueuePair, more SGEs than the QP's max_recv_sge.
     template <class Token = DefaultToken>
     auto receive(Gather local, Token&& token = {}, std::source_location where = std::source_location::current()) {
         detail::Claim claim = claim_op(detail::Op::Kind::recv, "receive", where);
@@ -223,6 +297,8 @@ public:
         rdmaxx::detail::build_recv(op.wr.recv.wr, op.wr.recv.sge, local, 0, state_->qp.caps().max_recv_sge, where);
         return detail::initiate(std::forward<Token>(token), std::move(claim));
     }
+
+    /// @}
 
 private:
     explicit QueuePair(detail::QpCore* state) : state_(state) {}

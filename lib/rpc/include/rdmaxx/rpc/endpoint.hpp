@@ -1,88 +1,94 @@
-// RPC over RDMA, after eRPC: messages over an endpoint's UD QP (split into packets of
-// the path MTU, any MTU from 256 to 4096), on an Asio io_context beside the program's
-// sockets and timers. Reliability is the client's: go-back-N with an adaptive
-// retransmission timeout and per-session credits; the server runs each request's
-// handler at most once and keeps its response for resends.
-//
-//   asio::io_context io;
-//   auto server = rdmaxx::rpc::Endpoint::create(io, {.listen_port = 31850});
-//   (*server)->set_handler(kGet, [](rdmaxx::rpc::Request request, rdmaxx::rpc::Responder responder) {
-//       responder.respond(lookup(request.bytes()));     // now, or later from a coroutine
-//   });
-//
-//   auto client = rdmaxx::rpc::Endpoint::create(io, {});
-//   // in a coroutine on io:
-//   auto session = co_await (*client)->connect("10.0.0.2", 31850);
-//   rdmaxx::Result<std::size_t> got = co_await session->call(kGet, request, response, {.timeout = 100ms});
-//
-// One Endpoint per thread (per io_context): it owns one UD QP, its receive ring, its
-// send buffers and its sessions. A session is set up over TCP (the server's listener):
-// a versioned, checked exchange of UD addresses and limits (window, credits, largest
-// request and response, payload per packet: the smaller MTU of the two ports), and the
-// TCP connection stays open for the session's life: its end is the session's end (a
-// peer process that dies ends its sessions at once, with no heartbeat).
-//
-// Errors. A call ends with Result<std::size_t>, the response's size, or an Error:
-//   timeout                  no response within CallOptions::timeout (Error::is_timeout)
-//   peer unreachable         the retry cap: RtoConfig::max_timeouts retransmission
-//                            timeouts in a row without progress (errno EHOSTUNREACH)
-//   session reset            the session ended: its TCP connection closed (the peer
-//                            closed it or died), or the Session handle was destroyed
-//                            (errno ECONNRESET)
-//   no handler               the server has no handler for the type (errno ENOENT)
-//   message too large        a request above the session's agreed max_request, or a
-//                            response the server could not send in its max_response
-//                            (errno EMSGSIZE)
-//   response truncated       the response is larger than the response buffer: nothing
-//                            is copied, the Error's detail says the size (errno ENOBUFS)
-//   handler dropped          the server's handler ended without answering (errno EPIPE)
-//   transfer failed          the server could not READ a large request (errno EIO)
-//   cancelled                an Asio cancellation (Error::is_cancelled)
-// A call that ends early (timeout, cancelled) frees its slot: a late response to it is
-// dropped and counted, never copied anywhere.
-//
-// Input from the network is never trusted: every packet is validated and a bad one is
-// counted by reason (Counters::drops) and dropped; a malformed or hostile session setup
-// gets a refusal or an Error, and the endpoint serves the next peer.
-//
-// Large messages (above EndpointOptions::rdma_threshold) take the session's RC path:
-// a client's first large call sends an offer of an RC QP over the session's TCP
-// connection and waits (in the queue of calls beyond the window) for the server's QP
-// (on a both-ways session, either end's first large call; the QPs then carry both
-// ends' calls);
-// from then on a large request is copied into registered staging memory of its window
-// slot and READ by the server into a buffer its handler reads in place, and a response
-// above the threshold is WRITTEN by the server into staging memory the call offered,
-// then announced by a UD response (sent once the WRITE completed: the UD window stays
-// the one judge of what was answered, so a resend is answered without a second WRITE).
-// Staging memory allows only what its role needs (remote READ of requests, remote
-// WRITE of responses), and a slot's memory that an abandoned call's transfer may still
-// touch is retired, not reused, until the server has provably moved past that call.
-// If the server cannot set up an RC QP (or does not answer within setup_timeout),
-// the session carries large messages as UD packets. An RC transfer that fails ends
-// the session (its calls: session reset). Staging memory is per window slot, sized by
-// the largest message the slot has carried (in powers of two from 64 KiB) and kept for
-// the session's life: at most window x (max_request + max_response) per session at
-// each end.
-//
-// Copies: a call with spans copies its request into its session's window (or staging
-// memory) as it begins (a resend needs it), each packet into a send buffer
-// (Counters::copies), and its response out of the window (or staging memory) into the
-// caller's buffer (Counters::message_copies counts the whole-message copies). A call
-// with MessageBuffers (message_buffer.hpp) copies neither its request nor a response
-// above rdma_threshold. At the server, a one-packet request is not copied
-// unless its handler returns without answering; the packets of a longer one are
-// (Counters::request_copies). A large response is copied into staging memory for its
-// WRITE, unless it lies in the large request the server READ (an echo, a forwarded
-// part): it is then WRITTEN from there.
-//
-// Thread safety: none, as the io_context's one thread. Every call but the handlers'
-// Responder checks that it runs on the thread that created the endpoint, and aborts
-// naming the caller's line if not (eRPC loses such requests silently); a Responder is
-// answered on that thread too (asio::post to the io_context from elsewhere).
-// Lifetimes: Sessions and Responders must not outlive their Endpoint, nor the Endpoint
-// its io_context (programming errors). While an endpoint lives its completion queue is
-// driven, so io_context::run() does not return.
+/// @file
+/// RPC over RDMA, after eRPC: messages over an endpoint's UD QP (split into packets of
+/// the path MTU, any MTU from 256 to 4096), on an Asio io_context beside the program's
+/// sockets and timers. Reliability is the client's: go-back-N with an adaptive
+/// retransmission timeout and per-session credits; the server runs each request's
+/// handler at most once and keeps its response for resends.
+///
+/// @code
+/// asio::io_context io;
+/// auto server = rdmaxx::rpc::Endpoint::create(io, {.listen_port = 31850});
+/// (*server)->set_handler(kGet, [](rdmaxx::rpc::Request request, rdmaxx::rpc::Responder responder) {
+///     responder.respond(lookup(request.bytes()));     // now, or later from a coroutine
+/// });
+///
+/// auto client = rdmaxx::rpc::Endpoint::create(io, {});
+/// // in a coroutine on io:
+/// auto session = co_await (*client)->connect("10.0.0.2", 31850);
+/// rdmaxx::Result<std::size_t> got = co_await session->call(kGet, request, response, {.timeout = 100ms});
+/// @endcode
+///
+/// One Endpoint per thread (per io_context): it owns one UD QP, its receive ring, its
+/// send buffers and its sessions. A session is set up over TCP (the server's listener):
+/// a versioned, checked exchange of UD addresses and limits (window, credits, largest
+/// request and response, payload per packet: the smaller MTU of the two ports), and the
+/// TCP connection stays open for the session's life: its end is the session's end (a
+/// peer process that dies ends its sessions at once, with no heartbeat).
+///
+/// Errors. A call ends with `Result<std::size_t>`, the response's size, or an Error:
+/// @code{.unparsed}
+///   timeout                  no response within CallOptions::timeout (Error::is_timeout)
+///   peer unreachable         the retry cap: RtoConfig::max_timeouts retransmission
+///                            timeouts in a row without progress (errno EHOSTUNREACH)
+///   session reset            the session ended: its TCP connection closed (the peer
+///                            closed it or died), or the Session handle was destroyed
+///                            (errno ECONNRESET)
+///   no handler               the server has no handler for the type (errno ENOENT)
+///   message too large        a request above the session's agreed max_request, or a
+///                            response the server could not send in its max_response
+///                            (errno EMSGSIZE)
+///   response truncated       the response is larger than the response buffer: nothing
+///                            is copied, the Error's detail says the size (errno ENOBUFS)
+///   handler dropped          the server's handler ended without answering (errno EPIPE)
+///   transfer failed          the server could not READ a large request (errno EIO)
+///   cancelled                an Asio cancellation (Error::is_cancelled)
+/// @endcode
+/// A call that ends early (timeout, cancelled) frees its slot: a late response to it is
+/// dropped and counted, never copied anywhere.
+///
+/// Input from the network is never trusted: every packet is validated and a bad one is
+/// counted by reason (Counters::drops) and dropped; a malformed or hostile session setup
+/// gets a refusal or an Error, and the endpoint serves the next peer.
+///
+/// Large messages (above EndpointOptions::rdma_threshold) take the session's RC path:
+/// a client's first large call sends an offer of an RC QP over the session's TCP
+/// connection and waits (in the queue of calls beyond the window) for the server's QP
+/// (on a both-ways session, either end's first large call; the QPs then carry both
+/// ends' calls);
+/// from then on a large request is copied into registered staging memory of its window
+/// slot and READ by the server into a buffer its handler reads in place, and a response
+/// above the threshold is WRITTEN by the server into staging memory the call offered,
+/// then announced by a UD response (sent once the WRITE completed: the UD window stays
+/// the one judge of what was answered, so a resend is answered without a second WRITE).
+/// Staging memory allows only what its role needs (remote READ of requests, remote
+/// WRITE of responses), and a slot's memory that an abandoned call's transfer may still
+/// touch is retired, not reused, until the server has provably moved past that call.
+/// If the server cannot set up an RC QP (or does not answer within setup_timeout),
+/// the session carries large messages as UD packets. An RC transfer that fails ends
+/// the session (its calls: session reset). Staging memory is per window slot, sized by
+/// the largest message the slot has carried (in powers of two from 64 KiB) and kept for
+/// the session's life: at most window x (max_request + max_response) per session at
+/// each end.
+///
+/// Copies: a call with spans copies its request into its session's window (or staging
+/// memory) as it begins (a resend needs it), each packet into a send buffer
+/// (Counters::copies), and its response out of the window (or staging memory) into the
+/// caller's buffer (Counters::message_copies counts the whole-message copies). A call
+/// with MessageBuffers (message_buffer.hpp) copies neither its request nor a response
+/// above rdma_threshold. At the server, a one-packet request is not copied
+/// unless its handler returns without answering; the packets of a longer one are
+/// (Counters::request_copies). A large response is copied into staging memory for its
+/// WRITE, unless it lies in the large request the server READ (an echo, a forwarded
+/// part): it is then WRITTEN from there.
+///
+/// @threadsafety None, as the io_context's one thread. Every call but the handlers'
+/// Responder checks that it runs on the thread that created the endpoint, and aborts
+/// naming the caller's line if not (eRPC loses such requests silently); a Responder is
+/// answered on that thread too (asio::post to the io_context from elsewhere).
+///
+/// Lifetimes: Sessions and Responders must not outlive their Endpoint, nor the Endpoint
+/// its io_context (programming errors). While an endpoint lives its completion queue is
+/// driven, so io_context::run() does not return.
 #pragma once
 
 #include <array>
@@ -115,68 +121,76 @@
 
 namespace rdmaxx::rpc {
 
+/// How an Endpoint is made: its device, listener, buffers and the limits it offers.
 struct EndpointOptions {
-    std::string device = {};                     // empty: the first
-    std::uint8_t port = 1;
-    std::optional<std::uint32_t> gid_index = {}; // default: Context::choose_gid
-    std::uint16_t listen_port = 0;               // 0: no listener (a client only)
-    std::string listen_address = "0.0.0.0";
-    std::uint32_t ring = 1024;       // receive buffers of the UD QP (40 + MTU bytes each)
-    std::uint32_t send_depth = 256;  // send buffers
-    std::uint32_t max_sessions = 256;
-    // Per session, at most (a server agrees to the smaller of its own and the client's):
-    std::uint32_t window = 8;        // calls in flight; more wait for a slot
-    std::uint32_t credits = 16;      // packets in flight; each session reserves this many ring buffers
-    std::uint32_t max_request = 64 * 1024;
-    std::uint32_t max_response = 64 * 1024;
-    // A request above this many bytes, or a response buffer above it, takes the
-    // session's RC path (set up over its TCP connection when first needed): the server
-    // READs the request from the client's memory and WRITEs a response above it into
-    // memory the client offered. Below, and when the RC path is unavailable, messages
-    // travel as UD packets. UINT32_MAX: UD only.
+    std::string device = {};                     ///< empty: the first
+    std::uint8_t port = 1;                       ///< the device's port
+    std::optional<std::uint32_t> gid_index = {}; ///< default: Context::choose_gid
+    std::uint16_t listen_port = 0;               ///< 0: no listener (a client only)
+    std::string listen_address = "0.0.0.0";      ///< what the listener binds
+    std::uint32_t ring = 1024;       ///< receive buffers of the UD QP (40 + MTU bytes each)
+    std::uint32_t send_depth = 256;  ///< send buffers
+    std::uint32_t max_sessions = 256; ///< sessions at once, client and server
+    /// @name Per-session limits
+    /// Per session, at most (a server agrees to the smaller of its own and the client's):
+    /// @{
+    std::uint32_t window = 8;        ///< calls in flight; more wait for a slot
+    std::uint32_t credits = 16;      ///< packets in flight; each session reserves this many ring buffers
+    std::uint32_t max_request = 64 * 1024;  ///< bytes of a request
+    std::uint32_t max_response = 64 * 1024; ///< bytes of a response
+    /// @}
+    /// A request above this many bytes, or a response buffer above it, takes the
+    /// session's RC path (set up over its TCP connection when first needed): the server
+    /// READs the request from the client's memory and WRITEs a response above it into
+    /// memory the client offered. Below, and when the RC path is unavailable, messages
+    /// travel as UD packets. UINT32_MAX: UD only.
     std::uint32_t rdma_threshold = 16 * 1024;
-    // Congestion control of the sessions this endpoint calls through (congestion.hpp):
-    // empty (the default) for none, the credits alone limit a session.
+    /// Congestion control of the sessions this endpoint calls through (congestion.hpp):
+    /// empty (the default) for none, the credits alone limit a session.
     CongestionFactory congestion = {};
-    async::DriveOptions drive = {};
-    std::chrono::milliseconds setup_timeout{5000}; // connect, and a client's setup at the listener
-    // How often an endpoint with calls in flight checks their retransmission timeouts
-    // and deadlines (one steady_timer; the RTO's floor is 500 us).
+    async::DriveOptions drive = {};  ///< how its completion queues are driven (UD and RC)
+    std::chrono::milliseconds setup_timeout{5000}; ///< connect, and a client's setup at the listener
+    /// How often an endpoint with calls in flight checks their retransmission timeouts
+    /// and deadlines (one steady_timer; the RTO's floor is 500 us).
     std::chrono::microseconds tick{500};
 };
 
+/// How one call goes.
 struct CallOptions {
+    /// The whole call's bound, its wait for a window slot included: then an Error of
+    /// kind timeout.
     std::chrono::milliseconds timeout{1000};
 };
 
-// The counters of an endpoint, for a program's progress line and the tests.
+/// The counters of an endpoint, for a program's progress line and the tests.
 struct Counters {
-    std::uint64_t calls = 0;           // begun
-    std::uint64_t completed = 0;       // ended with a response
-    std::uint64_t failed = 0;          // ended with an Error
-    std::uint64_t handled = 0;         // requests given to a handler (server)
-    std::uint64_t retransmissions = 0; // packets sent again after an RTO expired
-    std::uint64_t send_stalls = 0;     // packets not sent for want of a send buffer (sent again later)
-    std::uint64_t credit_stalls = 0;   // times a session had a packet to send and no credit
-                                       // (or congestion window) free: once per wait
-    std::uint64_t copies = 0;          // packets whose payload was copied into a send buffer
-    std::uint64_t message_copies = 0;  // whole messages copied: at a client, a request into
-                                       // its session's window or staging memory as its call
-                                       // begins, a response out of them (message_buffer.hpp
-                                       // tells when a call with MessageBuffers copies); at a
-                                       // server, a large response into staging memory for
-                                       // its WRITE (none when it lies in the request READ)
-    std::uint64_t request_copies = 0;  // request packets copied into a window (server; a
-                                       // one-packet request answered by its handler: none)
-    std::uint64_t rdma_reads = 0;      // large requests READ from clients (server)
-    std::uint64_t rdma_writes = 0;     // large responses WRITTEN into clients' memory (server)
-    std::uint64_t buffers_renewed = 0; // MessageBuffers given new memory after their call was
-                                       // abandoned (message_buffer.hpp)
-    std::uint64_t sessions_refused = 0;
-    std::array<std::uint64_t, 24> drops = {}; // by reason: drop_reason_name(i)
+    std::uint64_t calls = 0;           ///< begun
+    std::uint64_t completed = 0;       ///< ended with a response
+    std::uint64_t failed = 0;          ///< ended with an Error
+    std::uint64_t handled = 0;         ///< requests given to a handler (server)
+    std::uint64_t retransmissions = 0; ///< packets sent again after an RTO expired
+    std::uint64_t send_stalls = 0;     ///< packets not sent for want of a send buffer (sent again later)
+    std::uint64_t credit_stalls = 0;   ///< times a session had a packet to send and no credit
+                                       ///< (or congestion window) free: once per wait
+    std::uint64_t copies = 0;          ///< packets whose payload was copied into a send buffer
+    std::uint64_t message_copies = 0;  ///< whole messages copied: at a client, a request into
+                                       ///< its session's window or staging memory as its call
+                                       ///< begins, a response out of them (message_buffer.hpp
+                                       ///< tells when a call with MessageBuffers copies); at a
+                                       ///< server, a large response into staging memory for
+                                       ///< its WRITE (none when it lies in the request READ)
+    std::uint64_t request_copies = 0;  ///< request packets copied into a window (server; a
+                                       ///< one-packet request answered by its handler: none)
+    std::uint64_t rdma_reads = 0;      ///< large requests READ from clients (server)
+    std::uint64_t rdma_writes = 0;     ///< large responses WRITTEN into clients' memory (server)
+    std::uint64_t buffers_renewed = 0; ///< MessageBuffers given new memory after their call was
+                                       ///< abandoned (message_buffer.hpp)
+    std::uint64_t sessions_refused = 0; ///< session setups refused: by this server, to this client
+    std::array<std::uint64_t, 24> drops = {}; ///< by reason: drop_reason_name(i)
+    /// All the packets dropped: the sum of drops.
     std::uint64_t dropped() const noexcept;
 };
-// What Counters::drops[i] counts ("" past the last reason).
+/// What Counters::drops[i] counts ("" past the last reason).
 std::string_view drop_reason_name(std::size_t i) noexcept;
 
 class Endpoint;
@@ -246,17 +260,21 @@ void cancel_call(const StoredCall::Target& target) noexcept;
 
 } // namespace detail
 
-// A handler's view of a request: its type and bytes, valid until its Responder answers
-// or is destroyed (or the session ends). Zero-copy: a one-packet request is read where
-// it arrived, in the receive ring, while the handler runs; if the handler returns
-// without answering, the endpoint copies it into the session's window then
-// (Counters::request_copies) and bytes() shows the copy. A large request is read in
-// the buffer the server READ it into.
+/// A handler's view of a request: its type and bytes, valid until its Responder answers
+/// or is destroyed (or the session ends). Zero-copy: a one-packet request is read where
+/// it arrived, in the receive ring, while the handler runs; if the handler returns
+/// without answering, the endpoint copies it into the session's window then
+/// (Counters::request_copies) and bytes() shows the copy. A large request is read in
+/// the buffer the server READ it into.
+/// @threadsafety Read on the endpoint's thread, as the handler runs (unchecked).
 class Request {
 public:
-    // `bytes`: where the endpoint keeps the request's current place.
+    /// Made by the endpoint for its handler. `bytes`: where the endpoint keeps the
+    /// request's current place.
     Request(std::uint8_t type, const std::span<const std::byte>* bytes) noexcept : type_(type), bytes_(bytes) {}
+    /// The type the client called (the handler's key).
     std::uint8_t type() const noexcept { return type_; }
+    /// The request's bytes, where they are now (see Request).
     std::span<const std::byte> bytes() const noexcept { return *bytes_; }
 
 private:
@@ -264,22 +282,27 @@ private:
     const std::span<const std::byte>* bytes_;
 };
 
-// The answer to one request, move-only: respond() once, now or later (from a coroutine
-// on the endpoint's thread). Destroyed without answering: the caller gets "handler
-// dropped". Answering after the session ended does nothing.
+/// The answer to one request, move-only: respond() once, now or later (from a coroutine
+/// on the endpoint's thread). Destroyed without answering: the caller gets "handler
+/// dropped". Answering after the session ended does nothing.
+/// @threadsafety One thread, the endpoint's: respond() checks it and aborts on
+/// another, naming the caller's line (asio::post to the io_context from elsewhere).
 class Responder {
 public:
+    /// Takes over `other`'s request; `other` is left as if answered.
     Responder(Responder&& other) noexcept
         : core_(std::exchange(other.core_, nullptr)), session_(other.session_), generation_(other.generation_),
           request_(other.request_) {}
+    /// Ends this one's request, as the destructor does, then takes over `other`'s.
     Responder& operator=(Responder&& other) noexcept;
     Responder(const Responder&) = delete;
     Responder& operator=(const Responder&) = delete;
+    /// Without an answer given, answers "handler dropped".
     ~Responder();
 
-    // Sends `response` (copied: the buffer is free at return). One larger than the
-    // session's max_response reaches the caller as "message too large".
-    // Programming error: answered already (or moved from); not the endpoint's thread.
+    /// Sends `response` (copied: the buffer is free at return). One larger than the
+    /// session's max_response reaches the caller as "message too large".
+    /// @misuse Answered already (or moved from); not the endpoint's thread.
     void respond(std::span<const std::byte> response, std::source_location where = std::source_location::current());
 
 private:
@@ -293,64 +316,86 @@ private:
     std::uint64_t request_;
 };
 
-// Runs for each request of its type that arrived whole, on the endpoint's thread.
+/// Runs for each request of its type that arrived whole, on the endpoint's thread.
 using Handler = std::function<void(Request, Responder)>;
-// The same as a coroutine, spawned on the endpoint's io_context for each request (it
-// may co_await anything before it responds; the request was copied into the session's
-// window, as for any handler that returns unanswered). An exception that escapes it
-// propagates out of the io_context's run(), as Asio's co_spawn does.
+/// The same as a coroutine, spawned on the endpoint's io_context for each request (it
+/// may co_await anything before it responds; the request was copied into the session's
+/// window, as for any handler that returns unanswered). An exception that escapes it
+/// propagates out of the io_context's run(), as Asio's co_spawn does.
 using CoroutineHandler = std::function<asio::awaitable<void>(Request, Responder)>;
 
-// Runs for each session a client set up, on the endpoint's thread, with the server's
-// handle of it.
+/// Runs for each session a client set up, on the endpoint's thread, with the server's
+/// handle of it.
 using AcceptHandler = std::function<void(Session)>;
 
-// The limits both ends of a session agreed to.
+/// The limits both ends of a session agreed to.
 struct SessionInfo {
     std::uint32_t window = 0, credits = 0, max_request = 0, max_response = 0, payload_per_packet = 0;
+    /// @var window
+    /// Calls in flight.
+    /// @var credits
+    /// Packets in flight.
+    /// @var max_request
+    /// Bytes of a request.
+    /// @var max_response
+    /// Bytes of a response.
+    /// @var payload_per_packet
+    /// Message bytes a packet carries (from the smaller MTU of the two ports).
 };
 
-// A session's handle at either end: at the client, from Endpoint::connect; at a server
-// with an accept handler, given to it for each session a client set up (the session is
-// then both ways: the server calls the client through it, with the same limits). An
-// RAII handle: destroying it ends the session (its calls in flight end with "session
-// reset", the peer hears of it through the TCP connection). A server without an accept
-// handler keeps no handle: its sessions end when their clients end them.
+/// A session's handle at either end: at the client, from Endpoint::connect; at a server
+/// with an accept handler, given to it for each session a client set up (the session is
+/// then both ways: the server calls the client through it, with the same limits). An
+/// RAII handle: destroying it ends the session (its calls in flight end with "session
+/// reset", the peer hears of it through the TCP connection). A server without an accept
+/// handler keeps no handle: its sessions end when their clients end them.
+/// @threadsafety One thread, the endpoint's: call() checks it and aborts on another,
+/// naming the caller's line.
 class Session {
 public:
+    /// Takes over `other`'s session; `other` is left moved-from.
     Session(Session&& other) noexcept
         : core_(std::exchange(other.core_, nullptr)), number_(other.number_), generation_(other.generation_) {}
+    /// Ends this one's session, as the destructor does, then takes over `other`'s.
     Session& operator=(Session&& other) noexcept;
     Session(const Session&) = delete;
     Session& operator=(const Session&) = delete;
+    /// Ends the session: its calls in flight end with "session reset".
     ~Session();
 
-    // Calls the handler of `type` at the server with `request` (copied when the call
-    // begins); its response lands in `response`. Completion signature
-    // void(Result<std::size_t>) (the response's size); any Asio completion token, by
-    // default use_awaitable. Calls beyond the window (and large calls while the
-    // session's RC path is being set up) wait, in order, before they begin. Asio's rule
-    // for buffers: the caller keeps `request` and `response` valid until the
-    // completion runs (a coroutine that awaits the call does so by itself).
-    // Programming error: a moved-from Session; not the endpoint's thread.
+    /// Calls the handler of `type` at the server with `request` (copied when the call
+    /// begins); its response lands in `response`. Completion signature
+    /// `void(Result<std::size_t>)` (the response's size); any Asio completion token, by
+    /// default use_awaitable. Calls beyond the window (and large calls while the
+    /// session's RC path is being set up) wait, in order, before they begin. Asio's rule
+    /// for buffers: the caller keeps `request` and `response` valid until the
+    /// completion runs (a coroutine that awaits the call does so by itself).
+    /// @errors As the table at the top of endpoint.hpp says: timeout (within
+    /// options.timeout, its wait for a slot included), peer unreachable (EHOSTUNREACH),
+    /// session reset (ECONNRESET), no handler (ENOENT), message too large (EMSGSIZE),
+    /// response truncated (ENOBUFS), handler dropped (EPIPE), transfer failed (EIO),
+    /// cancelled; a malformed RC response descriptor (protocol).
+    /// @misuse A moved-from Session; not the endpoint's thread.
     template <class Token = asio::use_awaitable_t<>>
     auto call(std::uint8_t type, std::span<const std::byte> request, std::span<std::byte> response,
               CallOptions options = {}, Token&& token = {},
               std::source_location where = std::source_location::current());
 
-    // The same with registered buffers, without copies (message_buffer.hpp): the
-    // request is request.bytes(); the response lands in response's capacity, and on
-    // success response.size() is set to its size. The caller keeps both buffers (and
-    // their bytes) as they are until the completion runs; a call that ends without
-    // its response may give them new memory (spans from bytes() taken before it are
-    // then stale).
-    // Programming error: a buffer of the wrong use (BufferUse), or moved from; a
-    // moved-from Session; not the endpoint's thread.
+    /// The same with registered buffers, without copies (message_buffer.hpp): the
+    /// request is request.bytes(); the response lands in response's capacity, and on
+    /// success response.size() is set to its size. The caller keeps both buffers (and
+    /// their bytes) as they are until the completion runs; a call that ends without
+    /// its response may give them new memory (spans from bytes() taken before it are
+    /// then stale).
+    /// @errors As the call with spans.
+    /// @misuse A buffer of the wrong use (BufferUse), or moved from; a moved-from
+    /// Session; not the endpoint's thread.
     template <class Token = asio::use_awaitable_t<>>
     auto call(std::uint8_t type, MessageBuffer& request, MessageBuffer& response, CallOptions options = {},
               Token&& token = {}, std::source_location where = std::source_location::current());
 
-    // What the server agreed to. Programming error: a moved-from Session.
+    /// What the server agreed to (all zero once the session has ended).
+    /// @misuse A moved-from Session.
     SessionInfo info(std::source_location where = std::source_location::current()) const;
 
 private:
@@ -368,58 +413,70 @@ private:
     std::uint32_t generation_;
 };
 
+/// An RPC endpoint: one UD QP, its receive ring, its send buffers and its sessions, on
+/// one io_context (the top of endpoint.hpp). Made by create(); neither copied nor moved.
+/// @threadsafety None: one thread, the one that created it (its io_context's). Its
+/// calls that take a source_location check it and abort on another thread, naming the
+/// caller's line.
 class Endpoint {
 public:
-    // Opens the device, creates the UD QP and its ring, listens if asked. Runtime
-    // errors: the device's (no device, resources), the listening port's (in use).
-    // Programming error: options out of range (0 ring, window, credits; a max_request
-    // or max_response of more than 65,536 packets of the port's MTU).
+    /// Opens the device, creates the UD QP and its ring, listens if asked.
+    /// @errors The device's (no device, resources), the listening port's (in use; an
+    /// invalid listen_address: EINVAL).
+    /// @misuse Options out of range (0 ring, send_depth, window, credits or
+    /// max_sessions; a window above 1024, credits above 4096, max_sessions above 65,535;
+    /// a max_request or max_response of more than 65,536 packets of the port's MTU).
     static Result<std::unique_ptr<Endpoint>> create(asio::io_context& io, EndpointOptions options = {},
                                                     std::source_location where = std::source_location::current());
     Endpoint(const Endpoint&) = delete;
     Endpoint& operator=(const Endpoint&) = delete;
-    // Ends every session (their calls: session reset) and closes the listener.
-    // Programming error: a Session of it still exists.
+    /// Ends every session (their calls: session reset) and closes the listener.
+    /// @misuse A Session of it still exists.
     ~Endpoint();
 
-    // The handler of requests of `type`; an empty one removes it (its requests are
-    // answered "no handler"). Programming error: not the endpoint's thread.
+    /// The handler of requests of `type`; an empty one removes it (its requests are
+    /// answered "no handler").
+    /// @misuse Not the endpoint's thread.
     void set_handler(std::uint8_t type, Handler handler, std::source_location where = std::source_location::current());
-    // A coroutine handler of requests of `type` (an empty one removes it).
-    // Programming error: not the endpoint's thread.
+    /// A coroutine handler of requests of `type` (an empty one removes it).
+    /// @misuse Not the endpoint's thread.
     void set_coroutine_handler(std::uint8_t type, CoroutineHandler handler,
                                std::source_location where = std::source_location::current());
 
-    // From now on, sessions clients set up are both ways: `handler` gets each one's
-    // Session, to call the client back (the client's handlers answer). Large messages
-    // take the session's RC path either way: its QPs, set up by the end that first
-    // needs them, serve both ends' calls. Each end of such a session reserves twice
-    // its credits in its receive ring. An empty handler: sessions from now on are the
-    // client's only. Programming error: not the endpoint's thread.
+    /// From now on, sessions clients set up are both ways: `handler` gets each one's
+    /// Session, to call the client back (the client's handlers answer). Large messages
+    /// take the session's RC path either way: its QPs, set up by the end that first
+    /// needs them, serve both ends' calls. Each end of such a session reserves twice
+    /// its credits in its receive ring. An empty handler: sessions from now on are the
+    /// client's only.
+    /// @misuse Not the endpoint's thread.
     void set_accept_handler(AcceptHandler handler, std::source_location where = std::source_location::current());
 
-    // A session to the endpoint listening at host:port, within setup_timeout. Runtime
-    // errors: resolving and connecting (errno), a silent server (timeout), a malformed
-    // or dishonest answer (protocol), a refusal (errno ECONNREFUSED, the reason in the
-    // detail: too many sessions, ring full, ...), no table entry or ring room here
-    // (errno EAGAIN). Programming error: not the endpoint's thread.
+    /// A session to the endpoint listening at host:port, within setup_timeout.
+    /// @errors Resolving and connecting (errno), a silent server (timeout), a malformed
+    /// or dishonest answer (protocol), a refusal (errno ECONNREFUSED, the reason in the
+    /// detail: too many sessions, ring full, ...), no table entry or ring room here
+    /// (errno EAGAIN); this endpoint destroyed meanwhile (cancelled).
+    /// @misuse Not the endpoint's thread.
     asio::awaitable<Result<Session>> connect(std::string host, std::uint16_t port,
                                              std::source_location where = std::source_location::current());
 
-    // A registered buffer of `capacity` bytes for calls' requests or responses, with
-    // the rights `use` needs (message_buffer.hpp). Runtime errors: allocating or
-    // registering it. Programming error: capacity 0 or above the largest message
-    // (max_request for a request, max_response for a response); not the endpoint's thread.
+    /// A registered buffer of `capacity` bytes for calls' requests or responses, with
+    /// the rights `use` needs (message_buffer.hpp).
+    /// @errors Allocating or registering it.
+    /// @misuse Capacity 0 or above the largest message (max_request for a request,
+    /// max_response for a response); not the endpoint's thread.
     Result<MessageBuffer> alloc_buffer(std::size_t capacity, BufferUse use,
                                        std::source_location where = std::source_location::current());
 
-    // The TCP port the listener is bound to (0: none); the OS's choice for listen_port 0
-    // is not offered: a listener needs a port.
+    /// The TCP port the listener is bound to (0: none); the OS's choice for listen_port 0
+    /// is not offered: a listener needs a port.
     std::uint16_t listen_port() const noexcept;
-    // The port's active MTU, in bytes (the most a packet carries, header included).
+    /// The port's active MTU, in bytes (the most a packet carries, header included).
     std::uint32_t mtu() const noexcept;
+    /// Its counters, as they are now.
     const Counters& counters() const noexcept;
-    // Live sessions, client and server.
+    /// Live sessions, client and server.
     std::uint32_t sessions() const noexcept;
 
 private:

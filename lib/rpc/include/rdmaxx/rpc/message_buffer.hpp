@@ -1,38 +1,41 @@
-// Registered message buffers for lib/rpc calls: the zero-copy way to call.
-//
-//   auto request = (*endpoint)->alloc_buffer(1 << 20, rdmaxx::rpc::BufferUse::request);
-//   auto response = (*endpoint)->alloc_buffer(1 << 20, rdmaxx::rpc::BufferUse::response);
-//   fill(request->bytes());                       // bytes(): the first size() of capacity()
-//   auto got = co_await session->call(kPut, *request, *response);   // response->size() = *got
-//
-// A call made with MessageBuffers does not copy its request: the UD packets gather
-// each header (from the endpoint's send buffers) and their share of the buffer, and a
-// request above the endpoint's rdma_threshold is READ by the server straight from the
-// buffer. A response above the threshold is WRITTEN by the server straight into the
-// response buffer; a smaller one is copied out of the session's window into it, as
-// for a call with spans.
-//
-// Rights: each buffer is registered with what its use needs and no more: a request
-// buffer for local access, plus remote READ if its capacity is above rdma_threshold
-// (the server may READ it); a response buffer for local WRITE, plus remote WRITE if its
-// capacity is above the threshold. Buffers above the threshold are therefore reachable
-// by the peer of a session while a call lends them, and only for that call's bytes.
-//
-// Safety: the NIC may still reach a buffer's memory after its call ended: a UD send
-// of its packets not yet complete, or the server's READ or WRITE for a call that was
-// abandoned (timed out, cancelled, its session reset). The memory is therefore shared
-// between the MessageBuffer and each transfer that may still touch it, and freed with
-// the last: destroying a MessageBuffer is always safe. When a call ends without its
-// response while such a transfer may still come, its buffers get new memory (a
-// request's bytes are copied over, so the caller may call again with it;
-// Counters::buffers_renewed): the late transfer meets the old memory only, never the
-// caller's next bytes. So a span from bytes() is valid until the buffer is next given
-// to a call, or destroyed. A buffer that something else may touch as its call begins
-// (a send of its previous call not yet complete, another call in flight with the same
-// request) is copied, as spans are (Counters::message_copies).
-//
-// Thread safety: as its Endpoint (the io_context's one thread); a MessageBuffer may
-// outlive its Endpoint (its memory keeps the device open).
+/// @file
+/// Registered message buffers for lib/rpc calls: the zero-copy way to call.
+///
+/// @code
+/// auto request = (*endpoint)->alloc_buffer(1 << 20, rdmaxx::rpc::BufferUse::request);
+/// auto response = (*endpoint)->alloc_buffer(1 << 20, rdmaxx::rpc::BufferUse::response);
+/// fill(request->bytes());                       // bytes(): the first size() of capacity()
+/// auto got = co_await session->call(kPut, *request, *response);   // response->size() = *got
+/// @endcode
+///
+/// A call made with MessageBuffers does not copy its request: the UD packets gather
+/// each header (from the endpoint's send buffers) and their share of the buffer, and a
+/// request above the endpoint's rdma_threshold is READ by the server straight from the
+/// buffer. A response above the threshold is WRITTEN by the server straight into the
+/// response buffer; a smaller one is copied out of the session's window into it, as
+/// for a call with spans.
+///
+/// Rights: each buffer is registered with what its use needs and no more: a request
+/// buffer for local access, plus remote READ if its capacity is above rdma_threshold
+/// (the server may READ it); a response buffer for local WRITE, plus remote WRITE if its
+/// capacity is above the threshold. Buffers above the threshold are therefore reachable
+/// by the peer of a session while a call lends them, and only for that call's bytes.
+///
+/// Safety: the NIC may still reach a buffer's memory after its call ended: a UD send
+/// of its packets not yet complete, or the server's READ or WRITE for a call that was
+/// abandoned (timed out, cancelled, its session reset). The memory is therefore shared
+/// between the MessageBuffer and each transfer that may still touch it, and freed with
+/// the last: destroying a MessageBuffer is always safe. When a call ends without its
+/// response while such a transfer may still come, its buffers get new memory (a
+/// request's bytes are copied over, so the caller may call again with it;
+/// Counters::buffers_renewed): the late transfer meets the old memory only, never the
+/// caller's next bytes. So a span from bytes() is valid until the buffer is next given
+/// to a call, or destroyed. A buffer that something else may touch as its call begins
+/// (a send of its previous call not yet complete, another call in flight with the same
+/// request) is copied, as spans are (Counters::message_copies).
+///
+/// @threadsafety As its Endpoint (the io_context's one thread); a MessageBuffer may
+/// outlive its Endpoint (its memory keeps the device open).
 #pragma once
 
 #include <cstddef>
@@ -49,9 +52,10 @@ namespace rdmaxx::rpc {
 class Endpoint;
 class Session;
 
+/// What a MessageBuffer is for, which decides its rights (message_buffer.hpp).
 enum class BufferUse : std::uint8_t {
-    request,  // what a call sends
-    response, // where a call's response lands
+    request,  ///< what a call sends
+    response, ///< where a call's response lands
 };
 
 namespace detail {
@@ -94,24 +98,36 @@ private:
 
 } // namespace detail
 
-// A registered buffer of `capacity()` bytes, of which the first size() are the
-// message (a new buffer's size is its capacity, its bytes zero). Move-only.
+/// A registered buffer of `capacity()` bytes, of which the first size() are the
+/// message (a new buffer's size is its capacity, its bytes zero). Move-only. Made by
+/// Endpoint::alloc_buffer.
+/// @threadsafety As its Endpoint (the io_context's one thread), unchecked; it may
+/// outlive its Endpoint (its memory keeps the device open).
 class MessageBuffer {
 public:
+    /// Takes over `other`'s memory; `other` is left moved-from.
     MessageBuffer(MessageBuffer&&) noexcept = default;
+    /// Lets go of this one's memory (as the destructor does), then takes over `other`'s.
     MessageBuffer& operator=(MessageBuffer&&) noexcept = default;
     MessageBuffer(const MessageBuffer&) = delete;
     MessageBuffer& operator=(const MessageBuffer&) = delete;
+    /// Always safe: its memory is freed with the last transfer that may still touch it.
     ~MessageBuffer() = default;
 
-    // The message: valid until the buffer is next given to a call (see above).
-    // Programming error: a moved-from buffer.
+    /// The message: valid until the buffer is next given to a call (message_buffer.hpp).
+    /// @misuse A moved-from buffer.
     std::span<std::byte> bytes(std::source_location where = std::source_location::current());
+    /// The message, read-only; as bytes().
+    /// @misuse A moved-from buffer.
     std::span<const std::byte> bytes(std::source_location where = std::source_location::current()) const;
+    /// The message's size: bytes() is its first size() bytes.
     std::size_t size() const noexcept { return size_; }
+    /// The registered bytes (0 for a moved-from buffer).
     std::size_t capacity() const noexcept { return hold_.get() != nullptr ? hold_.get()->region.size() : 0; }
+    /// What it was allocated for.
     BufferUse use() const noexcept { return use_; }
-    // Programming error: above capacity(); a moved-from buffer.
+    /// Sets the message's size; the bytes stay as they are.
+    /// @misuse Above capacity(); a moved-from buffer.
     void resize(std::size_t size, std::source_location where = std::source_location::current());
 
 private:
