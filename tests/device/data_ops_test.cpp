@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <rdmaxx/data/completion.hpp>
+#include <rdmaxx/data/events.hpp>
 #include <rdmaxx/data/post.hpp>
 
 #include "../support/device.hpp"
@@ -164,9 +165,13 @@ TEST_CASE("UD: SEND to an address handle, the payload after the 40-byte GRH") {
     }
 }
 
-TEST_CASE("receives from a shared receive queue serve several QPs") {
+TEST_CASE("receives from a shared receive queue serve several QPs; its limit is armed") {
     test::Rig rig;
-    SharedReceiveQueue srq = must(SharedReceiveQueue::create(rig.pd, {.max_wr = 64}));
+    AsyncEvents events = must(AsyncEvents::open(rig.context));
+    SharedReceiveQueue srq = must(SharedReceiveQueue::create(rig.pd, {.max_wr = 64, .limit = 3}));
+    ibv_srq_attr armed{};
+    REQUIRE(ibv_query_srq(srq.get(), &armed) == 0);
+    CHECK(armed.srq_limit == 3);
     QueuePair sender1 = rig.make_qp(QpType::rc);
     QueuePair sender2 = rig.make_qp(QpType::rc);
     QueuePair recv1 = must(QueuePair::create(rig.pd, {.send_cq = &rig.cq, .recv_cq = &rig.cq, .srq = &srq}));
@@ -194,6 +199,13 @@ TEST_CASE("receives from a shared receive queue serve several QPs") {
         CHECK(std::memcmp(data, expected, 8) == 0);
     }
     CHECK(received == 2);
+    // 2 receives left, below the limit of 3: the device says so, once
+    bool limit_reached = false;
+    while (!limit_reached) {
+        const Result<AsyncEvent> event = events.wait(std::chrono::seconds(5));
+        REQUIRE(event);
+        limit_reached = event->type == AsyncEventType::srq_limit_reached;
+    }
     RDMAXX_CHECK_DEATH((void)post_recv(recv1, mr.slice(0, 8), 1), "from an SRQ");
 }
 

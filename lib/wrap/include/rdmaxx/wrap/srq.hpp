@@ -17,7 +17,9 @@ namespace rdmaxx {
 struct SrqOptions {
     std::uint32_t max_wr = 1024; ///< receive WRs it holds, at least
     std::uint32_t max_sge = 1;   ///< scatter/gather entries per receive WR, at least
-    std::uint32_t limit = 0;     ///< IBV_EVENT_SRQ_LIMIT_REACHED threshold; 0 = none
+    /// IBV_EVENT_SRQ_LIMIT_REACHED when fewer receives than this remain (armed once, as
+    /// ibv_modify_srq(3) arms it; re-arm with ibv_modify_srq on get()); 0 = none
+    std::uint32_t limit = 0;
 };
 
 /// A shared receive queue: one pool of receive buffers for many QPs
@@ -30,7 +32,8 @@ public:
     /// A new SRQ in `pd`. Sizes above the device's max_srq_wr / max_srq_sge are an Error.
     ///
     /// @errors Sizes above max_srq_wr / max_srq_sge, which are 0 on a device without
-    /// SRQs (EINVAL); ibv_create_srq fails (out of resources).
+    /// SRQs (EINVAL); ibv_create_srq fails (out of resources); ibv_modify_srq refuses the
+    /// limit (above max_wr: EINVAL).
     /// @misuse A moved-from ProtectionDomain, max_wr or max_sge 0.
     static Result<SharedReceiveQueue> create(const ProtectionDomain& pd, SrqOptions options = {},
                                              std::source_location where = std::source_location::current());
@@ -44,9 +47,7 @@ public:
     ///
     /// @misuse A moved-from SharedReceiveQueue.
     ibv_srq* get(std::source_location where = std::source_location::current()) const {
-
         return detail::live(srq_, "SharedReceiveQueue", where).get();
-
     }
     /// The counted SRQ, for layers that create QPs of their own: a holder keeps it (and
     /// its PD) alive.
