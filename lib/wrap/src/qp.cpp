@@ -163,15 +163,14 @@ Result<QueuePair> QueuePair::create(const ProtectionDomain& pd, const QpOptions&
         extended.comp_mask |= IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
         extended.send_ops_flags = send_ops(options.type, device->attributes.atomics);
         raw = ibv_create_qp_ex(device->context, &extended);
-        with_send_ops = raw != nullptr;
-        if (raw)
-            init.cap = extended.cap;
-        else if (options.post_api == PostApi::extended)
+        if (!raw)
             return std::unexpected(Error::from_last_errno(
                 "ibv_create_qp_ex", "{} QP with the extended post API", options.type));
-    }
-    if (!raw)
+        with_send_ops = true;
+        init.cap = extended.cap;
+    } else {
         raw = ibv_create_qp_ex(device->context, &init);
+    }
     if (!raw)
         return std::unexpected(Error::from_last_errno(
             "ibv_create_qp", "{} QP: send {} WRs x {} SGEs, recv {} x {}, inline {}", options.type,
