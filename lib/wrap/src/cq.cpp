@@ -76,7 +76,7 @@ void CompletionQueue::ack_events() noexcept {
 }
 
 Result<void> CompletionQueue::arm(bool solicited_only, std::source_location where) {
-    require(channel_ != nullptr, where, "arm() on a completion queue created without a channel");
+    channel("arm", where);
     if (const int rc = ibv_req_notify_cq(get(where), solicited_only ? 1 : 0); rc != 0)
         return std::unexpected(Error::from_errno("ibv_req_notify_cq", rc));
     return {};
@@ -84,9 +84,8 @@ Result<void> CompletionQueue::arm(bool solicited_only, std::source_location wher
 
 Result<void> CompletionQueue::wait_event(std::chrono::milliseconds timeout, int also_watch,
                                          std::source_location where) {
-    require(channel_ != nullptr, where, "wait_event() on a completion queue created without a channel");
-    get(where);
-    pollfd fds[2] = {{.fd = channel_->fd, .events = POLLIN, .revents = 0},
+    ibv_comp_channel* const events = channel("wait_event", where);
+    pollfd fds[2] = {{.fd = events->fd, .events = POLLIN, .revents = 0},
                      {.fd = also_watch, .events = POLLIN, .revents = 0}};
     // a signal ends poll() early: wait out what is left, not the whole timeout again
     const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -115,12 +114,12 @@ Result<void> CompletionQueue::wait_event(std::chrono::milliseconds timeout, int 
 }
 
 Result<unsigned> CompletionQueue::take_events(std::source_location where) {
-    require(channel_ != nullptr, where, "take_events() on a completion queue created without a channel");
+    ibv_comp_channel* const events = channel("take_events", where);
     unsigned taken = 0;
     for (;;) {
         ibv_cq* cq = nullptr;
         void* context = nullptr;
-        if (ibv_get_cq_event(channel_.get(), &cq, &context) != 0) {
+        if (ibv_get_cq_event(events, &cq, &context) != 0) {
             if (errno == EAGAIN)
                 return taken;
             return std::unexpected(Error::from_last_errno("ibv_get_cq_event"));
@@ -131,9 +130,14 @@ Result<unsigned> CompletionQueue::take_events(std::source_location where) {
     }
 }
 
+ibv_comp_channel* CompletionQueue::channel(const char* call, std::source_location where) const {
+    get(where);
+    require(channel_ != nullptr, where, "{}() on a completion queue created without a channel", call);
+    return channel_.get();
+}
+
 int CompletionQueue::channel_fd(std::source_location where) const {
-    require(channel_ != nullptr, where, "channel_fd() on a completion queue created without a channel");
-    return channel_->fd;
+    return channel("channel_fd", where)->fd;
 }
 
 

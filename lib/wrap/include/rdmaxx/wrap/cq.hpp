@@ -60,7 +60,7 @@ public:
     /// already in the queue raise no event: poll once more after arming.
     ///
     /// @errors ibv_req_notify_cq fails.
-    /// @misuse A CQ without a channel (a moved-from CQ included).
+    /// @misuse A moved-from CQ; a CQ created without a channel.
     Result<void> arm(bool solicited_only = false,
                      std::source_location where = std::source_location::current());
     /// Waits up to `timeout` for an event of the armed CQ; takes every event pending on
@@ -71,7 +71,7 @@ public:
     ///
     /// @errors No event within `timeout` (kind timeout); poll or ibv_get_cq_event fails;
     /// the channel was readable but another waiter took the event (EAGAIN).
-    /// @misuse A CQ without a channel (a moved-from CQ included).
+    /// @misuse A moved-from CQ; a CQ created without a channel.
     Result<void> wait_event(std::chrono::milliseconds timeout, int also_watch = -1,
                             std::source_location where = std::source_location::current());
     /// Takes every event pending on the channel without waiting (an event loop calls
@@ -79,12 +79,12 @@ public:
     /// as wait_event does.
     ///
     /// @errors ibv_get_cq_event fails with anything but EAGAIN (which ends the loop).
-    /// @misuse A CQ without a channel (a moved-from CQ included).
+    /// @misuse A moved-from CQ; a CQ created without a channel.
     Result<unsigned> take_events(std::source_location where = std::source_location::current());
     /// The channel's file descriptor (non-blocking), for an application's own poll/epoll
     /// loop; follow readiness with take_events().
     ///
-    /// @misuse No channel (a moved-from CQ included).
+    /// @misuse A moved-from CQ; a CQ created without a channel.
     int channel_fd(std::source_location where = std::source_location::current()) const;
 
     /// The verbs CQ, for polling and calls rdmaxx does not wrap.
@@ -105,6 +105,8 @@ private:
     CompletionQueue(std::shared_ptr<ibv_cq> cq, std::shared_ptr<ibv_comp_channel> channel, std::uint32_t depth)
         : cq_(std::move(cq)), channel_(std::move(channel)), depth_(depth) {}
     void ack_events() noexcept;
+    // The channel, checked: a moved-from CQ is named as such before a missing channel.
+    ibv_comp_channel* channel(const char* call, std::source_location where) const;
 
     std::shared_ptr<ibv_cq> cq_; // keeps the device and the channel alive
     std::shared_ptr<ibv_comp_channel> channel_;
