@@ -487,6 +487,7 @@ detail::CqCore& CompletionQueue::state(std::source_location where) const {
 }
 
 rdmaxx::CompletionQueue& CompletionQueue::get(std::source_location where) const { return state(where).cq; }
+CompletionMode CompletionQueue::mode(std::source_location where) const { return state(where).drive.mode; }
 
 std::size_t CompletionQueue::poll(std::source_location where) {
     return state(where).service->drain(state(where), false, Completions::turn_budget);

@@ -268,6 +268,7 @@ QueuePair::~QueuePair() {
 }
 
 rdmaxx::QueuePair& QueuePair::get(std::source_location where) const { return state(where).qp; }
+const std::optional<Error>& QueuePair::dead(std::source_location where) const { return state(where).dead; }
 
 detail::Claim QueuePair::claim_op(detail::Op::Kind kind, const char* call, std::source_location where) {
     detail::QpCore& qp = state(where);

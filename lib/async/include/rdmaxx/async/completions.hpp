@@ -287,8 +287,9 @@ public:
     /// The verbs CQ, to create QPs on (QpOptions::send_cq / recv_cq).
     /// @misuse A moved-from CompletionQueue.
     rdmaxx::CompletionQueue& get(std::source_location where = std::source_location::current()) const;
-    /// How it is driven (not to be asked of a moved-from CompletionQueue).
-    CompletionMode mode() const noexcept { return state_->drive.mode; }
+    /// How it is driven.
+    /// @misuse A moved-from CompletionQueue.
+    CompletionMode mode(std::source_location where = std::source_location::current()) const;
     /// Takes this CQ's completions now and runs their handlers (or gives them to its
     /// sink); returns how many.
     /// @misuse A moved-from CompletionQueue.

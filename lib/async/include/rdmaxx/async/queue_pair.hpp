@@ -156,9 +156,9 @@ public:
     rdmaxx::QueuePair& get(std::source_location where = std::source_location::current()) const;
     /// Operations whose completion is due.
     std::size_t posted() const noexcept { return state_ ? state_->posted : 0; }
-    /// Why the QP can complete nothing more, if it cannot (not to be asked of a
-    /// moved-from QueuePair).
-    const std::optional<Error>& dead() const noexcept { return state_->dead; }
+    /// Why the QP can complete nothing more, if it cannot.
+    /// @misuse A moved-from QueuePair.
+    const std::optional<Error>& dead(std::source_location where = std::source_location::current()) const;
 
     /// @name Operations
     /// Each takes an Asio completion token (default: asio::use_awaitable) and completes
