@@ -169,6 +169,11 @@ Result<void> TcpStream::confirm_ready(std::chrono::milliseconds timeout) {
     return {};
 }
 
+TcpStream TcpStream::adopt(int fd, std::string peer, std::source_location where) {
+    require(fd >= 0 && set_nonblocking(fd), where, "TcpStream::adopt of fd {}: not an open file descriptor", fd);
+    return TcpStream(fd, std::move(peer));
+}
+
 Result<TcpListener> TcpListener::listen(std::string_view host, std::uint16_t port, int backlog) {
     auto addresses = detail::resolve_host(host, port, AF_UNSPEC, true, Clock::now() + detail::listen_lookup_bound);
     if (!addresses)
@@ -180,8 +185,12 @@ Result<TcpListener> TcpListener::listen(std::string_view host, std::uint16_t por
             return std::unexpected(Error::from_last_errno("socket"));
         const int one = 1;
         ::setsockopt(listener.fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        if (::bind(listener.fd_, a.get(), a.length) != 0 || ::listen(listener.fd_, backlog) != 0) {
+        if (::bind(listener.fd_, a.get(), a.length) != 0) {
             last = Error::from_last_errno("bind", "{}:{}", host, port);
+            continue;
+        }
+        if (::listen(listener.fd_, backlog) != 0) {
+            last = Error::from_last_errno("listen", "{}:{}", host, port);
             continue;
         }
         sockaddr_storage bound{};

@@ -30,10 +30,10 @@ public:
     /// @errors the name lookup fails or outlasts `timeout`; socket(2) fails; every
     /// address refuses (the last connect(2) error); `timeout` (kind timeout).
     static Result<TcpStream> connect(std::string_view host, std::uint16_t port, std::chrono::milliseconds timeout);
-    /// Takes ownership of a connected socket made elsewhere (Asio's socket.release(), say).
-    /// The deadlines of write_all() and read_exact() hold only if it is non-blocking: a
-    /// blocking socket waits in recv(2) and send(2) for as long as the kernel does.
-    static TcpStream adopt(int fd, std::string peer) noexcept { return TcpStream(fd, std::move(peer)); }
+    /// Takes ownership of a connected socket made elsewhere (Asio's socket.release(), say)
+    /// and makes it non-blocking: the deadlines of write_all() and read_exact() rely on it.
+    /// @misuse `fd` not an open file descriptor.
+    static TcpStream adopt(int fd, std::string peer, std::source_location where = std::source_location::current());
 
     /// Takes `other`'s socket; `other` is left without one.
     TcpStream(TcpStream&& other) noexcept;
