@@ -179,8 +179,22 @@ Result<void> CmConnection::establish(std::source_location where) {
 // --- CmRequest --------------------------------------------------------------------
 
 CmRequest::CmRequest(CmRequest&&) noexcept = default;
-CmRequest& CmRequest::operator=(CmRequest&&) noexcept = default;
-CmRequest::~CmRequest() {
+CmRequest& CmRequest::operator=(CmRequest&& other) noexcept {
+    if (this != &other) {
+        reject_unanswered();
+        connection_ = std::move(other.connection_);
+        offer_ = std::move(other.offer_);
+        connected_qpn_ = other.connected_qpn_;
+        retry_cnt_ = other.retry_cnt_;
+        rnr_retry_ = other.rnr_retry_;
+        answered_ = other.answered_;
+    }
+    return *this;
+}
+
+CmRequest::~CmRequest() { reject_unanswered(); }
+
+void CmRequest::reject_unanswered() noexcept {
     if (!answered_ && connection_.session_)
         rdma_reject(connection_.session_->id(), nullptr, 0);
 }

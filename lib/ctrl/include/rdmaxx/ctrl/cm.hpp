@@ -114,7 +114,7 @@ class CmRequest {
 public:
     /// Takes `other`'s request; `other` is left moved-from.
     CmRequest(CmRequest&&) noexcept;
-    /// Drops this request (its CM id is destroyed), then takes `other`'s.
+    /// Rejects this request if it is unanswered (as the destructor does), then takes `other`'s.
     CmRequest& operator=(CmRequest&&) noexcept;
     ~CmRequest();
 
@@ -155,6 +155,7 @@ private:
     friend class CmListener;
     CmRequest(CmConnection connection, EndpointMessage offer)
         : connection_(std::move(connection)), offer_(std::move(offer)) {}
+    void reject_unanswered() noexcept;
     CmConnection connection_;
     EndpointMessage offer_;
     std::uint32_t connected_qpn_ = 0;
