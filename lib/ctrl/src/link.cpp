@@ -63,9 +63,8 @@ void say_once(spdlog::level::level_enum level, const std::string& device, fmt::f
 Result<Lending> choose_lending(const Context& context, const ProtectionDomain& pd, const ConnectionOptions& options) {
     const bool windows = context.attributes().type2_windows;
     if (options.lending == Lending::memory_window && !windows)
-        return std::unexpected(Error::from_errno(
-            "Connection", EOPNOTSUPP,
-            fmt::format("Lending::memory_window: {} has no type 2 memory windows", context.name())));
+        return std::unexpected(Error::unsupported(
+            "Connection", fmt::format("Lending::memory_window: {} has no type 2 memory windows", context.name())));
     const auto& device = context.name();
     if (options.lending == Lending::registration || !windows) {
         say_once(spdlog::level::info, device, "pooled regions are lent through registrations of their own{}",
