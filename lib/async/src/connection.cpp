@@ -184,13 +184,14 @@ asio::awaitable<Result<void>> one_sided(PeerPtr p, Post post, Clock::time_point 
 }
 
 asio::awaitable<Result<void>> write_with_imm_on(PeerPtr p, LocalSlice local, RemoteMemory remote, std::uint32_t imm,
-                                                Clock::time_point deadline) {
+                                                Clock::time_point deadline, std::source_location where) {
     Link& l = *p->link;
     auto room = [&] { return l.can_take_user_credit() && l.can_post_op(); };
     if (auto ok = co_await p->driver->until(room, &l, "write_with_imm: waiting for a credit", deadline); !ok)
         co_return ok;
     l.take_user_credit();
-    auto op = l.post_op([&](const PostOptions& o) { return post_write_with_imm(l.qp(), local, remote, imm, o); });
+    auto op =
+        l.post_op([&](const PostOptions& o) { return post_write_with_imm(l.qp(), local, remote, imm, o, where); });
     if (!op) {
         l.give_back_user_credit(); // nothing reached the peer
         co_return std::unexpected(std::move(op.error()));
@@ -345,20 +346,22 @@ asio::awaitable<Result<Connection>> Connection::connect_another(std::string host
                       [](PeerPtr q) { return Connection(std::move(q)); });
 }
 
-asio::awaitable<Result<void>> Connection::close(Timeout timeout) {
-    (void)peer(std::source_location::current());
+asio::awaitable<Result<void>> Connection::close(Timeout timeout, std::source_location where) {
+    (void)peer(where);
     return close_on(peer_, timeout);
 }
 
-Result<MemoryRegion> Connection::alloc_local_mr(std::size_t size, Access access, AllocateOptions allocate) {
-    detail::Group& group = *peer(std::source_location::current()).driver->group();
+Result<MemoryRegion> Connection::alloc_local_mr(std::size_t size, Access access, AllocateOptions allocate,
+                                                std::source_location where) {
+    detail::Group& group = *peer(where).driver->group();
     if (allocate.alignment > 4096 || allocate.huge_pages == HugePages::require) // more than a pool block promises
-        return MemoryRegion::allocate(group.pd, size, access, allocate);
-    return group.pool.allocate(size, access, allocate.zeroed);
+        return MemoryRegion::allocate(group.pd, size, access, allocate, where);
+    return group.pool.allocate(size, access, allocate.zeroed, where);
 }
 
-Result<MemoryRegion> Connection::register_local_mr(std::span<std::byte> memory, Access access) {
-    return MemoryRegion::register_memory(peer(std::source_location::current()).driver->group()->pd, memory, access);
+Result<MemoryRegion> Connection::register_local_mr(std::span<std::byte> memory, Access access,
+                                                   std::source_location where) {
+    return MemoryRegion::register_memory(peer(where).driver->group()->pd, memory, access, where);
 }
 
 asio::awaitable<Result<void>> Connection::send_local_mr(MemoryRegion mr, std::chrono::milliseconds lease,
@@ -371,86 +374,101 @@ asio::awaitable<Result<void>> Connection::send_local_mr(MemoryRegion mr, std::ch
     return send_local_mr_on(peer_, std::move(mr), lease);
 }
 
-asio::awaitable<Result<RemoteMr>> Connection::receive_remote_mr(Timeout timeout) {
-    detail::Peer& p = peer(std::source_location::current());
+asio::awaitable<Result<RemoteMr>> Connection::receive_remote_mr(Timeout timeout, std::source_location where) {
+    detail::Peer& p = peer(where);
     return receive_remote_mr_on(peer_, p.link->deadline(timeout));
 }
 
 asio::awaitable<Result<RemoteMr>> Connection::request_remote_mr(std::size_t size, Access access,
-                                                                std::chrono::milliseconds lease, Timeout timeout) {
-    detail::Peer& p = peer(std::source_location::current());
+                                                                std::chrono::milliseconds lease, Timeout timeout,
+                                                                std::source_location where) {
+    detail::Peer& p = peer(where);
     return request_remote_mr_on(peer_, size, access, lease, p.link->deadline(timeout));
 }
 
-asio::awaitable<Result<void>> Connection::send_remote_mr(RemoteMr mr, Timeout timeout) {
-    detail::Peer& p = peer(std::source_location::current());
+asio::awaitable<Result<void>> Connection::send_remote_mr(RemoteMr mr, Timeout timeout, std::source_location where) {
+    detail::Peer& p = peer(where);
     return send_remote_mr_on(peer_, mr, p.link->deadline(timeout));
 }
 
-asio::awaitable<Result<MemoryRegion>> Connection::receive_local_mr(Timeout timeout) {
-    detail::Peer& p = peer(std::source_location::current());
+asio::awaitable<Result<MemoryRegion>> Connection::receive_local_mr(Timeout timeout, std::source_location where) {
+    detail::Peer& p = peer(where);
     return receive_local_mr_on(peer_, p.link->deadline(timeout));
 }
 
-asio::awaitable<Result<void>> Connection::read(LocalSlice local, RemoteMemory remote, Timeout timeout) {
-    Link& l = *peer(std::source_location::current()).link;
-    return one_sided(peer_, [&l, local, remote](const PostOptions& o) { return post_read(l.qp(), local, remote, o); },
+asio::awaitable<Result<void>> Connection::read(LocalSlice local, RemoteMemory remote, Timeout timeout,
+                                               std::source_location where) {
+    Link& l = *peer(where).link;
+    return one_sided(peer_,
+                     [&l, local, remote, where](const PostOptions& o) {
+                         return post_read(l.qp(), local, remote, o, where);
+                     },
                      l.deadline(timeout, local.size()));
 }
 
-asio::awaitable<Result<void>> Connection::write(LocalSlice local, RemoteMemory remote, Timeout timeout) {
-    Link& l = *peer(std::source_location::current()).link;
-    return one_sided(peer_, [&l, local, remote](const PostOptions& o) { return post_write(l.qp(), local, remote, o); },
+asio::awaitable<Result<void>> Connection::write(LocalSlice local, RemoteMemory remote, Timeout timeout,
+                                                std::source_location where) {
+    Link& l = *peer(where).link;
+    return one_sided(peer_,
+                     [&l, local, remote, where](const PostOptions& o) {
+                         return post_write(l.qp(), local, remote, o, where);
+                     },
                      l.deadline(timeout, local.size()));
 }
 
 asio::awaitable<Result<void>> Connection::write_with_imm(LocalSlice local, RemoteMemory remote, std::uint32_t imm,
-                                                         Timeout timeout) {
-    Link& l = *peer(std::source_location::current()).link;
-    return write_with_imm_on(peer_, local, remote, imm, l.deadline(timeout, local.size()));
+                                                         Timeout timeout, std::source_location where) {
+    Link& l = *peer(where).link;
+    return write_with_imm_on(peer_, local, remote, imm, l.deadline(timeout, local.size()), where);
 }
 
 asio::awaitable<Result<void>> Connection::compare_swap(LocalSlice result, RemoteMemory target, std::uint64_t compare,
-                                                       std::uint64_t swap, Timeout timeout) {
-    Link& l = *peer(std::source_location::current()).link;
+                                                       std::uint64_t swap, Timeout timeout,
+                                                       std::source_location where) {
+    Link& l = *peer(where).link;
     return one_sided(
         peer_,
-        [&l, result, target, compare, swap](const PostOptions& o) {
-            return post_compare_swap(l.qp(), result, target, compare, swap, o);
+        [&l, result, target, compare, swap, where](const PostOptions& o) {
+            return post_compare_swap(l.qp(), result, target, compare, swap, o, where);
         },
         l.deadline(timeout));
 }
 
 asio::awaitable<Result<void>> Connection::fetch_add(LocalSlice result, RemoteMemory target, std::uint64_t add,
-                                                    Timeout timeout) {
-    Link& l = *peer(std::source_location::current()).link;
+                                                    Timeout timeout, std::source_location where) {
+    Link& l = *peer(where).link;
     return one_sided(
         peer_,
-        [&l, result, target, add](const PostOptions& o) { return post_fetch_add(l.qp(), result, target, add, o); },
+        [&l, result, target, add, where](const PostOptions& o) {
+            return post_fetch_add(l.qp(), result, target, add, o, where);
+        },
         l.deadline(timeout));
 }
 
-asio::awaitable<Result<void>> Connection::send(LocalSlice message, Timeout timeout) {
-    Link& l = *peer(std::source_location::current()).link;
+asio::awaitable<Result<void>> Connection::send(LocalSlice message, Timeout timeout, std::source_location where) {
+    Link& l = *peer(where).link;
     return send_on(peer_, message, std::nullopt, l.deadline(timeout, message.size()));
 }
 
-asio::awaitable<Result<void>> Connection::send_with_imm(LocalSlice message, std::uint32_t imm, Timeout timeout) {
-    Link& l = *peer(std::source_location::current()).link;
+asio::awaitable<Result<void>> Connection::send_with_imm(LocalSlice message, std::uint32_t imm, Timeout timeout,
+                                                        std::source_location where) {
+    Link& l = *peer(where).link;
     return send_on(peer_, message, imm, l.deadline(timeout, message.size()));
 }
 
-asio::awaitable<Result<Received>> Connection::receive(std::span<std::byte> into, Timeout timeout) {
-    Link& l = *peer(std::source_location::current()).link;
+asio::awaitable<Result<Received>> Connection::receive(std::span<std::byte> into, Timeout timeout,
+                                                      std::source_location where) {
+    Link& l = *peer(where).link;
     return receive_on(peer_, into, l.deadline(timeout));
 }
 
-asio::awaitable<Result<std::uint32_t>> Connection::receive_write_imm(Timeout timeout) {
-    Link& l = *peer(std::source_location::current()).link;
+asio::awaitable<Result<std::uint32_t>> Connection::receive_write_imm(Timeout timeout, std::source_location where) {
+    Link& l = *peer(where).link;
     return receive_write_imm_on(peer_, l.deadline(timeout));
 }
 
-std::uint64_t Connection::pinned_for_peer(std::source_location where) const { return peer(where).link->pinned_for_peer(); }
+std::uint64_t Connection::pinned_for_peer(
+                                          std::source_location where) const { return peer(where).link->pinned_for_peer(); }
 Lending Connection::lending(std::source_location where) const { return peer(where).driver->group()->lending; }
 const rdmaxx::QueuePair& Connection::queue_pair(std::source_location where) const { return peer(where).link->qp(); }
 const ConnectionOptions& Connection::options(std::source_location where) const { return peer(where).link->options(); }

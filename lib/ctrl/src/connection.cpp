@@ -75,8 +75,8 @@ Result<Connection> Connection::connect_another(std::string_view host, std::uint1
     return Connection(std::move(*another));
 }
 
-Result<void> Connection::close(Timeout timeout) {
-    detail::Link& l = link(std::source_location::current());
+Result<void> Connection::close(Timeout timeout, std::source_location where) {
+    detail::Link& l = link(where);
     return l.close(l.deadline(timeout));
 }
 
@@ -86,17 +86,19 @@ Lending Connection::lending(std::source_location where) const { return link(wher
 
 std::uint64_t Connection::pinned_for_peer(std::source_location where) const { return link(where).pinned_for_peer(); }
 
-Result<void> Connection::progress() { return link(std::source_location::current()).progress(); }
+Result<void> Connection::progress(std::source_location where) { return link(where).progress(); }
 
-Result<MemoryRegion> Connection::alloc_local_mr(std::size_t size, Access access, AllocateOptions allocate) {
-    detail::Group& group = link(std::source_location::current()).group();
+Result<MemoryRegion> Connection::alloc_local_mr(std::size_t size, Access access, AllocateOptions allocate,
+                                                std::source_location where) {
+    detail::Group& group = link(where).group();
     if (allocate.alignment > 4096 || allocate.huge_pages == HugePages::require) // more than a pool block promises
-        return MemoryRegion::allocate(group.pd, size, access, allocate);
-    return group.pool.allocate(size, access, allocate.zeroed);
+        return MemoryRegion::allocate(group.pd, size, access, allocate, where);
+    return group.pool.allocate(size, access, allocate.zeroed, where);
 }
 
-Result<MemoryRegion> Connection::register_local_mr(std::span<std::byte> memory, Access access) {
-    return MemoryRegion::register_memory(link(std::source_location::current()).group().pd, memory, access);
+Result<MemoryRegion> Connection::register_local_mr(std::span<std::byte> memory, Access access,
+                                                   std::source_location where) {
+    return MemoryRegion::register_memory(link(where).group().pd, memory, access, where);
 }
 
 Result<void> Connection::send_local_mr(MemoryRegion mr, std::chrono::milliseconds lease, std::source_location where) {
@@ -108,49 +110,51 @@ Result<void> Connection::send_local_mr(MemoryRegion mr, std::chrono::millisecond
     return l.send_local_mr(std::move(mr), lease);
 }
 
-Result<RemoteMr> Connection::receive_remote_mr(Timeout timeout) {
-    detail::Link& l = link(std::source_location::current());
+Result<RemoteMr> Connection::receive_remote_mr(Timeout timeout, std::source_location where) {
+    detail::Link& l = link(where);
     return l.receive_remote_mr(l.deadline(timeout));
 }
 
 Result<RemoteMr> Connection::request_remote_mr(std::size_t size, Access access, std::chrono::milliseconds lease,
-                                               Timeout timeout) {
-    detail::Link& l = link(std::source_location::current());
+                                               Timeout timeout, std::source_location where) {
+    detail::Link& l = link(where);
     return l.request_remote_mr(size, access, lease, l.deadline(timeout));
 }
 
-Result<void> Connection::send_remote_mr(const RemoteMr& mr, Timeout timeout) {
-    detail::Link& l = link(std::source_location::current());
+Result<void> Connection::send_remote_mr(const RemoteMr& mr, Timeout timeout, std::source_location where) {
+    detail::Link& l = link(where);
     return l.send_remote_mr(mr, l.deadline(timeout));
 }
 
-Result<MemoryRegion> Connection::receive_local_mr(Timeout timeout) {
-    detail::Link& l = link(std::source_location::current());
+Result<MemoryRegion> Connection::receive_local_mr(Timeout timeout, std::source_location where) {
+    detail::Link& l = link(where);
     return l.receive_local_mr(l.deadline(timeout));
 }
 
-Result<void> Connection::read(const LocalSlice& local, const RemoteMemory& remote, Timeout timeout) {
-    detail::Link& l = link(std::source_location::current());
-    return l.one_sided([&](const PostOptions& o) { return post_read(l.qp(), local, remote, o); },
+Result<void> Connection::read(const LocalSlice& local, const RemoteMemory& remote, Timeout timeout,
+                              std::source_location where) {
+    detail::Link& l = link(where);
+    return l.one_sided([&](const PostOptions& o) { return post_read(l.qp(), local, remote, o, where); },
                        l.deadline(timeout, local.size()));
 }
 
-Result<void> Connection::write(const LocalSlice& local, const RemoteMemory& remote, Timeout timeout) {
-    detail::Link& l = link(std::source_location::current());
-    return l.one_sided([&](const PostOptions& o) { return post_write(l.qp(), local, remote, o); },
+Result<void> Connection::write(const LocalSlice& local, const RemoteMemory& remote, Timeout timeout,
+                               std::source_location where) {
+    detail::Link& l = link(where);
+    return l.one_sided([&](const PostOptions& o) { return post_write(l.qp(), local, remote, o, where); },
                        l.deadline(timeout, local.size()));
 }
 
 Result<void> Connection::write_with_imm(const LocalSlice& local, const RemoteMemory& remote, std::uint32_t imm,
-                                        Timeout timeout) {
-    detail::Link& l = link(std::source_location::current());
+                                        Timeout timeout, std::source_location where) {
+    detail::Link& l = link(where);
     const auto deadline = l.deadline(timeout, local.size());
     if (auto ok = l.wait_user_credit(deadline); !ok)
         return ok;
     bool posted = false;
     auto done = l.one_sided(
         [&](const PostOptions& o) {
-            auto ok = post_write_with_imm(l.qp(), local, remote, imm, o);
+            auto ok = post_write_with_imm(l.qp(), local, remote, imm, o, where);
             posted = ok.has_value();
             return ok;
         },
@@ -161,36 +165,38 @@ Result<void> Connection::write_with_imm(const LocalSlice& local, const RemoteMem
 }
 
 Result<void> Connection::compare_swap(const LocalSlice& result, const RemoteMemory& target, std::uint64_t compare,
-                                      std::uint64_t swap, Timeout timeout) {
-    detail::Link& l = link(std::source_location::current());
-    return l.one_sided([&](const PostOptions& o) { return post_compare_swap(l.qp(), result, target, compare, swap, o); },
-                       l.deadline(timeout));
+                                      std::uint64_t swap, Timeout timeout, std::source_location where) {
+    detail::Link& l = link(where);
+    return l.one_sided(
+        [&](const PostOptions& o) { return post_compare_swap(l.qp(), result, target, compare, swap, o, where); },
+        l.deadline(timeout));
 }
 
 Result<void> Connection::fetch_add(const LocalSlice& result, const RemoteMemory& target, std::uint64_t add,
-                                   Timeout timeout) {
-    detail::Link& l = link(std::source_location::current());
-    return l.one_sided([&](const PostOptions& o) { return post_fetch_add(l.qp(), result, target, add, o); },
+                                   Timeout timeout, std::source_location where) {
+    detail::Link& l = link(where);
+    return l.one_sided([&](const PostOptions& o) { return post_fetch_add(l.qp(), result, target, add, o, where); },
                        l.deadline(timeout));
 }
 
-Result<void> Connection::send(const LocalSlice& message, Timeout timeout) {
-    detail::Link& l = link(std::source_location::current());
+Result<void> Connection::send(const LocalSlice& message, Timeout timeout, std::source_location where) {
+    detail::Link& l = link(where);
     return l.send(message, std::nullopt, l.deadline(timeout, message.size()));
 }
 
-Result<void> Connection::send_with_imm(const LocalSlice& message, std::uint32_t imm, Timeout timeout) {
-    detail::Link& l = link(std::source_location::current());
+Result<void> Connection::send_with_imm(const LocalSlice& message, std::uint32_t imm, Timeout timeout,
+                                       std::source_location where) {
+    detail::Link& l = link(where);
     return l.send(message, imm, l.deadline(timeout, message.size()));
 }
 
-Result<Received> Connection::receive(std::span<std::byte> into, Timeout timeout) {
-    detail::Link& l = link(std::source_location::current());
+Result<Received> Connection::receive(std::span<std::byte> into, Timeout timeout, std::source_location where) {
+    detail::Link& l = link(where);
     return l.receive(into, l.deadline(timeout));
 }
 
-Result<std::uint32_t> Connection::receive_write_imm(Timeout timeout) {
-    detail::Link& l = link(std::source_location::current());
+Result<std::uint32_t> Connection::receive_write_imm(Timeout timeout, std::source_location where) {
+    detail::Link& l = link(where);
     return l.receive_write_imm(l.deadline(timeout));
 }
 

@@ -123,7 +123,8 @@ public:
     /// @errors @ref async_connection_errors "Those of every call": what is queued not taken in
     /// time, the connection ended first.
     /// @misuse A moved-from Connection.
-    asio::awaitable<Result<void>> close(Timeout timeout = {});
+    asio::awaitable<Result<void>> close(Timeout timeout = {},
+                                        std::source_location where = std::source_location::current());
 
     /// @name Memory, as rdmaxx::Connection's
     /// @{
@@ -132,12 +133,14 @@ public:
     /// (registered on its own for an alignment above 4 KiB or HugePages::require).
     /// @errors Allocating or registering the memory (its errno).
     /// @misuse A moved-from Connection.
-    Result<MemoryRegion> alloc_local_mr(std::size_t size, Access access = access_all, AllocateOptions allocate = {});
+    Result<MemoryRegion> alloc_local_mr(std::size_t size, Access access = access_all, AllocateOptions allocate = {},
+                                        std::source_location where = std::source_location::current());
     /// Registers memory the caller owns (it must outlive the region) in the
     /// connection's PD.
     /// @errors ibv_reg_mr's failure (its errno).
     /// @misuse A moved-from Connection.
-    Result<MemoryRegion> register_local_mr(std::span<std::byte> memory, Access access = access_all);
+    Result<MemoryRegion> register_local_mr(std::span<std::byte> memory, Access access = access_all,
+                                           std::source_location where = std::source_location::current());
     /// Lends `mr` to the peer for `lease` (at most max_lease), as
     /// rdmaxx::Connection::send_local_mr.
     /// @errors @ref async_connection_errors "Those of every call"; exposing the region (a window
@@ -150,7 +153,8 @@ public:
     /// A region the peer lent with send_local_mr.
     /// @errors @ref async_connection_errors "Those of every call".
     /// @misuse A moved-from Connection.
-    asio::awaitable<Result<RemoteMr>> receive_remote_mr(Timeout timeout = {});
+    asio::awaitable<Result<RemoteMr>> receive_remote_mr(Timeout timeout = {},
+                                                        std::source_location where = std::source_location::current());
     /// Asks the peer to allocate `size` bytes for us with `access`, as
     /// rdmaxx::Connection::request_remote_mr.
     /// @errors @ref async_connection_errors "Those of every call"; the owner's refusal: rights
@@ -159,16 +163,19 @@ public:
     /// @misuse A moved-from Connection.
     asio::awaitable<Result<RemoteMr>> request_remote_mr(std::size_t size, Access access = access_all,
                                                         std::chrono::milliseconds lease = std::chrono::seconds(30),
-                                                        Timeout timeout = {});
+                                                        Timeout timeout = {},
+                                                        std::source_location where = std::source_location::current());
     /// Gives a region back to its owner and waits for the owner's answer.
     /// @errors @ref async_connection_errors "Those of every call"; an expired or unknown region is
     /// refused (ESTALE).
     /// @misuse A moved-from Connection.
-    asio::awaitable<Result<void>> send_remote_mr(RemoteMr mr, Timeout timeout = {});
+    asio::awaitable<Result<void>> send_remote_mr(RemoteMr mr, Timeout timeout = {},
+                                                 std::source_location where = std::source_location::current());
     /// A region we lent or granted, given back by the peer: ours again.
     /// @errors @ref async_connection_errors "Those of every call".
     /// @misuse A moved-from Connection.
-    asio::awaitable<Result<MemoryRegion>> receive_local_mr(Timeout timeout = {});
+    asio::awaitable<Result<MemoryRegion>> receive_local_mr(
+        Timeout timeout = {}, std::source_location where = std::source_location::current());
 
     /// @}
 
@@ -183,28 +190,33 @@ public:
     /// post; a failed work completion.
     /// @misuse A moved-from Connection; rdmaxx/data/post.hpp's checks (a remote slice smaller than
     /// `local`).
-    asio::awaitable<Result<void>> read(LocalSlice local, RemoteMemory remote, Timeout timeout = {});
+    asio::awaitable<Result<void>> read(LocalSlice local, RemoteMemory remote, Timeout timeout = {},
+                                       std::source_location where = std::source_location::current());
     /// RDMA WRITE of `local` into `remote`.
     /// @errors As read().
     /// @misuse As read().
-    asio::awaitable<Result<void>> write(LocalSlice local, RemoteMemory remote, Timeout timeout = {});
+    asio::awaitable<Result<void>> write(LocalSlice local, RemoteMemory remote, Timeout timeout = {},
+                                        std::source_location where = std::source_location::current());
     /// RDMA WRITE whose immediate the peer sees through receive_write_imm(); uses one
     /// credit.
     /// @errors As read().
     /// @misuse As read().
     asio::awaitable<Result<void>> write_with_imm(LocalSlice local, RemoteMemory remote, std::uint32_t imm,
-                                                 Timeout timeout = {});
+                                                 Timeout timeout = {},
+                                                 std::source_location where = std::source_location::current());
     /// Atomic compare-and-swap of the remote 8 bytes; their old value lands in `result`.
     /// @errors As read(); a device without atomics.
     /// @misuse A moved-from Connection; rdmaxx/data/post.hpp's checks (8 bytes,
     /// 8-aligned on both sides).
     asio::awaitable<Result<void>> compare_swap(LocalSlice result, RemoteMemory target, std::uint64_t compare,
-                                               std::uint64_t swap, Timeout timeout = {});
+                                               std::uint64_t swap, Timeout timeout = {},
+                                               std::source_location where = std::source_location::current());
     /// Atomic fetch-and-add to the remote 8 bytes; their old value lands in `result`.
     /// @errors As compare_swap().
     /// @misuse As compare_swap().
     asio::awaitable<Result<void>> fetch_add(LocalSlice result, RemoteMemory target, std::uint64_t add,
-                                            Timeout timeout = {});
+                                            Timeout timeout = {},
+                                            std::source_location where = std::source_location::current());
 
     /// @}
 
@@ -217,20 +229,24 @@ public:
     /// @errors @ref async_connection_errors "Those of every call"; a message above the peer's
     /// max_message (EMSGSIZE); a failed work completion.
     /// @misuse A moved-from Connection.
-    asio::awaitable<Result<void>> send(LocalSlice message, Timeout timeout = {});
+    asio::awaitable<Result<void>> send(LocalSlice message, Timeout timeout = {},
+                                       std::source_location where = std::source_location::current());
     /// send() with an immediate the peer's receive() gets.
     /// @errors As send().
     /// @misuse As send().
-    asio::awaitable<Result<void>> send_with_imm(LocalSlice message, std::uint32_t imm, Timeout timeout = {});
+    asio::awaitable<Result<void>> send_with_imm(LocalSlice message, std::uint32_t imm, Timeout timeout = {},
+                                                std::source_location where = std::source_location::current());
     /// The next message, copied into `into`.
     /// @errors @ref async_connection_errors "Those of every call"; a message larger than `into`
     /// (EMSGSIZE: it stays queued).
     /// @misuse A moved-from Connection.
-    asio::awaitable<Result<Received>> receive(std::span<std::byte> into, Timeout timeout = {});
+    asio::awaitable<Result<Received>> receive(std::span<std::byte> into, Timeout timeout = {},
+                                              std::source_location where = std::source_location::current());
     /// The immediate of the peer's next write_with_imm.
     /// @errors @ref async_connection_errors "Those of every call".
     /// @misuse A moved-from Connection.
-    asio::awaitable<Result<std::uint32_t>> receive_write_imm(Timeout timeout = {});
+    asio::awaitable<Result<std::uint32_t>> receive_write_imm(
+        Timeout timeout = {}, std::source_location where = std::source_location::current());
 
     /// @}
 

@@ -180,7 +180,7 @@ public:
     /// closes: once its goodbye is here, nothing more is waited for.
     /// @errors a wait's: what is queued is not taken in time (kind timeout), or the
     /// connection breaks meanwhile. A connection broken before closes without an Error.
-    Result<void> close(Timeout timeout = {});
+    Result<void> close(Timeout timeout = {}, std::source_location where = std::source_location::current());
 
     // --- memory ---
     /// A region of our own from the connection's pool (no registration once the pool
@@ -193,11 +193,13 @@ public:
     /// @errors the pool must grow and cannot (mmap, ibv_reg_mr); for a region of its
     /// own, MemoryRegion::allocate's.
     /// @misuse size 0; for a region of its own, MemoryRegion::allocate's.
-    Result<MemoryRegion> alloc_local_mr(std::size_t size, Access access = access_all, AllocateOptions allocate = {});
+    Result<MemoryRegion> alloc_local_mr(std::size_t size, Access access = access_all, AllocateOptions allocate = {},
+                                        std::source_location where = std::source_location::current());
     /// Registers memory the caller owns (it must outlive the region).
     /// @errors ibv_reg_mr fails.
     /// @misuse empty memory.
-    Result<MemoryRegion> register_local_mr(std::span<std::byte> memory, Access access = access_all);
+    Result<MemoryRegion> register_local_mr(std::span<std::byte> memory, Access access = access_all,
+                                           std::source_location where = std::source_location::current());
     /// Lends `mr` to the peer for `lease` (at most max_lease) with mr.access()'s remote
     /// rights: the connection keeps it until the peer returns it (receive_local_mr hands
     /// it back) or the lease ends. Then the peer's key is destroyed before the memory
@@ -212,21 +214,25 @@ public:
                                std::source_location where = std::source_location::current());
     /// A region the peer lent with send_local_mr.
     /// @errors a wait's (see the class).
-    Result<RemoteMr> receive_remote_mr(Timeout timeout = {});
+    Result<RemoteMr> receive_remote_mr(Timeout timeout = {},
+                                       std::source_location where = std::source_location::current());
     /// Asks the peer to allocate `size` bytes for us with `access`. The owner refuses
     /// (an Error) beyond its access ceiling or its quota, which counts every region it
     /// granted until the owner took it back with receive_local_mr.
     /// @errors a wait's (see the class); the owner's refusal, with its errno: EACCES (the
     /// ceiling), EDQUOT (the quota), EINVAL (size 0, no remote right), EBUSY, ENOMEM.
     Result<RemoteMr> request_remote_mr(std::size_t size, Access access = access_all,
-                                       std::chrono::milliseconds lease = std::chrono::seconds(30), Timeout timeout = {});
+                                       std::chrono::milliseconds lease = std::chrono::seconds(30), Timeout timeout = {},
+                                       std::source_location where = std::source_location::current());
     /// Gives a region back to its owner and waits for the owner's answer: an expired
     /// or unknown region is refused (an Error).
     /// @errors a wait's (see the class); the owner's refusal (ESTALE).
-    Result<void> send_remote_mr(const RemoteMr& mr, Timeout timeout = {});
+    Result<void> send_remote_mr(const RemoteMr& mr, Timeout timeout = {},
+                                std::source_location where = std::source_location::current());
     /// A region we lent or granted, given back by the peer: ours again.
     /// @errors a wait's (see the class).
-    Result<MemoryRegion> receive_local_mr(Timeout timeout = {});
+    Result<MemoryRegion> receive_local_mr(Timeout timeout = {},
+                                          std::source_location where = std::source_location::current());
 
     // --- one-sided: local slices from this connection's PD; each call waits for its
     // completion (see "Bounds" above: a timeout ends the connection) ---
@@ -235,29 +241,32 @@ public:
     /// @errors a wait's (see the class); a failed completion (a remote access error, say),
     /// which ends the connection.
     /// @misuse more bytes in `local` than `remote` holds.
-    Result<void> read(const LocalSlice& local, const RemoteMemory& remote, Timeout timeout = {});
+    Result<void> read(const LocalSlice& local, const RemoteMemory& remote, Timeout timeout = {},
+                      std::source_location where = std::source_location::current());
     /// An RDMA WRITE of `local` into `remote`, waited for.
     /// @errors as read()'s.
     /// @misuse as read()'s.
-    Result<void> write(const LocalSlice& local, const RemoteMemory& remote, Timeout timeout = {});
+    Result<void> write(const LocalSlice& local, const RemoteMemory& remote, Timeout timeout = {},
+                       std::source_location where = std::source_location::current());
     /// An RDMA WRITE with an immediate, waited for. The peer sees the immediate through
     /// receive_write_imm(); uses one credit.
     /// @errors as read()'s (waiting for the credit is a wait too).
     /// @misuse as read()'s.
     Result<void> write_with_imm(const LocalSlice& local, const RemoteMemory& remote, std::uint32_t imm,
-                                Timeout timeout = {});
+                                Timeout timeout = {}, std::source_location where = std::source_location::current());
     /// An atomic compare-and-swap, waited for: the remote 8 bytes become `swap` if they
     /// equal `compare`. The old value of the remote 8 bytes lands in `result`.
     /// @errors as read()'s; a device without atomics (kind unsupported).
     /// @misuse `result` not 8 bytes, 8-aligned; `target` shorter than 8 bytes or not
     /// 8-aligned.
     Result<void> compare_swap(const LocalSlice& result, const RemoteMemory& target, std::uint64_t compare,
-                              std::uint64_t swap, Timeout timeout = {});
+                              std::uint64_t swap, Timeout timeout = {},
+                              std::source_location where = std::source_location::current());
     /// Adds `add` to the remote 8 bytes; their old value lands in `result`.
     /// @errors as compare_swap()'s.
     /// @misuse as compare_swap()'s.
     Result<void> fetch_add(const LocalSlice& result, const RemoteMemory& target, std::uint64_t add,
-                           Timeout timeout = {});
+                           Timeout timeout = {}, std::source_location where = std::source_location::current());
 
     // --- two-sided: one message per receive ---
     /// A message of at most the peer's max_message bytes (larger is an Error: nothing
@@ -265,21 +274,25 @@ public:
     /// when it was delivered.
     /// @errors a wait's (see the class); above the peer's max_message (EMSGSIZE); a failed
     /// completion. A timeout once the message is posted ends the connection.
-    Result<void> send(const LocalSlice& message, Timeout timeout = {});
+    Result<void> send(const LocalSlice& message, Timeout timeout = {},
+                      std::source_location where = std::source_location::current());
     /// send() with an immediate, which the peer's receive() returns in Received::imm.
     /// @errors as send()'s.
-    Result<void> send_with_imm(const LocalSlice& message, std::uint32_t imm, Timeout timeout = {});
+    Result<void> send_with_imm(const LocalSlice& message, std::uint32_t imm, Timeout timeout = {},
+                               std::source_location where = std::source_location::current());
     /// The next message, copied into `into`; a message larger than `into` is an Error
     /// and stays queued. Messages not yet received hold the peer's credits.
     /// @errors a wait's (see the class); a message larger than `into` (EMSGSIZE).
-    Result<Received> receive(std::span<std::byte> into, Timeout timeout = {});
+    Result<Received> receive(std::span<std::byte> into, Timeout timeout = {},
+                             std::source_location where = std::source_location::current());
     /// The immediate of the peer's next write_with_imm.
     /// @errors a wait's (see the class).
-    Result<std::uint32_t> receive_write_imm(Timeout timeout = {});
+    Result<std::uint32_t> receive_write_imm(Timeout timeout = {},
+                                            std::source_location where = std::source_location::current());
 
     /// Serves the peer without waiting: answers requests, returns credits, expires leases.
     /// @errors the connection is broken (see the class); ibv_poll_cq fails.
-    Result<void> progress();
+    Result<void> progress(std::source_location where = std::source_location::current());
 
     /// Bytes this side granted on the peer's requests and has not taken back.
     std::uint64_t pinned_for_peer(std::source_location where = std::source_location::current()) const;
