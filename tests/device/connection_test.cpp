@@ -808,11 +808,23 @@ TEST_CASE("a moved-from Connection or Listener aborts naming the caller") {
     Listener moved = std::move(listener);
     RDMAXX_CHECK_DEATH((void)listener.port(), "moved-from Listener");
     RDMAXX_CHECK_DEATH((void)listener.accept(1ms), "moved-from Listener");
-    test::Thread client([port = moved.port()] { CHECK(Connection::connect("127.0.0.1", port, quick())); });
+    test::Thread client([port = moved.port()] {
+        auto c = Connection::connect("127.0.0.1", port, quick());
+        REQUIRE(c);
+        std::array<std::byte, 8> done;
+        CHECK(c->receive(done, 10s)); // the connection lives until the checks are over
+    });
     Connection conn = must(moved.accept(5s));
-    client.join();
     Connection other = std::move(conn);
     RDMAXX_CHECK_DEATH((void)conn.queue_pair(), "moved-from Connection");
+    MemoryRegion mr = must(other.alloc_local_mr(64));
+    const RemoteMemory small{.addr = 0x1000, .length = 32, .rkey = 1};
+    // the data path's checks name the caller too, through the Connection's calls
+    RDMAXX_CHECK_DEATH((void)conn.write(mr.slice(0, 8), small), "moved-from Connection");
+    RDMAXX_CHECK_DEATH((void)other.write(mr.slice(0, 64), small), "64 local bytes into a 32-byte remote slice");
+    RDMAXX_CHECK_DEATH((void)other.read(mr.slice(0, 64), small), "into a 32-byte remote slice");
+    CHECK(other.send(mr.slice(0, 8)));
+    client.join();
 }
 
 TEST_CASE("connect_another shares the context, PD and CQ: a region of one connection serves the other") {
