@@ -249,6 +249,41 @@ TEST_CASE("rpc endpoint: a call from another thread aborts naming the caller") {
         "another thread", "rpc_endpoint_test.cpp");
 }
 
+namespace {
+
+asio::awaitable<void> call_held(Rig* rig, std::optional<rpc::Session>* session) {
+    co_await connect_into(rig, session);
+    const auto request = message(1, 8);
+    std::array<std::byte, 8> response{};
+    (void)co_await (*session)->call(hold_it, request, response, {.timeout = 5s});
+}
+
+} // namespace
+
+TEST_CASE("rpc endpoint: an unanswered Responder or a live Session destroyed on another thread aborts") {
+    // a destructor cannot name its caller: the message names the handle (from endpoint.cpp)
+    rdmaxx::test::check_death(
+        [] {
+            Rig rig;
+            std::optional<rpc::Session> session;
+            asio::co_spawn(rig.io, call_held(&rig, &session), asio::detached);
+            for (int i = 0; i < 500 && rig.held.empty(); ++i)
+                spin(rig.io, 10ms);
+            std::thread other([&] { rig.held.clear(); });
+            other.join();
+        },
+        "an rpc::Responder that did not answer destroyed on another thread", "endpoint.cpp");
+    rdmaxx::test::check_death(
+        [] {
+            Rig rig;
+            std::optional<rpc::Session> session;
+            run(rig.io, connect_into(&rig, &session), 10s);
+            std::thread other([&] { session.reset(); });
+            other.join();
+        },
+        "an rpc::Session destroyed on another thread", "endpoint.cpp");
+}
+
 // ---------------------------------------------------------------------------------
 // A hostile client: a session set up by hand (the setup messages' codec), then
 // garbage and forged packets from its own UD QP, while an honest client calls on.

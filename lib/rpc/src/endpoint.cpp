@@ -219,6 +219,13 @@ struct EndpointCore {
         require(std::this_thread::get_id() == owner, where,
                 "rpc::Endpoint used from another thread than the one that created it (post to its io_context)");
     }
+    // A destructor cannot name its caller's line: the message names the handle instead.
+    void check_thread_destroying(const char* handle) const {
+        require(std::this_thread::get_id() == owner, std::source_location::current(),
+                "{} destroyed on another thread than its endpoint's (destroy it on the endpoint's thread: post it "
+                "there through the io_context)",
+                handle);
+    }
 
     // packets
     static void deliver(void* self, UdSource from, std::span<const std::byte> packet) {
@@ -1394,8 +1401,10 @@ Responder& Responder::operator=(Responder&& other) noexcept {
 }
 
 Responder::~Responder() {
-    if (core_ != nullptr)
-        core_->respond(session_, generation_, request_, detail::Status::handler_dropped, {});
+    if (core_ == nullptr)
+        return;
+    core_->check_thread_destroying("an rpc::Responder that did not answer");
+    core_->respond(session_, generation_, request_, detail::Status::handler_dropped, {});
 }
 
 void Responder::respond(std::span<const std::byte> response, std::source_location where) {
@@ -1415,6 +1424,7 @@ Session& Session::operator=(Session&& other) noexcept {
 Session::~Session() {
     if (core_ == nullptr)
         return;
+    core_->check_thread_destroying("an rpc::Session");
     core_->end_session({.number = number_, .generation = generation_}, "the Session was destroyed");
     --core_->handles;
 }

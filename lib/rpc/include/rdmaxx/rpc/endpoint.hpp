@@ -81,10 +81,11 @@
 /// WRITE, unless it lies in the large request the server READ (an echo, a forwarded
 /// part): it is then WRITTEN from there.
 ///
-/// @threadsafety None, as the io_context's one thread. Every call but the handlers'
-/// Responder checks that it runs on the thread that created the endpoint, and aborts
+/// @threadsafety None, as the io_context's one thread. Its calls, a Session's and a
+/// Responder's check that they run on the thread that created the endpoint, and abort
 /// naming the caller's line if not (eRPC loses such requests silently); a Responder is
-/// answered on that thread too (asio::post to the io_context from elsewhere).
+/// answered on that thread too (asio::post to the io_context from elsewhere). Destroying
+/// a live Session or an unanswered Responder elsewhere aborts too (naming the handle).
 ///
 /// Lifetimes: Sessions and Responders must not outlive their Endpoint, nor the Endpoint
 /// its io_context (programming errors). While an endpoint lives its completion queue is
@@ -286,7 +287,8 @@ private:
 /// on the endpoint's thread). Destroyed without answering: the caller gets "handler
 /// dropped". Answering after the session ended does nothing.
 /// @threadsafety One thread, the endpoint's: respond() checks it and aborts on
-/// another, naming the caller's line (asio::post to the io_context from elsewhere).
+/// another, naming the caller's line (asio::post to the io_context from elsewhere);
+/// destroying it unanswered on another thread aborts too.
 class Responder {
 public:
     /// Takes over `other`'s request; `other` is left as if answered.
@@ -350,7 +352,7 @@ struct SessionInfo {
 /// reset", the peer hears of it through the TCP connection). A server without an accept
 /// handler keeps no handle: its sessions end when their clients end them.
 /// @threadsafety One thread, the endpoint's: call() checks it and aborts on another,
-/// naming the caller's line.
+/// naming the caller's line; destroying it on another thread aborts too.
 class Session {
 public:
     /// Takes over `other`'s session; `other` is left moved-from.
