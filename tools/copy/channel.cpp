@@ -38,9 +38,15 @@ asio::awaitable<Result<Message>> Channel::hear(std::chrono::milliseconds timeout
     co_return decode(std::span<const std::byte>(in_).first(got->size));
 }
 
+std::string describe(const Error& error) {
+    if (std::string_view(error.call()) == "rdmaxx-copy" && !error.detail().empty())
+        return error.detail();
+    return error.message();
+}
+
 Error unexpected_message(std::string_view expected, const Message& got) {
     if (const auto* e = std::get_if<SessionError>(&got))
-        return Error::from_errno("rdmaxx-copy", static_cast<int>(e->code), fmt::format("the peer: {}", e->text));
+        return Error::from_errno("rdmaxx-copy", static_cast<int>(e->code), fmt::format("the server: {}", e->text));
     return Error::protocol("rdmaxx-copy", fmt::format("expected {}, got a {} message", expected,
                                                       type_name(static_cast<Type>(got.index() + 1))));
 }

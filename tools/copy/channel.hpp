@@ -34,6 +34,9 @@ private:
     std::vector<std::byte> in_;
 };
 
+// An Error for a person: rdmaxx-copy's own say all in their detail; others whole.
+std::string describe(const Error& error);
+
 // "expected X, got Y" as a protocol Error.
 Error unexpected_message(std::string_view expected, const Message& got);
 

@@ -149,7 +149,7 @@ asio::awaitable<Result<void>> send_one(asio::any_io_executor executor, Client& c
     report.bytes = file.size;
     const auto chunks = chunk_count(file.size, o.block);
     if (!chunks) {
-        finish(false, chunks.error().message());
+        finish(false, describe(chunks.error()));
         co_return Result<void>{};
     }
     File announce{.size = file.size,
@@ -158,12 +158,12 @@ asio::awaitable<Result<void>> send_one(asio::any_io_executor executor, Client& c
                   .target = o.target.substr(0, max_target),
                   .name = base_name(file.path).substr(0, max_name)};
     if (auto ok = co_await sh.channel->say(std::move(announce)); !ok) {
-        finish(false, ok.error().message());
+        finish(false, describe(ok.error()));
         co_return std::unexpected(ok.error());
     }
     auto answer = co_await sh.channel->hear(client.connection.timeout);
     if (!answer) {
-        finish(false, answer.error().message());
+        finish(false, describe(answer.error()));
         co_return std::unexpected(answer.error());
     }
     if (const auto* refused = std::get_if<FileResult>(&*answer); refused && refused->code != 0) {
@@ -172,7 +172,7 @@ asio::awaitable<Result<void>> send_one(asio::any_io_executor executor, Client& c
     }
     if (!std::holds_alternative<FileOk>(*answer)) {
         auto e = unexpected_message("file_ok", *answer);
-        finish(false, e.message());
+        finish(false, describe(e));
         co_return std::unexpected(std::move(e));
     }
 
@@ -207,7 +207,7 @@ asio::awaitable<Result<void>> send_one(asio::any_io_executor executor, Client& c
         const std::size_t at = std::size_t{slot} * o.block;
         if (auto read = pread_all(file.fd.get(), sh.staging->data() + at, length, offset); !read) {
             failed = Error::from_errno("rdmaxx-copy", read.error().code(),
-                                       fmt::format("reading '{}': {}", file.path, read.error().message()));
+                                       fmt::format("reading '{}': {}", file.path, describe(read.error())));
             break;
         }
         checksum.update(std::span<const std::byte>(sh.staging->data() + at, length));
@@ -221,19 +221,19 @@ asio::awaitable<Result<void>> send_one(asio::any_io_executor executor, Client& c
         failed = pipeline->failed;
     if (failed) {
         client.progress.finish();
-        finish(false, failed->message());
+        finish(false, describe(*failed));
         co_return std::unexpected(*failed);
     }
     if (auto ok = co_await sh.channel->say(Done{.checksum = checksum.digest()}); !ok) {
         client.progress.finish();
-        finish(false, ok.error().message());
+        finish(false, describe(ok.error()));
         co_return std::unexpected(ok.error());
     }
     for (;;) { // the last acknowledgements, then the result
         auto heard = co_await sh.channel->hear(chunk_bound);
         if (!heard) {
             client.progress.finish();
-            finish(false, heard.error().message());
+            finish(false, describe(heard.error()));
             co_return std::unexpected(heard.error());
         }
         if (const auto* ack = std::get_if<Ack>(&*heard); ack && ack->through > acked && ack->through <= *chunks) {
@@ -252,7 +252,7 @@ asio::awaitable<Result<void>> send_one(asio::any_io_executor executor, Client& c
             co_return Result<void>{};
         }
         auto e = unexpected_message("a result", *heard);
-        finish(false, e.message());
+        finish(false, describe(e));
         co_return std::unexpected(std::move(e));
     }
 }
@@ -305,7 +305,7 @@ asio::awaitable<Result<void>> run_session(asio::any_io_executor ex, Client& cl, 
         if (!sent) {
             for (std::size_t j = i + 1; j < fs.size(); ++j)
                 if (!fs[j].error) {
-                    cl.reports[j].error = fmt::format("not sent: {}", sent.error().message());
+                    cl.reports[j].error = fmt::format("not sent: {}", describe(sent.error()));
                     print_report(cl, cl.reports[j]);
                 }
             co_return std::unexpected(sent.error());
@@ -330,7 +330,7 @@ asio::awaitable<void> run_client(asio::any_io_executor executor, Client& client)
     for (std::size_t i = 0; i < files.size(); ++i) {
         client.reports[i].file = files[i].path;
         if (files[i].error) {
-            client.reports[i].error = files[i].error->message();
+            client.reports[i].error = describe(*files[i].error);
             print_report(client, client.reports[i]);
         }
     }
@@ -351,7 +351,7 @@ asio::awaitable<void> run_client(asio::any_io_executor executor, Client& client)
     if (fatal && sendable > 0) {
         for (std::size_t i = 0; i < files.size(); ++i)
             if (!files[i].error && client.reports[i].error.empty() && !client.reports[i].ok) {
-                client.reports[i].error = fatal->message();
+                client.reports[i].error = describe(*fatal);
                 print_report(client, client.reports[i]);
             }
         fmt::print(stderr, "rdmaxx-copy: {}\n", *fatal);

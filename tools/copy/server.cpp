@@ -142,7 +142,7 @@ asio::awaitable<Result<bool>> receive_file(async::Connection& c, Channel& channe
     const auto chunks = chunk_count(file.size, block);
     Result<TempFile> temp = prepare(s, file, chunks);
     if (!temp) {
-        const std::string why = temp.error().message();
+        const std::string why = describe(temp.error());
         log(s.id, fmt::format("refused '{}' -> '{}': {}", file.name, file.target, why));
         FileResult refusal{.code = static_cast<std::uint32_t>(temp.error().code()),
                            .text = why.substr(0, max_text)};
@@ -197,7 +197,7 @@ asio::awaitable<Result<bool>> receive_file(async::Connection& c, Channel& channe
                                       temp->shown(), theirs, checksum.digest())};
     } else if (auto committed = temp->commit(static_cast<mode_t>(file.mode & 0777 & ~s.server->umask)); !committed) {
         result = {.code = static_cast<std::uint32_t>(committed.error().code()),
-                  .text = committed.error().message().substr(0, max_text)};
+                  .text = describe(committed.error()).substr(0, max_text)};
     } else {
         result = {.code = 0, .text = temp->shown()};
     }
@@ -227,7 +227,7 @@ asio::awaitable<Result<void>> run_session(async::Connection& c, Session& s) {
         co_return std::unexpected(unexpected_message("hello", *first));
     s.hello = std::get<Hello>(*first);
     if (auto fits = check_hello(s.hello); !fits) {
-        const SessionError refusal{.code = EINVAL, .text = fits.error().message().substr(0, max_text)};
+        const SessionError refusal{.code = EINVAL, .text = describe(fits.error()).substr(0, max_text)};
         (void)co_await channel.say(refusal);
         co_return std::unexpected(fits.error());
     }
