@@ -8,7 +8,7 @@ PACKAGES=(
     # build
     g++ meson ninja-build pkg-config cmake
     libibverbs-dev librdmacm-dev libspdlog-dev libfmt-dev doctest-dev
-    # rdmaxx-copy's end-to-end checksum (XXH3-64, header-only: no link dependency)
+    # rdmaxx-copy's end-to-end checksum (XXH64, header-only: no link dependency)
     libxxhash-dev
     # lib/async's runtime (standalone, header-only)
     libasio-dev

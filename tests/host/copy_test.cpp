@@ -275,7 +275,7 @@ TEST_CASE("copy options: client, server, sizes and what is refused") {
         CHECK(man.find(section) != std::string_view::npos);
 }
 
-TEST_CASE("copy output: lines, JSON, ETA; the checksum is XXH3-64") {
+TEST_CASE("copy output: lines, JSON, ETA; the checksum is XXH64") {
     const FileReport ok{.file = "a \"b\"\n", .stored_as = "x", .bytes = 1 << 20, .seconds = 0.5, .ok = true, .error = {}};
     CHECK(json_line(ok) == R"({"file": "a \"b\"\n", "ok": true, "bytes": 1048576, "seconds": 0.500000, )"
                            R"("mib_per_s": 2.000, "stored_as": "x"})");
@@ -286,8 +286,8 @@ TEST_CASE("copy output: lines, JSON, ETA; the checksum is XXH3-64") {
     CHECK(format_eta(3661) == "1:01:01");
     CHECK(format_eta(-1) == "--:--");
     CHECK(progress_line("f", 50, 100, 1.0).find(" 50.0%") != std::string::npos);
-    // XXH3-64's published value for no input, and streaming equals one shot
-    CHECK(checksum_of({}) == 0x2d06800538d394c2ull);
+    // XXH64's published value for no input, and streaming equals one shot
+    CHECK(checksum_of({}) == 0xef46db3751d8e999ull);
     std::vector<std::byte> bytes(100'000);
     for (std::size_t i = 0; i < bytes.size(); ++i)
         bytes[i] = static_cast<std::byte>(i * 31);

@@ -21,7 +21,7 @@ Result<Channel> Channel::open(async::Connection& connection) {
     return Channel(connection, std::move(*out));
 }
 
-asio::awaitable<Result<void>> Channel::say(Message message) {
+asio::awaitable<Result<void>> Channel::say(const Message& message) {
     encode(message, encoded_);
     std::memcpy(out_.data(), encoded_.data(), encoded_.size());
     const LocalSlice slice = out_.slice(0, encoded_.size());

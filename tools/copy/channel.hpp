@@ -22,7 +22,8 @@ class Channel {
 public:
     // Programming error: the connection's max_message below copy::max_message.
     static Result<Channel> open(async::Connection& connection);
-    asio::awaitable<Result<void>> say(Message message);
+    // g++ 12: pass a named Message, not a temporary built inside the co_await.
+    asio::awaitable<Result<void>> say(const Message& message);
     // The next message, decoded; an immediate on a message is a protocol Error.
     asio::awaitable<Result<Message>> hear(std::chrono::milliseconds timeout);
 

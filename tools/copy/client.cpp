@@ -157,7 +157,8 @@ asio::awaitable<Result<void>> send_one(asio::any_io_executor executor, Client& c
                   .flags = static_cast<std::uint8_t>(o.files.size() > 1 ? file_into_directory : 0),
                   .target = o.target.substr(0, max_target),
                   .name = base_name(file.path).substr(0, max_name)};
-    if (auto ok = co_await sh.channel->say(std::move(announce)); !ok) {
+    const Message file_message = std::move(announce);
+    if (auto ok = co_await sh.channel->say(file_message); !ok) {
         finish(false, describe(ok.error()));
         co_return std::unexpected(ok.error());
     }
@@ -224,7 +225,8 @@ asio::awaitable<Result<void>> send_one(asio::any_io_executor executor, Client& c
         finish(false, describe(*failed));
         co_return std::unexpected(*failed);
     }
-    if (auto ok = co_await sh.channel->say(Done{.checksum = checksum.digest()}); !ok) {
+    const Message done = Done{.checksum = checksum.digest()};
+    if (auto ok = co_await sh.channel->say(done); !ok) {
         client.progress.finish();
         finish(false, describe(ok.error()));
         co_return std::unexpected(ok.error());
@@ -276,7 +278,7 @@ asio::awaitable<Result<void>> run_session(asio::any_io_executor ex, Client& cl, 
     if (!opened)
         co_return std::unexpected(opened.error());
     Channel channel = std::move(*opened);
-    const Hello hello{.block = op.block, .depth = op.depth, .files = count, .total_bytes = bytes};
+    const Message hello = Hello{.block = op.block, .depth = op.depth, .files = count, .total_bytes = bytes};
     if (auto ok = co_await channel.say(hello); !ok)
         co_return std::unexpected(ok.error());
     auto ready = co_await channel.hear(cl.connection.timeout);

@@ -187,7 +187,7 @@ DESCRIPTION
     flight, from the client's registered staging memory into a staging region the
     server lends for the session; the server writes each block to a temporary file
     (.NAME.rdmaxx-XXXXXX, beside the final name) with ordinary I/O. Both sides hash
-    the bytes (XXH3-64); when they match the server syncs the file and renames it
+    the bytes (XXH64); when they match the server syncs the file and renames it
     over the final name, otherwise it removes it and the client reports an error.
     No partial file is ever left under the final name, and none at all once a
     broken connection is noticed.

@@ -13,7 +13,7 @@
 //   file    (c->s) size u64, mode u32, flags u8, target_len u16, name_len u16, target, name
 //   file_ok (s->c) -                      send the chunks
 //   ack     (s->c) through u32            chunks 0..through-1 are written: their slots are free
-//   done    (c->s) checksum u64           XXH3-64 of the file's bytes
+//   done    (c->s) checksum u64           XXH64 of the file's bytes
 //   result  (s->c) code u32, text_len u16, text   per file: 0 and the final name, or errno and why
 //   error   (s->c) code u32, text_len u16, text   the session ends (the server closes)
 //

@@ -146,11 +146,13 @@ asio::awaitable<Result<bool>> receive_file(async::Connection& c, Channel& channe
         log(s.id, fmt::format("refused '{}' -> '{}': {}", file.name, file.target, why));
         FileResult refusal{.code = static_cast<std::uint32_t>(temp.error().code()),
                            .text = why.substr(0, max_text)};
-        if (auto ok = co_await channel.say(std::move(refusal)); !ok)
+        const Message refused = std::move(refusal);
+        if (auto ok = co_await channel.say(refused); !ok)
             co_return std::unexpected(ok.error());
         co_return false;
     }
-    if (auto ok = co_await channel.say(FileOk{}); !ok)
+    const Message go = FileOk{};
+    if (auto ok = co_await channel.say(go); !ok)
         co_return std::unexpected(ok.error());
 
     const auto started = Clock::now();
@@ -176,13 +178,16 @@ asio::awaitable<Result<bool>> receive_file(async::Connection& c, Channel& channe
             const SessionError failure{.code = static_cast<std::uint32_t>(wrote.error().code()),
                                        .text = fmt::format("writing '{}': {}", temp->shown(), wrote.error().message())
                                                    .substr(0, max_text)};
-            (void)co_await channel.say(failure);
+            const Message fatal = failure;
+            (void)co_await channel.say(fatal);
             co_return std::unexpected(wrote.error());
         }
         checksum.update(std::span(slot, length));
-        if ((i + 1) % ack_every == 0 || i + 1 == *chunks)
-            if (auto ok = co_await channel.say(Ack{.through = i + 1}); !ok)
+        if ((i + 1) % ack_every == 0 || i + 1 == *chunks) {
+            const Message ack = Ack{.through = i + 1};
+            if (auto ok = co_await channel.say(ack); !ok)
                 co_return std::unexpected(ok.error());
+        }
     }
     auto done = co_await channel.hear(s.server->connection.timeout);
     if (!done)
@@ -208,7 +213,8 @@ asio::awaitable<Result<bool>> receive_file(async::Connection& c, Channel& channe
     else
         log(s.id, fmt::format("failed: {}", result.text));
     const bool stored = result.code == 0;
-    if (auto ok = co_await channel.say(std::move(result)); !ok)
+    const Message verdict = std::move(result);
+    if (auto ok = co_await channel.say(verdict); !ok)
         co_return std::unexpected(ok.error());
     co_return stored;
 }
@@ -228,7 +234,8 @@ asio::awaitable<Result<void>> run_session(async::Connection& c, Session& s) {
     s.hello = std::get<Hello>(*first);
     if (auto fits = check_hello(s.hello); !fits) {
         const SessionError refusal{.code = EINVAL, .text = describe(fits.error()).substr(0, max_text)};
-        (void)co_await channel.say(refusal);
+        const Message refused = refusal;
+        (void)co_await channel.say(refused);
         co_return std::unexpected(fits.error());
     }
     const std::size_t staging_bytes = std::size_t{s.hello.block} * s.hello.depth;
@@ -244,7 +251,8 @@ asio::awaitable<Result<void>> run_session(async::Connection& c, Session& s) {
     s.lease_end = Clock::now() + lease;
     if (auto lent = co_await c.send_local_mr(std::move(*staging), lease); !lent)
         co_return std::unexpected(lent.error());
-    if (auto ok = co_await channel.say(Ready{}); !ok)
+    const Message ready = Ready{};
+    if (auto ok = co_await channel.say(ready); !ok)
         co_return std::unexpected(ok.error());
     for (;;) {
         auto next = co_await channel.hear(options.timeout);
