@@ -4,7 +4,7 @@ device (in the VM: rxe0, over TCP and RDMA CM): files of 0 B, 1 B, 4 KiB + 1 and
 256 MiB of random bytes, several at once, compared byte for byte under the server's
 final names; the destination rules; paths escaping the served directory refused
 (the server serving the next client); a client killed mid-file leaving neither the
-file nor its temporary; no temporary ever left behind.
+file nor its temporary; the progress line on a terminal; no temporary ever left behind.
 --pair (inside scripts/vm/pair.sh, see tests/device/in-pair.sh): 16 MiB each way
 (RDMAXX_COPY_PAIR_MIB) between rxeA and rxeB through the veth wire at 5 % netem loss.
 Exit 77 (skipped) without an RDMA device."""
@@ -151,6 +151,14 @@ def main_run():
     check("HOST:missing/: refused", r.returncode != 0 and "no directory" in r.stderr, r.stderr)
     line = client(server, [one], "sub").stdout
     check("a summary line per file when stdout is not a terminal", "one -> sub/one" in line and "MiB/s" in line, line)
+
+    # on a terminal: a progress line on stderr (script(1) gives the client a pseudo-terminal)
+    if shutil.which("script"):
+        command = " ".join([tool, "-p", str(server.port), "-b", "4K", page, "127.0.0.1:sub/on-a-tty"])
+        r = subprocess.run(["script", "-qec", command, "/dev/null"], capture_output=True, text=True, timeout=120)
+        check("on a terminal: a progress line (percent, MiB/s, ETA), then the summary",
+              r.returncode == 0 and "100.0%" in r.stdout and "MiB/s  ETA" in r.stdout and "\x1b[K" in r.stdout and
+              "-> sub/on-a-tty" in r.stdout, repr(r.stdout[-400:]))
 
     # escapes: refused with a clear message, nothing written outside, the server serves on
     outside = tempfile.mkdtemp(prefix="outside.", dir=work)

@@ -113,6 +113,8 @@ Result<void> pwrite_all(int fd, const std::byte* data, std::size_t length, std::
     return {};
 }
 
+bool closed_by_peer(const Error& e) { return e.is_errno(ECONNRESET); }
+
 // What one session has: the client's shape and the staging region lent to it.
 struct Session {
     Server* server = nullptr;
@@ -122,6 +124,7 @@ struct Session {
     Clock::time_point lease_end{};
     std::uint64_t stored = 0;
     std::uint64_t refused = 0;
+    bool mid_file = false; // between file_ok and the file's verdict: its bytes are moving
 };
 
 // Where the file goes, opened as a temporary file; an Error refuses it.
@@ -135,25 +138,28 @@ Result<TempFile> prepare(const Session& s, const File& file, const Result<std::u
     return TempFile::create(std::move(*destination));
 }
 
-// One file: Ok(true) stored, Ok(false) refused or mismatched (the session goes on),
-// an Error ends the session.
-asio::awaitable<Result<bool>> receive_file(async::Connection& c, Channel& channel, Session& s, File file) {
+// One file, counted in s.stored or s.refused (the session goes on); an Error ends
+// the session.
+asio::awaitable<Result<void>> receive_file(async::Connection& c, Channel& channel, Session& s, File file) {
     const std::uint32_t block = s.hello.block;
     const auto chunks = chunk_count(file.size, block);
     Result<TempFile> temp = prepare(s, file, chunks);
     if (!temp) {
         const std::string why = describe(temp.error());
         log(s.id, fmt::format("refused '{}' -> '{}': {}", file.name, file.target, why));
-        FileResult refusal{.code = static_cast<std::uint32_t>(temp.error().code()),
+        // a refusal's code is never 0 (the client would read success)
+        FileResult refusal{.code = static_cast<std::uint32_t>(temp.error().code() != 0 ? temp.error().code() : EIO),
                            .text = why.substr(0, max_text)};
         const Message refused = std::move(refusal);
         if (auto ok = co_await channel.say(refused); !ok)
             co_return std::unexpected(ok.error());
-        co_return false;
+        ++s.refused;
+        co_return Result<void>{};
     }
     const Message go = FileOk{};
     if (auto ok = co_await channel.say(go); !ok)
         co_return std::unexpected(ok.error());
+    s.mid_file = true;
 
     const auto started = Clock::now();
     const auto chunk_bound = bound_for(s.server->connection, block);
@@ -201,7 +207,7 @@ asio::awaitable<Result<bool>> receive_file(async::Connection& c, Channel& channe
                   .text = fmt::format("checksum mismatch on '{}' (sent {:016x}, written {:016x}): not stored",
                                       temp->shown(), theirs, checksum.digest())};
     } else if (auto committed = temp->commit(static_cast<mode_t>(file.mode & 0777 & ~s.server->umask)); !committed) {
-        result = {.code = static_cast<std::uint32_t>(committed.error().code()),
+        result = {.code = static_cast<std::uint32_t>(committed.error().code() != 0 ? committed.error().code() : EIO),
                   .text = describe(committed.error()).substr(0, max_text)};
     } else {
         result = {.code = 0, .text = temp->shown()};
@@ -212,11 +218,12 @@ asio::awaitable<Result<bool>> receive_file(async::Connection& c, Channel& channe
                               seconds > 0 ? static_cast<double>(file.size) / (1 << 20) / seconds : 0.0));
     else
         log(s.id, fmt::format("failed: {}", result.text));
-    const bool stored = result.code == 0;
+    ++(result.code == 0 ? s.stored : s.refused);
+    s.mid_file = false; // stored or removed: a client gone from here on lost nothing
     const Message verdict = std::move(result);
     if (auto ok = co_await channel.say(verdict); !ok)
         co_return std::unexpected(ok.error());
-    co_return stored;
+    co_return Result<void>{};
 }
 
 // The session's protocol; Ok when the client said goodbye.
@@ -256,16 +263,20 @@ asio::awaitable<Result<void>> run_session(async::Connection& c, Session& s) {
         co_return std::unexpected(ok.error());
     for (;;) {
         auto next = co_await channel.hear(options.timeout);
-        if (!next && next.error().kind() == Error::Kind::system && next.error().code() == ECONNRESET)
+        if (!next && closed_by_peer(next.error()))
             co_return Result<void>{}; // the client closed: done
         if (!next)
             co_return std::unexpected(next.error());
         if (!std::holds_alternative<File>(*next))
             co_return std::unexpected(unexpected_message("file", *next));
         auto file = co_await receive_file(c, channel, s, std::get<File>(std::move(*next)));
+        // a client that closes once it has its last verdict may do so before our send
+        // of it completed here (under loss its acknowledgement can come late): that is
+        // the session's end, not a failure
+        if (!file && !s.mid_file && closed_by_peer(file.error()))
+            co_return Result<void>{};
         if (!file)
             co_return std::unexpected(file.error());
-        ++(*file ? s.stored : s.refused);
     }
 }
 
