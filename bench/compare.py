@@ -63,6 +63,17 @@ PIN_CPUS = (os.cpu_count() or 1) >= 2
 port = 19000
 
 
+def device_and_gid(none_here):
+    """This machine's device ($RDMAXX_DEVICE, else the first) and the GID index to use
+    ($RDMAXX_GID_INDEX, or the VM's; None: the tools' default); exits with `none_here`
+    when there is no device."""
+    devices = sorted(os.path.basename(d) for d in glob.glob("/sys/class/infiniband/*"))
+    if not devices:
+        sys.exit(none_here)
+    device = os.environ.get("RDMAXX_DEVICE") or devices[0]
+    return device, os.environ.get("RDMAXX_GID_INDEX") or os.environ.get("RDMAXX_VM_GID_INDEX")
+
+
 def listening(p):
     return f":{p} " in subprocess.run(["ss", "-ltn"], capture_output=True, text=True).stdout
 
@@ -182,11 +193,7 @@ def main():
     if args.post_list != 1:
         name += f"-l{args.post_list}"
     sizes = [2 << i for i in range(20)] if args.sizes == "all" else [int(s) for s in args.sizes.split(",")]
-    devices = sorted(os.path.basename(d) for d in glob.glob("/sys/class/infiniband/*"))
-    if not devices:
-        sys.exit("compare: no RDMA device here (run it with bench/compare.sh, which uses the VM)")
-    device = os.environ.get("RDMAXX_DEVICE") or devices[0]
-    gid = os.environ.get("RDMAXX_GID_INDEX") or os.environ.get("RDMAXX_VM_GID_INDEX")
+    device, gid = device_and_gid("compare: no RDMA device here (run it with bench/compare.sh, which uses the VM)")
     common = ["-d", device] + (["-x", gid] if gid else [])
     host = "127.0.0.1"
 

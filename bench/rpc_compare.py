@@ -24,7 +24,6 @@ ud_verbs, then rc_v,ud_v, UCX_NET_DEVICES=DEVICE:1); every attempt's error is ke
 the results. TCP is tried last and reported apart: it does not count.
 Server and client pinned to CPUs 0 and 1 (compare.py's run_pair)."""
 import argparse
-import glob
 import json
 import os
 import shutil
@@ -187,11 +186,8 @@ def main():
     ap.add_argument("--window", type=int, default=32)
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args()
-    devices = sorted(os.path.basename(d) for d in glob.glob("/sys/class/infiniband/*"))
-    if not devices:
-        sys.exit("rpc_compare: no RDMA device here (run it with bench/compare.sh BUILD --rpc, which uses the VM)")
-    device = os.environ.get("RDMAXX_DEVICE") or devices[0]
-    gid = os.environ.get("RDMAXX_GID_INDEX") or os.environ.get("RDMAXX_VM_GID_INDEX")
+    device, gid = compare.device_and_gid(
+        "rpc_compare: no RDMA device here (run it with bench/compare.sh BUILD --rpc, which uses the VM)")
     size = str(args.size)
     host = "127.0.0.1"
     lat_iters, bw_iters, ucx_lat_iters, ucx_bw_iters = 5000, 20000, 5000, 20000

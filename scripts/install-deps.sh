@@ -8,6 +8,8 @@ PACKAGES=(
     # build
     g++ meson ninja-build pkg-config cmake
     libibverbs-dev librdmacm-dev libspdlog-dev libfmt-dev doctest-dev
+    # rdmaxx-copy's end-to-end checksum (XXH64, header-only: no link dependency)
+    libxxhash-dev
     # lib/async's runtime (standalone, header-only)
     libasio-dev
     # the libFuzzer target of the endpoint parser (g++ has no libFuzzer; clang 14

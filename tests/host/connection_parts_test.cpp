@@ -58,6 +58,16 @@ TEST_CASE("credit window: reports carry every reposted buffer; a failed post los
     CHECK(w.available() == 8);
 }
 
+TEST_CASE("credit window: a WRITE_WITH_IMM (no header) spends a credit and keeps the reports for the next message") {
+    CreditWindow w(8, 8);
+    w.reposted();
+    w.reposted();
+    w.spend_without_report();
+    CHECK(w.available() == 7);
+    CHECK(w.unreported() == 2); // lost here, they would never reach the peer: it runs dry
+    CHECK(w.spend() == 2);
+}
+
 // Two ends exchanging messages through their windows, as Link does: every message
 // carries the sender's unreported credits; a receiver reposts the buffer of a
 // control or credit-only message at once and a user message's when the application

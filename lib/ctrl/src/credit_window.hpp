@@ -56,6 +56,9 @@ public:
         unreported_ -= report;
         return report;
     }
+    // One credit spent by a WRITE_WITH_IMM, which has no header: the unreported
+    // credits stay for the next message (spend() would report them into nothing).
+    void spend_without_report() noexcept { --available_; }
     // Spent on a message whose post failed: the credit and the report are not lost.
     void unspend(std::uint16_t report) noexcept {
         ++available_;

@@ -564,7 +564,7 @@ Result<void> Link::take_op(std::uint32_t op) {
 }
 
 bool Link::can_take_user_credit() const { return credits_->can_send(CreditWindow::Use::user); }
-void Link::take_user_credit() { (void)credits_->spend(); } // a WRITE_WITH_IMM carries no header: it reports nothing
+void Link::take_user_credit() { credits_->spend_without_report(); } // a WRITE_WITH_IMM carries no header
 void Link::give_back_user_credit() { credits_->unspend(0); }
 
 Result<void> Link::wait_user_credit(Clock::time_point deadline) {
