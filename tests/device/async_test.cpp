@@ -41,7 +41,7 @@
 // pairs them).
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 
-// operator new is counted while a window is open (the zero-allocation case:
+// operator new and aligned_alloc are counted while a window is open (the zero-allocation case:
 // support/allocations.cpp).
 using rdmaxx::test::allocations;
 using rdmaxx::test::counting;

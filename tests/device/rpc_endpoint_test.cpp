@@ -977,7 +977,8 @@ TEST_CASE("rpc endpoint: a coroutine handler co_awaits before it answers, 8 at o
 }
 
 // ---------------------------------------------------------------------------------
-// Allocations per call: none once warm (operator new counted: support/allocations.cpp)
+// Allocations per call: none once warm (operator new and aligned_alloc counted:
+// support/allocations.cpp)
 
 namespace {
 

@@ -1,6 +1,6 @@
-// Counting operator new, for the zero-allocation tests: the replacement
-// (allocations.cpp) is linked into the programs that count, and counts every
-// allocation while `counting` is set.
+// Counting operator new and aligned_alloc (Asio's), for the zero-allocation tests: the
+// replacements (allocations.cpp) are linked into the programs that count, and count
+// every allocation while `counting` is set.
 #pragma once
 
 #include <atomic>
@@ -8,6 +8,7 @@
 namespace rdmaxx::test {
 
 extern std::atomic<bool> counting;
-extern std::atomic<long> allocations;
+extern std::atomic<long> allocations;         // operator new and aligned_alloc
+extern std::atomic<long> aligned_allocations; // aligned_alloc alone
 
 } // namespace rdmaxx::test

@@ -25,7 +25,7 @@ void fail(Op& op, Error why) {
         service.slab().release(op);
         return;
     }
-    op.table->complete(op, std::unexpected(std::move(why)), true, service.slab());
+    op.table->complete(op, std::unexpected(std::move(why)), true, service.slab(), service.handler_memory());
 }
 
 void post(Op& op) {
@@ -108,12 +108,15 @@ void retire(Op& op, const WorkCompletion& wc) {
     QpCore& qp = *op.qp;
     op.qp = nullptr; // a second completion naming it (a failed batch's flushes) is stale
     const bool recv = op.kind == Op::Kind::recv;
-    (recv ? qp.recv_credits : qp.send_credits) += op.credits;
+    std::uint32_t& credits = recv ? qp.recv_credits : qp.send_credits;
+    credits += op.credits;
     --qp.posted;
     if (!wc.ok() && !qp.dead) [[unlikely]]
         qp.dead = wc.error();
-    pump(qp, recv ? qp.recv_waiting : qp.send_waiting, recv ? qp.recv_credits : qp.send_credits);
-    if (qp.dead) // the other side's waiters fail too
+    // the common case, nothing waiting for credits, without a call
+    if (OpQueue& waiting = recv ? qp.recv_waiting : qp.send_waiting; !waiting.empty() || qp.dead)
+        pump(qp, waiting, credits);
+    if (qp.dead) [[unlikely]] // the other side's waiters fail too
         pump(qp, recv ? qp.send_waiting : qp.recv_waiting, recv ? qp.send_credits : qp.recv_credits);
 }
 

@@ -210,7 +210,9 @@ using Anchor = std::shared_ptr<EndpointCore*>;
 
 struct EndpointCore {
     EndpointCore(asio::io_context& io, EndpointOptions options)
-        : executor(io.get_executor()), options(std::move(options)), owner(std::this_thread::get_id()),
+        : executor(io.get_executor()),
+          call_site{executor, &asio::use_service<async::Completions>(io).handler_memory()},
+          options(std::move(options)), owner(std::this_thread::get_id()),
           anchor(std::make_shared<EndpointCore*>(this)), table(this->options.max_sessions, this->options.ring),
           ticker(io) {}
     ~EndpointCore();
@@ -297,6 +299,7 @@ struct EndpointCore {
     static asio::awaitable<Result<Session>> connect(Anchor anchor, std::string host, std::uint16_t port);
 
     asio::io_context::executor_type executor;
+    CallSite call_site; // `executor` and lib/async's handler memory of its io_context
     EndpointOptions options;
     std::thread::id owner;
     Anchor anchor;
@@ -643,7 +646,7 @@ void EndpointCore::arm_ticker() {
                 core->tick();
         }
     };
-    ticker.async_wait(Tick{anchor});
+    ticker.async_wait(asio::bind_allocator(async::detail::HandlerAllocator<void>(*call_site.memory), Tick{anchor}));
 }
 
 // Every active client session: calls past their deadline end (timeout), expired RTOs
@@ -1450,9 +1453,9 @@ void Session::start(std::uint8_t type, MessageBuffer& request, MessageBuffer& re
                  std::move(handler));
 }
 
-const asio::io_context::executor_type& Session::executor(std::source_location where) const {
+const detail::CallSite& Session::call_site(std::source_location where) const {
     require(core_ != nullptr, where, "Session::call on a moved-from Session");
-    return core_->executor;
+    return core_->call_site;
 }
 
 SessionInfo Session::info(std::source_location where) const {

@@ -69,6 +69,7 @@
 #include <asio/io_context.hpp>
 #include <asio/posix/stream_descriptor.hpp>
 
+#include <rdmaxx/async/detail/handler_memory.hpp>
 #include <rdmaxx/async/detail/op.hpp>
 #include <rdmaxx/data/events.hpp>
 #include <rdmaxx/wrap/context.hpp>
@@ -223,6 +224,8 @@ public:
     static constexpr std::size_t unlimited = ~std::size_t{0};
     /// Releases a pin of `cq`'s driver state; the last frees it.
     void unpin(detail::CqCore& cq) noexcept;
+    /// The memory of the handlers rdmaxx posts on this io_context's hot paths.
+    detail::HandlerMemory& handler_memory() noexcept { return handler_memory_; }
 
     /// @}
 
@@ -233,6 +236,9 @@ private:
     struct DeviceWake;
     struct IdleCheck;
     void shutdown() override;
+    // asio::post with the handler's memory from handler_memory_
+    template <class Handler>
+    void post_recycled(Handler&& handler);
     void spin(detail::CqCore& cq);
     void sleep(detail::CqCore& cq);
     void erase(detail::CqCore& cq) noexcept;
@@ -244,6 +250,7 @@ private:
     bool wanted(const detail::DeviceWatch& device) const noexcept;
     void settle(detail::DeviceWatch& device);
 
+    detail::HandlerMemory handler_memory_;
     detail::OpSlab slab_;
     std::vector<detail::CqCore*> cqs_;
     std::vector<detail::DeviceWatch*> devices_;

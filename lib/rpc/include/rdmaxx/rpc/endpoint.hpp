@@ -112,7 +112,8 @@
 #include <asio/cancellation_type.hpp>
 #include <asio/io_context.hpp>
 #include <asio/post.hpp>
-#include <asio/recycling_allocator.hpp>
+#include <asio/associated_allocator.hpp>
+#include <asio/bind_allocator.hpp>
 #include <asio/use_awaitable.hpp>
 
 #include <rdmaxx/async/completions.hpp>
@@ -200,9 +201,16 @@ class Session;
 namespace detail {
 struct EndpointCore;
 
-// A call's completion handler while its call is in flight: type-erased, in memory from
-// Asio's thread-local recycling allocator (no heap once warm), completed by posting it
-// to its executor (never inline: the endpoint may be inside a completion batch).
+// What a call's completion needs of its endpoint: the executor of its io_context, and
+// the memory its handler is kept and posted in (lib/async's, of that io_context).
+struct CallSite {
+    asio::io_context::executor_type executor;
+    async::detail::HandlerMemory* memory;
+};
+
+// A call's completion handler while its call is in flight: type-erased, in the
+// endpoint's handler memory (no heap once warm), completed by posting it to its executor
+// (never inline: the endpoint may be inside a completion batch).
 class StoredCall {
 public:
     // Where a cancellation of the call goes.
@@ -215,7 +223,7 @@ public:
     };
 
     template <class H>
-    static StoredCall store(H&& handler, const asio::io_context::executor_type& io);
+    static StoredCall store(H&& handler, const CallSite& site);
 
     StoredCall() = default;
     StoredCall(StoredCall&& other) noexcept : box_(std::exchange(other.box_, nullptr)), table_(other.table_) {}
@@ -244,7 +252,7 @@ private:
     template <class H>
     struct Box {
         H handler;
-        asio::io_context::executor_type io;
+        CallSite site;
         static void complete(void* box, Result<std::size_t>&& result);
         static void destroy(void* box) noexcept;
         static void free(Box* box) noexcept;
@@ -408,7 +416,7 @@ private:
                CallOptions options, detail::StoredCall handler, std::source_location where);
     void start(std::uint8_t type, MessageBuffer& request, MessageBuffer& response, CallOptions options,
                detail::StoredCall handler, std::source_location where);
-    const asio::io_context::executor_type& executor(std::source_location where) const;
+    const detail::CallSite& call_site(std::source_location where) const;
 
     detail::EndpointCore* core_;
     std::uint16_t number_;
@@ -493,7 +501,7 @@ auto Session::call(std::uint8_t type, std::span<const std::byte> request, std::s
                    CallOptions options, Token&& token, std::source_location where) {
     return asio::async_initiate<Token, void(Result<std::size_t>)>(
         [this, type, request, response, options, where](auto handler) {
-            start(type, request, response, options, detail::StoredCall::store(std::move(handler), executor(where)),
+            start(type, request, response, options, detail::StoredCall::store(std::move(handler), call_site(where)),
                   where);
         },
         token);
@@ -504,7 +512,7 @@ auto Session::call(std::uint8_t type, MessageBuffer& request, MessageBuffer& res
                    Token&& token, std::source_location where) {
     return asio::async_initiate<Token, void(Result<std::size_t>)>(
         [this, type, &request, &response, options, where](auto handler) {
-            start(type, request, response, options, detail::StoredCall::store(std::move(handler), executor(where)),
+            start(type, request, response, options, detail::StoredCall::store(std::move(handler), call_site(where)),
                   where);
         },
         token);
@@ -513,11 +521,11 @@ auto Session::call(std::uint8_t type, MessageBuffer& request, MessageBuffer& res
 namespace detail {
 
 template <class H>
-StoredCall StoredCall::store(H&& handler, const asio::io_context::executor_type& io) {
+StoredCall StoredCall::store(H&& handler, const CallSite& site) {
     using B = Box<std::decay_t<H>>;
-    asio::recycling_allocator<B> alloc;
+    async::detail::HandlerAllocator<B> alloc(*site.memory);
     B* box = alloc.allocate(1);
-    new (box) B{std::forward<H>(handler), io};
+    new (box) B{std::forward<H>(handler), site};
     StoredCall stored;
     stored.box_ = box;
     stored.table_ = &B::table;
@@ -526,8 +534,8 @@ StoredCall StoredCall::store(H&& handler, const asio::io_context::executor_type&
 
 template <class H>
 void StoredCall::Box<H>::free(Box* box) noexcept {
+    async::detail::HandlerAllocator<Box> alloc(*box->site.memory);
     box->~Box();
-    asio::recycling_allocator<Box> alloc;
     alloc.deallocate(box, 1);
 }
 
@@ -537,15 +545,29 @@ void StoredCall::Box<H>::complete(void* raw, Result<std::size_t>&& result) {
     auto* box = static_cast<Box*>(raw);
     asio::get_associated_cancellation_slot(box->handler).clear();
     H handler(std::move(box->handler));
-    const auto io = box->io;
+    const CallSite site = box->site;
     free(box);
     struct Call {
         H handler;
         Result<std::size_t> result;
         void operator()() { std::move(handler)(std::move(result)); }
     };
-    const auto executor = asio::get_associated_executor(handler, io);
-    asio::post(executor, Call{std::move(handler), std::move(result)});
+    const auto executor = asio::get_associated_executor(handler, site.executor);
+    if constexpr (std::is_same_v<asio::associated_allocator_t<H>, std::allocator<void>>) {
+        auto call = asio::bind_allocator(async::detail::HandlerAllocator<void>(*site.memory),
+                                         Call{std::move(handler), std::move(result)});
+        // A coroutine's handler names its executor type-erased (any_io_executor), whose
+        // post wraps the call in memory of Asio's own cache (two allocations per call when
+        // that cache holds blocks of other sizes): when it is the endpoint's io_context,
+        // posted there as it is, the same executor.
+        if constexpr (!std::is_same_v<std::decay_t<decltype(executor)>, asio::io_context::executor_type>)
+            if (const auto* io = executor.template target<asio::io_context::executor_type>();
+                io != nullptr && *io == site.executor)
+                return asio::post(*io, std::move(call));
+        asio::post(executor, std::move(call));
+    } else { // the handler's own allocator, as Asio's rule asks
+        asio::post(executor, Call{std::move(handler), std::move(result)});
+    }
 }
 
 template <class H>
