@@ -6,7 +6,6 @@
 #include <array>
 #include <thread>
 
-#include <asio/bind_allocator.hpp>
 #include <asio/post.hpp>
 
 namespace rdmaxx::async {
@@ -112,8 +111,7 @@ Completions::~Completions() {
 
 template <class Handler>
 void Completions::post_recycled(Handler&& handler) {
-    asio::post(get_io_context(),
-               asio::bind_allocator(detail::HandlerAllocator<void>(handler_memory_), std::forward<Handler>(handler)));
+    asio::post(get_io_context(), detail::with_memory(handler_memory_, std::forward<Handler>(handler)));
 }
 
 // Posted, never run inline: start() runs inside an operation's initiating function,
@@ -159,7 +157,7 @@ void Completions::sleep(detail::CqCore& cq) {
         return;
     }
     cq.channel->async_wait(asio::posix::stream_descriptor::wait_read,
-                           asio::bind_allocator(detail::HandlerAllocator<void>(handler_memory_), Wake{Turn(cq)}));
+                           detail::with_memory(handler_memory_, Wake{Turn(cq)}));
 }
 
 std::size_t Completions::drain(detail::CqCore& cq, bool defer, std::size_t limit) {
@@ -234,9 +232,9 @@ std::size_t Completions::take(detail::CqCore& cq, bool defer, std::size_t limit)
             if (shut_down_)
                 op.table->destroy(op), slab_.release(op);
             else if (failed && (*failed)[k]) [[unlikely]]
-                op.table->complete(op, std::unexpected(std::move(*(*failed)[k])), defer, slab_, handler_memory_);
+                op.table->complete(op, std::unexpected(std::move(*(*failed)[k])), defer, slab_);
             else
-                op.table->complete(op, *taken[k], defer, slab_, handler_memory_);
+                op.table->complete(op, *taken[k], defer, slab_);
         }
         completed += static_cast<std::size_t>(found);
         if (n < batch || completed >= limit)

@@ -25,7 +25,7 @@ void fail(Op& op, Error why) {
         service.slab().release(op);
         return;
     }
-    op.table->complete(op, std::unexpected(std::move(why)), true, service.slab(), service.handler_memory());
+    op.table->complete(op, std::unexpected(std::move(why)), true, service.slab());
 }
 
 void post(Op& op) {

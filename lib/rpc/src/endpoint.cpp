@@ -646,7 +646,7 @@ void EndpointCore::arm_ticker() {
                 core->tick();
         }
     };
-    ticker.async_wait(asio::bind_allocator(async::detail::HandlerAllocator<void>(*call_site.memory), Tick{anchor}));
+    ticker.async_wait(async::detail::with_memory(*call_site.memory, Tick{anchor}));
 }
 
 // Every active client session: calls past their deadline end (timeout), expired RTOs

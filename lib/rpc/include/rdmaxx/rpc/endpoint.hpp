@@ -113,7 +113,6 @@
 #include <asio/io_context.hpp>
 #include <asio/post.hpp>
 #include <asio/associated_allocator.hpp>
-#include <asio/bind_allocator.hpp>
 #include <asio/use_awaitable.hpp>
 
 #include <rdmaxx/async/completions.hpp>
@@ -554,8 +553,7 @@ void StoredCall::Box<H>::complete(void* raw, Result<std::size_t>&& result) {
     };
     const auto executor = asio::get_associated_executor(handler, site.executor);
     if constexpr (std::is_same_v<asio::associated_allocator_t<H>, std::allocator<void>>) {
-        auto call = asio::bind_allocator(async::detail::HandlerAllocator<void>(*site.memory),
-                                         Call{std::move(handler), std::move(result)});
+        auto call = async::detail::with_memory(*site.memory, Call{std::move(handler), std::move(result)});
         // A coroutine's handler names its executor type-erased (any_io_executor), whose
         // post wraps the call in memory of Asio's own cache (two allocations per call when
         // that cache holds blocks of other sizes): when it is the endpoint's io_context,

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <new>
+#include <type_traits>
 #include <utility>
 
 namespace rdmaxx::async::detail {
@@ -52,7 +53,7 @@ private:
     Block* free_ = nullptr;
 };
 
-// A standard allocator over a HandlerMemory, for asio::bind_allocator.
+// A standard allocator over a HandlerMemory (WithMemory's associated allocator).
 template <class T>
 class HandlerAllocator {
 public:
@@ -75,5 +76,27 @@ public:
 private:
     HandlerMemory* memory_;
 };
+
+// `handler` with its memory in a HandlerMemory (its associated allocator) and no other
+// association: posted to an executor, it runs there directly. (asio::bind_allocator
+// forwards the executor association too, which makes asio::post wrap the handler in a
+// work dispatcher: an atomic work count and a second dispatch per post.)
+template <class Handler>
+struct WithMemory {
+    using allocator_type = HandlerAllocator<void>;
+    Handler handler;
+    HandlerMemory* memory;
+
+    allocator_type get_allocator() const noexcept { return allocator_type(*memory); }
+    template <class... Args>
+    void operator()(Args&&... args) {
+        handler(std::forward<Args>(args)...);
+    }
+};
+
+template <class Handler>
+WithMemory<std::decay_t<Handler>> with_memory(HandlerMemory& memory, Handler&& handler) {
+    return {std::forward<Handler>(handler), &memory};
+}
 
 } // namespace rdmaxx::async::detail

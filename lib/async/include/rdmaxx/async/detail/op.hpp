@@ -15,7 +15,6 @@
 #include <vector>
 
 #include <asio/associated_allocator.hpp>
-#include <asio/bind_allocator.hpp>
 #include <asio/associated_cancellation_slot.hpp>
 #include <asio/associated_executor.hpp>
 #include <asio/dispatch.hpp>
@@ -24,7 +23,6 @@
 #include <asio/prefer.hpp>
 #include <asio/recycling_allocator.hpp>
 
-#include <rdmaxx/async/detail/handler_memory.hpp>
 #include <rdmaxx/data/completion.hpp>
 #include <rdmaxx/data/post.hpp>
 
@@ -42,9 +40,8 @@ class OpSlab;
 struct HandlerTable {
     // Moves the handler out of the slot, frees its storage and calls it with the
     // result: inline when `defer` is false and the handler's executor allows it (the
-    // service's poll loop, already on the io_context's thread), else posted (in
-    // `memory`, unless the handler brings its own allocator).
-    void (*complete)(Op& op, OpResult&& result, bool defer, OpSlab& slab, HandlerMemory& memory);
+    // service's poll loop, already on the io_context's thread), else posted.
+    void (*complete)(Op& op, OpResult&& result, bool defer, OpSlab& slab);
     // Destroys the handler uncalled (the io_context is shutting down).
     void (*destroy)(Op& op) noexcept;
 };
@@ -187,7 +184,7 @@ struct HandlerBox {
                                         std::is_nothrow_move_constructible_v<Handler>;
 
     static void store(Op& op, Handler h, const IoExecutor& io);
-    static void complete(Op& op, OpResult&& result, bool defer, OpSlab& slab, HandlerMemory& memory);
+    static void complete(Op& op, OpResult&& result, bool defer, OpSlab& slab);
     static void destroy(Op& op) noexcept;
     static constexpr HandlerTable table{&complete, &destroy};
 
@@ -216,8 +213,7 @@ void HandlerBox<Handler, IoExecutor>::store(Op& op, Handler h, const IoExecutor&
 }
 
 template <class Handler, class IoExecutor>
-void HandlerBox<Handler, IoExecutor>::complete(Op& op, OpResult&& result, bool defer, OpSlab& slab,
-                                               HandlerMemory& memory) {
+void HandlerBox<Handler, IoExecutor>::complete(Op& op, OpResult&& result, bool defer, OpSlab& slab) {
     auto* box = static_cast<HandlerBox*>(op.handler);
     // Asio's rule: the operation's memory is free before its handler runs (which may
     // start the next operation in the same slot)
@@ -239,18 +235,10 @@ void HandlerBox<Handler, IoExecutor>::complete(Op& op, OpResult&& result, bool d
         void operator()() { std::move(handler)(std::move(result)); }
     };
     const Executor executor = asio::get_associated_executor(handler, io); // `work` held until it has the call
-    if constexpr (std::is_same_v<asio::associated_allocator_t<Handler>, std::allocator<void>>) {
-        auto call = asio::bind_allocator(HandlerAllocator<void>(memory), Call{std::move(handler), std::move(result)});
-        if (defer)
-            asio::post(executor, std::move(call));
-        else
-            asio::dispatch(executor, std::move(call));
-    } else { // the handler's own allocator, as Asio's rule asks
-        if (defer)
-            asio::post(executor, Call{std::move(handler), std::move(result)});
-        else
-            asio::dispatch(executor, Call{std::move(handler), std::move(result)});
-    }
+    if (defer)
+        asio::post(executor, Call{std::move(handler), std::move(result)});
+    else
+        asio::dispatch(executor, Call{std::move(handler), std::move(result)});
 }
 
 template <class Handler, class IoExecutor>
