@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include <cli/flag.hpp>
+
 namespace rdmaxx::perf {
 namespace {
 
@@ -136,20 +138,13 @@ Result<Options> parse_options(std::span<const std::string_view> args) {
     std::optional<std::uint32_t> size, iters, tx_depth, window;
     bool all = false;
     for (std::size_t i = 0; i < args.size(); ++i) {
-        std::string_view arg = args[i];
-        std::optional<std::string_view> attached;
-        if (arg.starts_with("--"))
-            if (const auto eq = arg.find('='); eq != std::string_view::npos)
-                attached = arg.substr(eq + 1), arg = arg.substr(0, eq);
-        const auto is = [&](std::string_view shorter, std::string_view longer) {
-            return (!shorter.empty() && arg == shorter) || arg == longer;
-        };
+        const cli::Flag flag = cli::split_flag(args[i]);
+        const std::string_view arg = flag.name;
+        const auto is = [&](std::string_view shorter, std::string_view longer) { return flag.is(shorter, longer); };
         std::optional<Error> missing;
         const auto value = [&]() -> std::string_view {
-            if (attached)
-                return *attached;
-            if (i + 1 < args.size())
-                return args[++i];
+            if (const auto v = cli::flag_value(flag, args, i))
+                return *v;
             missing = invalid(fmt::format("{} needs a value", arg));
             return {};
         };

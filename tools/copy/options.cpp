@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include <cli/flag.hpp>
+
 #include "protocol.hpp"
 
 namespace rdmaxx::copy {
@@ -80,20 +82,13 @@ Result<Options> parse_options(std::span<const std::string_view> args) {
             only_positional = true;
             continue;
         }
-        std::optional<std::string_view> attached;
-        if (arg.starts_with("--"))
-            if (const auto eq = arg.find('='); eq != std::string_view::npos)
-                attached = arg.substr(eq + 1), arg = arg.substr(0, eq);
-        const auto is = [&](std::string_view shorter, std::string_view longer) {
-            return (!shorter.empty() && arg == shorter) || arg == longer;
-        };
+        const cli::Flag flag = cli::split_flag(arg);
+        arg = flag.name;
+        const auto is = [&](std::string_view shorter, std::string_view longer) { return flag.is(shorter, longer); };
         std::optional<std::string_view> value;
         if (takes_value(arg)) {
-            if (attached)
-                value = attached;
-            else if (i + 1 < args.size())
-                value = args[++i];
-            else
+            value = cli::flag_value(flag, args, i);
+            if (!value)
                 return std::unexpected(invalid(fmt::format("{} needs a value", arg)));
         }
         if (is("-h", "--help")) {
