@@ -178,34 +178,27 @@ Result<void> CmConnection::establish(std::source_location where) {
 
 // --- CmRequest --------------------------------------------------------------------
 
-CmRequest::CmRequest(CmRequest&&) noexcept = default;
-CmRequest& CmRequest::operator=(CmRequest&& other) noexcept {
+CmRequest::Pending& CmRequest::Pending::operator=(Pending&& other) noexcept {
     if (this != &other) {
         reject_unanswered();
-        connection_ = std::move(other.connection_);
-        offer_ = std::move(other.offer_);
-        connected_qpn_ = other.connected_qpn_;
-        retry_cnt_ = other.retry_cnt_;
-        rnr_retry_ = other.rnr_retry_;
-        answered_ = other.answered_;
+        connection = std::move(other.connection);
+        answered = other.answered;
     }
     return *this;
 }
 
-CmRequest::~CmRequest() { reject_unanswered(); }
-
-void CmRequest::reject_unanswered() noexcept {
-    if (!answered_ && connection_.session_)
-        rdma_reject(connection_.session_->id(), nullptr, 0);
+void CmRequest::Pending::reject_unanswered() noexcept {
+    if (!answered && connection.session_) // a moved-from connection has no session
+        rdma_reject(connection.session_->id(), nullptr, 0);
 }
 
 const std::string& CmRequest::peer(std::source_location where) const {
-    return connection_.session("CmRequest", where).peer();
+    return pending_.connection.session("CmRequest", where).peer();
 }
 
 void CmRequest::reject(std::source_location where) && {
-    rdma_reject(connection_.session("CmRequest", where).id(), nullptr, 0);
-    answered_ = true;
+    rdma_reject(pending_.connection.session("CmRequest", where).id(), nullptr, 0);
+    pending_.answered = true;
 }
 
 Result<void> CmRequest::connect(QueuePair& qp, const QpConnectOptions& options, std::source_location where) {
@@ -235,12 +228,12 @@ Result<CmConnection> CmRequest::answer(const QueuePair& qp, std::span<const std:
             metadata.size(), max_accept_metadata);
     require(connected_qpn_ == qp.qpn(), where, "CmRequest::accept with QP {:#x}, which its connect() did not connect",
             qp.qpn());
-    CmSession& cm = connection_.session("CmRequest", where);
+    CmSession& cm = pending_.connection.session("CmRequest", where);
     Param param = conn_param(cm.id(), qp, metadata, retry_cnt_, rnr_retry_);
-    answered_ = true;
+    pending_.answered = true;
     if (rdma_accept(cm.id(), &param.raw) != 0)
         return std::unexpected(Error::from_last_errno("rdma_accept", "{}", cm.peer()));
-    return std::move(connection_);
+    return std::move(pending_.connection);
 }
 
 // --- CmListener -------------------------------------------------------------------

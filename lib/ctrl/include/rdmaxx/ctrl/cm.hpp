@@ -113,15 +113,16 @@ private:
 class CmRequest {
 public:
     /// Takes `other`'s request; `other` is left moved-from.
-    CmRequest(CmRequest&&) noexcept;
+    CmRequest(CmRequest&&) noexcept = default;
     /// Rejects this request if it is unanswered (as the destructor does), then takes `other`'s.
-    CmRequest& operator=(CmRequest&&) noexcept;
-    ~CmRequest();
+    CmRequest& operator=(CmRequest&&) noexcept = default;
+    /// Rejects the request if it is unanswered.
+    ~CmRequest() = default;
 
     /// The local device the request came through: create the QP on a Context of it.
-    const std::string& device() const noexcept { return connection_.device(); }
+    const std::string& device() const noexcept { return pending_.connection.device(); }
     /// The port of device() the request came through.
-    std::uint8_t ib_port() const noexcept { return connection_.ib_port(); }
+    std::uint8_t ib_port() const noexcept { return pending_.connection.ib_port(); }
     /// "host:port" of the peer, for messages.
     /// @misuse a moved-from request (here, in connect(), accept(), answer() and reject()).
     const std::string& peer(std::source_location where = std::source_location::current()) const;
@@ -154,13 +155,22 @@ public:
 private:
     friend class CmListener;
     CmRequest(CmConnection connection, EndpointMessage offer)
-        : connection_(std::move(connection)), offer_(std::move(offer)) {}
-    void reject_unanswered() noexcept;
-    CmConnection connection_;
+        : pending_(std::move(connection)), offer_(std::move(offer)) {}
+    // The request's connection and whether it was answered: dropped or replaced while
+    // unanswered, it rejects the peer (so that CmRequest's own moves stay the defaults).
+    struct Pending {
+        explicit Pending(CmConnection c) noexcept : connection(std::move(c)) {}
+        Pending(Pending&&) noexcept = default;
+        Pending& operator=(Pending&& other) noexcept;
+        ~Pending() { reject_unanswered(); }
+        void reject_unanswered() noexcept;
+        CmConnection connection;
+        bool answered = false;
+    };
+    Pending pending_;
     EndpointMessage offer_;
     std::uint32_t connected_qpn_ = 0;
     std::uint8_t retry_cnt_ = 7, rnr_retry_ = 6; // connect()'s options
-    bool answered_ = false;
 };
 
 /// Listens for RDMA CM connect requests on an address: next() hands out each one as a
