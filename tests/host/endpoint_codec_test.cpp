@@ -1,9 +1,11 @@
+#include <array>
 #include <cstring>
 #include <random>
 
 #include <doctest/doctest.h>
 
 #include <rdmaxx/ctrl/endpoint_codec.hpp>
+#include <rdmaxx/wrap/wire.hpp>
 
 #include "../support/check.hpp"
 
@@ -116,4 +118,20 @@ TEST_CASE("random corruption of a message never crashes the decoder") {
 
 TEST_CASE("encoding an impossible message is a programming error") {
     RDMAXX_CHECK_DEATH((void)codec::encode(EndpointMessage{}), "0 QPs");
+}
+
+TEST_CASE("wire: every width from 1 to 8 bytes is written most significant first, within its bytes, and read back") {
+    const std::uint64_t pattern = 0x0102030405060708;
+    for (int bytes = 1; bytes <= 8; ++bytes) {
+        CAPTURE(bytes);
+        const std::uint64_t value = bytes == 8 ? pattern : pattern & ((std::uint64_t{1} << (8 * bytes)) - 1);
+        std::array<std::byte, 10> out;
+        out.fill(std::byte{0xee});
+        wire::put(out.data() + 1, value, bytes);
+        CHECK(out[0] == std::byte{0xee});
+        CHECK(out[static_cast<std::size_t>(bytes) + 1] == std::byte{0xee});
+        for (int i = 0; i < bytes; ++i) // the last byte is 0x08, the one before it 0x07, ...
+            CHECK(std::to_integer<int>(out[static_cast<std::size_t>(i) + 1]) == 8 - (bytes - 1 - i));
+        CHECK(wire::get(out.data() + 1, bytes) == value);
+    }
 }
