@@ -236,7 +236,8 @@ struct EndpointCore {
     void take(UdSource from, std::span<const std::byte> packet);
     void drop(DropReason reason) noexcept { ++counters.drops[static_cast<std::size_t>(reason)]; }
     void send(SessionState& s, const Outgoing& out, const BufferHold* memory = nullptr);
-    void pump(SessionState& s);
+    // What may go, goes; `now`: the caller's reading of the clock (one per event).
+    void pump(SessionState& s, Clock::time_point now);
 
     // client calls
     void start(SessionId id, std::uint8_t type, std::span<const std::byte> request, std::span<std::byte> response,
@@ -364,7 +365,7 @@ void EndpointCore::take(UdSource from, std::span<const std::byte> packet) {
             end_call(*s, **taken);
             begin_queued(*s, now);
         }
-        return pump(*s);
+        return pump(*s, now);
     }
     case Kind::request:
     case Kind::request_for_response: {
@@ -404,10 +405,9 @@ void EndpointCore::send(SessionState& s, const Outgoing& out, const BufferHold* 
         ++counters.send_stalls; // lost: the client's RTO sends it (or what asks for it) again
 }
 
-void EndpointCore::pump(SessionState& s) {
+void EndpointCore::pump(SessionState& s, Clock::time_point now) {
     if (!s.client)
         return;
-    const auto now = Clock::now();
     while (transport->free_send_buffers() > 0) {
         const auto out = s.client->next_packet(now);
         if (!out)
@@ -452,7 +452,7 @@ void EndpointCore::start(SessionId id, std::uint8_t type, std::span<const std::b
                              .handler = std::move(handler)});
     }
     activate(*s);
-    pump(*s);
+    pump(*s, now);
 }
 
 // A call with MessageBuffers lends those that nothing else may still touch (an earlier
@@ -616,8 +616,9 @@ void EndpointCore::cancel(const StoredCall::Target& target) {
     s->client->abandon(target.call);
     call_left_slot(*s, target.call, false);
     finish(call, *s, std::unexpected(Error::cancelled("rpc::Session::call")));
-    begin_queued(*s, Clock::now());
-    pump(*s);
+    const auto now = Clock::now();
+    begin_queued(*s, now);
+    pump(*s, now);
 }
 
 void cancel_call(const StoredCall::Target& target) noexcept { target.core->cancel(target); }
@@ -675,7 +676,7 @@ void EndpointCore::tick() {
         counters.retransmissions += before - s->client->in_flight();
         expire_queued(*s, now);
         begin_queued(*s, now);
-        pump(*s);
+        pump(*s, now);
         if (s->in_flight == 0 && s->queued.empty()) {
             s->active = false;
             continue;
@@ -981,8 +982,9 @@ Result<std::optional<std::array<std::byte, rc_message_bytes>>> EndpointCore::tak
             rc_unavailable(s);
         }
         if (s.client) {
-            begin_queued(s, Clock::now());
-            pump(s);
+            const auto now = Clock::now();
+            begin_queued(s, now);
+            pump(s, now);
         }
         return encode(answer);
     }
@@ -1001,8 +1003,9 @@ Result<std::optional<std::array<std::byte, rc_message_bytes>>> EndpointCore::tak
         rc_ready(s);
     }
     if (SessionState* still = table.lookup(id); still != nullptr && still->client) {
-        begin_queued(*still, Clock::now());
-        pump(*still);
+        const auto now = Clock::now();
+        begin_queued(*still, now);
+        pump(*still, now);
     }
     return std::nullopt;
 }
