@@ -1,5 +1,6 @@
 // Every operation of the data layer on real verbs, payloads checked byte for byte,
 // on both post APIs.
+#include <array>
 #include <cstring>
 
 #include <doctest/doctest.h>
@@ -233,4 +234,13 @@ TEST_CASE("misusing the data layer is a programming error naming the caller") {
     RDMAXX_CHECK_DEATH((void)post_write(ud, p.mem_a.slice(0, 8), remote), "on a UD QP");
     std::array<WorkCompletion, 1> one;
     RDMAXX_CHECK_DEATH((void)wait_n(p.cq_a, one, 2), "wait_n for 2 completions into room for 1");
+}
+
+TEST_CASE("poll() on a moved-from completion queue aborts naming the caller") {
+    test::Rig rig;
+    CompletionQueue moved = std::move(rig.cq);
+    std::array<WorkCompletion, 4> out;
+    CHECK(must(poll(moved, out)) == 0);
+    // check_death requires the message to name this file (the caller's line)
+    RDMAXX_CHECK_DEATH((void)poll(rig.cq, out), "moved-from");
 }

@@ -92,8 +92,9 @@ static_assert(std::is_standard_layout_v<WorkCompletion> && sizeof(WorkCompletion
 /// completions are returned like the others: check each one.
 /// @errors ibv_poll_cq fails (the provider's errno; EIO when it gives none).
 /// @misuse a moved-from CQ.
-[[gnu::always_inline]] inline Result<std::size_t> poll(const CompletionQueue& cq, std::span<WorkCompletion> out) {
-    const int n = ibv_poll_cq(cq.get(), static_cast<int>(out.size()), reinterpret_cast<ibv_wc*>(out.data()));
+[[gnu::always_inline]] inline Result<std::size_t> poll(const CompletionQueue& cq, std::span<WorkCompletion> out,
+                                                      std::source_location where = std::source_location::current()) {
+    const int n = ibv_poll_cq(cq.get(where), static_cast<int>(out.size()), reinterpret_cast<ibv_wc*>(out.data()));
     if (n < 0) [[unlikely]]
         return std::unexpected(detail::poll_error(n));
     return static_cast<std::size_t>(n);

@@ -91,9 +91,7 @@ public:
     ///
     /// @misuse A moved-from CQ.
     ibv_cq* get(std::source_location where = std::source_location::current()) const {
-
         return detail::live(cq_, "CompletionQueue", where).get();
-
     }
     /// The counted CQ, for layers that create QPs of their own: a holder keeps it (and
     /// its channel and device) alive.
