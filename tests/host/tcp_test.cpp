@@ -136,3 +136,10 @@ TEST_CASE("host names: numeric ones need no lookup, names go through the bounded
     REQUIRE_FALSE(named.empty());
     CHECK(reinterpret_cast<const sockaddr_in*>(named[0].get())->sin_addr.s_addr == htonl(INADDR_LOOPBACK));
 }
+
+TEST_CASE("an endpoint message the codec refuses aborts naming exchange()'s caller") {
+    TcpListener listener = must(TcpListener::listen("127.0.0.1", 0));
+    TcpStream client = must(TcpStream::connect("127.0.0.1", listener.port(), 2s));
+    TcpStream server = must(listener.accept(2s));
+    RDMAXX_CHECK_DEATH((void)client.exchange(EndpointMessage{}, 1s), "an endpoint message with 0 QPs");
+}

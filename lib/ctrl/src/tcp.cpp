@@ -140,9 +140,10 @@ Result<void> TcpStream::read_exact(std::span<std::byte> bytes, Clock::time_point
     return {};
 }
 
-Result<EndpointMessage> TcpStream::exchange(const EndpointMessage& mine, std::chrono::milliseconds timeout) {
+Result<EndpointMessage> TcpStream::exchange(const EndpointMessage& mine, std::chrono::milliseconds timeout,
+                                            std::source_location where) {
     const auto deadline = Clock::now() + timeout;
-    if (auto sent = write_all(endpoint_codec::encode(mine), deadline); !sent)
+    if (auto sent = write_all(endpoint_codec::encode(mine, where), deadline); !sent)
         return std::unexpected(std::move(sent.error()));
     std::vector<std::byte> message(endpoint_codec::header_size);
     if (auto got = read_exact(message, deadline); !got)
@@ -253,7 +254,7 @@ Result<EndpointMessage> connect_over_tcp(TcpStream& stream, std::span<QueuePair*
         mine.qps.push_back({.endpoint = qp->endpoint(), .type = qp->type()});
     }
     mine.metadata.assign(metadata.begin(), metadata.end());
-    auto peer = stream.exchange(mine, timeout);
+    auto peer = stream.exchange(mine, timeout, where);
     if (!peer)
         return peer;
     if (peer->qps.size() != qps.size())

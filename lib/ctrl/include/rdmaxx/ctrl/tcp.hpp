@@ -55,7 +55,8 @@ public:
     /// @errors as write_all's and read_exact's, within `timeout`; the peer's message is
     /// malformed (kind protocol: endpoint_codec::decode).
     /// @misuse as endpoint_codec::encode's, for `mine`.
-    Result<EndpointMessage> exchange(const EndpointMessage& mine, std::chrono::milliseconds timeout);
+    Result<EndpointMessage> exchange(const EndpointMessage& mine, std::chrono::milliseconds timeout,
+                                     std::source_location where = std::source_location::current());
     /// One byte each way (ready_byte) once both sides are ready (receives posted):
     /// after it, a SEND from either side finds a receive. No sleeps anywhere.
     /// @errors as write_all's and read_exact's, within `timeout`; the peer sends another
