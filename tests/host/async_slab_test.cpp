@@ -1,15 +1,20 @@
 // lib/async's pure logic: the op slab's wr_ids (a stale or foreign completion never
 // names a live operation), the credit queue, and Error -> std::error_code.
+#include <array>
 #include <set>
 #include <system_error>
 #include <vector>
 
 #include <asio/error.hpp>
+#include <asio/io_context.hpp>
 
 #include <doctest/doctest.h>
 
 #include <rdmaxx/async/detail/op.hpp>
 #include <rdmaxx/async/error_code.hpp>
+#include <rdmaxx/async/tcp.hpp>
+
+#include "../support/check.hpp"
 
 using namespace rdmaxx;
 using rdmaxx::async::detail::Op;
@@ -94,4 +99,10 @@ TEST_CASE("an Asio error code gives its errno: Asio's system category is not std
     CHECK(async::errno_of(std::make_error_code(std::errc::address_in_use)) == EADDRINUSE);
     CHECK(async::errno_of(asio::error::eof) == EIO); // Asio's misc category: no errno
     CHECK(async::errno_of(std::error_code{}) == EIO);
+}
+
+TEST_CASE("async::connect given a null QP aborts naming its caller, before any I/O") {
+    asio::io_context io;
+    std::array<async::QueuePair*, 1> qps{nullptr};
+    RDMAXX_CHECK_DEATH((void)async::connect(io.get_executor(), "127.0.0.1", 1, qps), "a null async::QueuePair");
 }

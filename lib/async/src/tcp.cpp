@@ -44,13 +44,13 @@ std::string describe(const tcp::socket& socket) {
 // Our endpoints out, the peer's in (checked by the codec), then each QP connected.
 asio::awaitable<Result<EndpointMessage>> exchange(tcp::socket& socket, asio::steady_timer& timer,
                                                   std::vector<rdmaxx::QueuePair*> qps, const ExchangeOptions& options,
-                                                  const char* call) {
+                                                  const char* call, std::source_location where) {
     const std::string peer = describe(socket);
     EndpointMessage mine;
     for (rdmaxx::QueuePair* qp : qps)
         mine.qps.push_back({.endpoint = qp->endpoint(), .type = qp->type()});
     mine.metadata.assign(options.metadata.begin(), options.metadata.end());
-    const std::vector<std::byte> out = endpoint_codec::encode(mine);
+    const std::vector<std::byte> out = endpoint_codec::encode(mine, where);
     if (auto [ec, n] = co_await bounded(asio::async_write(socket, asio::buffer(out), no_throw), timer); ec)
         co_return std::unexpected(error_of(ec, call, "sending our endpoints to", peer));
 
@@ -78,18 +78,19 @@ asio::awaitable<Result<EndpointMessage>> exchange(tcp::socket& socket, asio::ste
             co_return std::unexpected(Error::protocol(call, fmt::format("QP {}: peer {}'s is {}, ours is {}", i, peer,
                                                                         to_string(theirs->qps[i].type),
                                                                         to_string(qp.type()))));
-        auto connected = qp.type() == QpType::ud ? qp.activate() : qp.connect(theirs->qps[i].endpoint, options.connect);
+        auto connected =
+            qp.type() == QpType::ud ? qp.activate(where) : qp.connect(theirs->qps[i].endpoint, options.connect, where);
         if (!connected)
             co_return std::unexpected(std::move(connected.error()));
     }
     co_return std::move(*theirs);
 }
 
-std::vector<rdmaxx::QueuePair*> verbs_qps(std::span<QueuePair* const> qps) {
+std::vector<rdmaxx::QueuePair*> verbs_qps(std::span<QueuePair* const> qps, std::source_location where) {
     std::vector<rdmaxx::QueuePair*> raw;
     for (QueuePair* qp : qps) {
-        require(qp != nullptr, std::source_location::current(), "a null async::QueuePair to connect");
-        raw.push_back(&qp->get());
+        require(qp != nullptr, where, "a null async::QueuePair to connect");
+        raw.push_back(&qp->get(where));
     }
     return raw;
 }
@@ -99,41 +100,42 @@ std::vector<rdmaxx::QueuePair*> verbs_qps(std::span<QueuePair* const> qps) {
 std::string detail::peer_name(const asio::ip::tcp::socket& socket) { return describe(socket); }
 
 asio::awaitable<Result<Exchanged>> connect(asio::any_io_executor executor, std::string host, std::uint16_t port,
-                                           std::span<QueuePair* const> qps, ExchangeOptions options) {
-    return detail::connect_verbs(std::move(executor), std::move(host), port, verbs_qps(qps), options);
+                                           std::span<QueuePair* const> qps, ExchangeOptions options,
+                                           std::source_location where) {
+    return detail::connect_verbs(std::move(executor), std::move(host), port, verbs_qps(qps, where), options, where);
 }
 
 asio::awaitable<Result<Exchanged>> detail::connect_verbs(asio::any_io_executor executor, std::string host,
                                                          std::uint16_t port, std::vector<rdmaxx::QueuePair*> qps,
-                                                         ExchangeOptions options) {
+                                                         ExchangeOptions options, std::source_location where) {
     asio::steady_timer timer(executor, options.timeout);
-    const std::string where = fmt::format("{}:{}", host, port);
+    const std::string target = fmt::format("{}:{}", host, port);
     tcp::resolver resolver(executor);
     auto [rec, addresses] = co_await bounded(resolver.async_resolve(host, std::to_string(port), no_throw), timer);
     if (rec)
         co_return std::unexpected(rec == asio::error::timed_out
-                                      ? error_of(rec, "getaddrinfo", "resolving", where)
-                                      : Error::from_errno("getaddrinfo", ENOENT, fmt::format("{}: {}", where, rec.message())));
+                                      ? error_of(rec, "getaddrinfo", "resolving", target)
+                                      : Error::from_errno("getaddrinfo", ENOENT, fmt::format("{}: {}", target, rec.message())));
     tcp::socket socket(executor);
     if (auto [ec, endpoint] = co_await bounded(asio::async_connect(socket, addresses, no_throw), timer); ec)
-        co_return std::unexpected(error_of(ec, "connect", "connecting to", where));
+        co_return std::unexpected(error_of(ec, "connect", "connecting to", target));
     std::error_code ignored;
     socket.set_option(tcp::no_delay(true), ignored);
-    auto peer = co_await exchange(socket, timer, std::move(qps), options, "async::connect");
+    auto peer = co_await exchange(socket, timer, std::move(qps), options, "async::connect", where);
     if (!peer)
         co_return std::unexpected(std::move(peer.error()));
     co_return Exchanged{std::move(socket), std::move(*peer)};
 }
 
 asio::awaitable<Result<Exchanged>> accept(tcp::acceptor& acceptor, std::span<QueuePair* const> qps,
-                                          ExchangeOptions options) {
+                                          ExchangeOptions options, std::source_location where) {
     auto [ec, socket] = co_await acceptor.async_accept(no_throw);
     if (ec)
         co_return std::unexpected(error_of(ec, "accept", "accepting on", "the listener"));
     asio::steady_timer timer(acceptor.get_executor(), options.timeout);
     std::error_code ignored;
     socket.set_option(tcp::no_delay(true), ignored);
-    auto peer = co_await exchange(socket, timer, verbs_qps(qps), options, "async::accept");
+    auto peer = co_await exchange(socket, timer, verbs_qps(qps, where), options, "async::accept", where);
     if (!peer)
         co_return std::unexpected(std::move(peer.error()));
     co_return Exchanged{std::move(socket), std::move(*peer)};

@@ -19,6 +19,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <source_location>
 #include <span>
 #include <string>
 
@@ -54,7 +55,8 @@ struct Exchanged {
 /// @misuse A null or moved-from QP; no QP or more than 256, metadata above 1 MiB
 /// (endpoint_codec::encode).
 asio::awaitable<Result<Exchanged>> connect(asio::any_io_executor executor, std::string host, std::uint16_t port,
-                                           std::span<QueuePair* const> qps, ExchangeOptions options = {});
+                                           std::span<QueuePair* const> qps, ExchangeOptions options = {},
+                                           std::source_location where = std::source_location::current());
 
 /// The next client of `acceptor`, its endpoints exchanged and `qps` connected to them.
 /// A client that stays silent, sends garbage or offers other QPs is an Error (the
@@ -65,7 +67,8 @@ asio::awaitable<Result<Exchanged>> connect(asio::any_io_executor executor, std::
 /// @misuse A null or moved-from QP; no QP or more than 256, metadata above 1 MiB
 /// (endpoint_codec::encode).
 asio::awaitable<Result<Exchanged>> accept(asio::ip::tcp::acceptor& acceptor, std::span<QueuePair* const> qps,
-                                          ExchangeOptions options = {});
+                                          ExchangeOptions options = {},
+                                          std::source_location where = std::source_location::current());
 
 /// One byte each way once this side's receives are posted (TcpStream::ready_byte, as
 /// the blocking side sends it): afterwards a SEND from either side finds a receive.
