@@ -415,7 +415,7 @@ private:
                CallOptions options, detail::StoredCall handler, std::source_location where);
     void start(std::uint8_t type, MessageBuffer& request, MessageBuffer& response, CallOptions options,
                detail::StoredCall handler, std::source_location where);
-    const detail::CallSite& call_site(std::source_location where) const;
+    detail::CallSite call_site(std::source_location where) const;
 
     detail::EndpointCore* core_;
     std::uint16_t number_;

@@ -1,6 +1,6 @@
 // The memory of the handlers rdmaxx hands to Asio on its hot paths (a busy CQ's polling
-// turn, a deferred completion, lib/rpc's call completions and its ticker): blocks of one
-// size, recycled through a free list. Internal to lib/async and lib/rpc.
+// turn, the channel wait, lib/rpc's stored calls, their completions and its ticker):
+// blocks of one size, recycled through a free list. Internal to lib/async and lib/rpc.
 //
 // Why not Asio's recycling allocator: its per-thread cache keeps two blocks per purpose,
 // and when neither is large enough it frees one and allocates anew (with aligned_alloc,
