@@ -286,6 +286,132 @@ TEST_CASE("an operation cancelled while it waits for entries ends cleanly; the Q
     CHECK(ok == depth + 1);
 }
 
+// --- doorbells: the sends a poll's handlers start go out together -------------------
+
+namespace {
+
+std::uint64_t word(const MemoryRegion& mem, std::size_t at) {
+    std::uint64_t v = 0;
+    std::memcpy(&v, mem.data() + at, sizeof v);
+    return v;
+}
+
+void put_word(MemoryRegion& mem, std::size_t at, std::uint64_t v) { std::memcpy(mem.data() + at, &v, sizeof v); }
+
+} // namespace
+
+TEST_CASE("the writes one completion's handler starts go out with one doorbell, in order; a batch after them "
+          "rings them first") {
+    AsyncPair p(async::CompletionMode::busy);
+    async::Completions& service = async::Completions::of(p.io);
+    for (std::uint64_t k = 0; k <= 9; ++k)
+        put_word(p.mem_a, 8 * k, k);
+    int ok = 0, failed = 0;
+    auto count = [&](Result<WorkCompletion> r) { (r ? ok : failed) += 1; };
+    SendBatch<1> last(p.a.get());
+    last.write(p.mem_a.slice(8 * 9, 8), p.mem_b.remote().slice(0, 8));
+    std::uint64_t doorbells = 0, sends = 0;
+    // the first write is started here, outside a poll: posted at once
+    p.a.write(p.mem_a.slice(0, 8), p.mem_b.remote().slice(4096, 8), [&](Result<WorkCompletion> r) {
+        count(std::move(r));
+        doorbells = service.held_doorbells();
+        sends = service.held_sends();
+        // values 1..8 into one word, then the batch's 9: the word ends 9 only if the
+        // held writes went out before the batch, in their order
+        for (std::size_t k = 1; k <= 8; ++k)
+            p.a.write(p.mem_a.slice(8 * k, 8), p.mem_b.remote().slice(0, 8), count);
+        CHECK(p.a.posted() == 0); // held, not posted yet
+        p.a.post(last, count);
+        CHECK(p.a.posted() == 9);
+    });
+    p.io.run();
+    CHECK(failed == 0);
+    CHECK(ok == 10);
+    CHECK(service.held_doorbells() - doorbells == 1);
+    CHECK(service.held_sends() - sends == 8);
+    CHECK(word(p.mem_b, 0) == 9);
+}
+
+namespace {
+
+asio::awaitable<void> stream_writes(AsyncPair& p, std::size_t worker, std::size_t rounds, int& failures, int& ended) {
+    for (std::size_t k = 0; k < rounds; ++k) {
+        const std::size_t at = (worker * rounds + k) * 64;
+        auto w = co_await p.a.write(p.mem_a.slice(at, 64), p.mem_b.remote().slice(at, 64));
+        failures += w ? 0 : 1;
+    }
+    ++ended;
+}
+
+} // namespace
+
+TEST_CASE("16 coroutines streaming writes on one QP: every write after a coroutine's first is held for its poll's "
+          "doorbell, and every byte lands") {
+    for (const auto mode : {async::CompletionMode::busy, async::CompletionMode::event, async::CompletionMode::hybrid}) {
+        CAPTURE(name(mode));
+        constexpr std::size_t workers = 16, rounds = 200;
+        AsyncPair p(mode);
+        test::fill(p.mem_a.bytes(), 5);
+        async::Completions& service = async::Completions::of(p.io);
+        const std::uint64_t doorbells = service.held_doorbells(), sends = service.held_sends();
+        int failures = 0, ended = 0;
+        for (std::size_t w = 0; w < workers; ++w)
+            asio::co_spawn(p.io, stream_writes(p, w, rounds, failures, ended), asio::detached);
+        p.io.run();
+        CHECK(ended == static_cast<int>(workers));
+        CHECK(failures == 0);
+        CHECK(service.held_sends() - sends == workers * (rounds - 1));
+        CHECK(service.held_doorbells() - doorbells <= service.held_sends() - sends);
+        MESSAGE(name(mode), ": ", service.held_sends() - sends, " held writes in ",
+                service.held_doorbells() - doorbells, " doorbells");
+        CHECK(std::memcmp(p.mem_a.data(), p.mem_b.data(), workers * rounds * 64) == 0);
+    }
+}
+
+TEST_CASE("a held write cancelled before its doorbell ends cleanly; the QP lives on") {
+    AsyncPair p(async::CompletionMode::busy);
+    std::optional<Result<WorkCompletion>> cancelled;
+    int ok = 0;
+    asio::cancellation_signal signal;
+    p.a.write(p.mem_a.slice(0, 8), p.mem_b.remote().slice(0, 8), [&](Result<WorkCompletion> r) {
+        ok += r ? 1 : 0;
+        p.a.write(p.mem_a.slice(0, 8), p.mem_b.remote().slice(0, 8),
+                  asio::bind_cancellation_slot(signal.slot(), [&](Result<WorkCompletion> c) { cancelled = std::move(c); }));
+        signal.emit(asio::cancellation_type::terminal); // terminal: a posted write would kill the QP
+    });
+    p.io.run();
+    REQUIRE(cancelled.has_value());
+    REQUIRE_FALSE(cancelled->has_value());
+    CHECK(cancelled->error().is_cancelled());
+    CHECK_FALSE(p.a.dead());
+    p.io.restart();
+    p.a.write(p.mem_a.slice(0, 8), p.mem_b.remote().slice(0, 8), [&](Result<WorkCompletion> r) { ok += r ? 1 : 0; });
+    p.io.run();
+    CHECK(ok == 2);
+}
+
+TEST_CASE("a QueuePair destroyed by a handler while it holds writes fails them, and nothing waits") {
+    AsyncPair p(async::CompletionMode::busy);
+    std::optional<async::QueuePair> owned(std::move(p.a));
+    std::vector<Result<WorkCompletion>> held;
+    int ok = 0;
+    owned->write(p.mem_a.slice(0, 8), p.mem_b.remote().slice(0, 8), [&](Result<WorkCompletion> r) {
+        ok += r ? 1 : 0;
+        for (int k = 0; k < 3; ++k)
+            owned->write(p.mem_a.slice(0, 8), p.mem_b.remote().slice(0, 8),
+                         [&](Result<WorkCompletion> h) { held.push_back(std::move(h)); });
+        owned.reset();
+    });
+    p.io.run();
+    CHECK(ok == 1);
+    REQUIRE(held.size() == 3);
+    for (const auto& h : held) {
+        REQUIRE_FALSE(h.has_value());
+        CHECK(h.error().is_cancelled());
+    }
+    CHECK(async::Completions::of(p.io).in_flight() == 0);
+}
+
 namespace {
 
 // A responder that never answers: its QP is taken back to RESET, so the requester's

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <thread>
+#include <utility>
 
 #include <asio/post.hpp>
 
@@ -178,7 +179,28 @@ namespace {
 
 } // namespace
 
+// The sends that the handlers start are held and rung together once they are done:
+// a CQ running full (many coroutines, each awaiting its operation and starting the
+// next) posts them with one doorbell per poll instead of one each. A take inside a
+// handler (a QueuePair's destructor draining, a nested manual poll) rings too, so that
+// nothing held is waited for.
 std::size_t Completions::take(detail::CqCore& cq, bool defer, std::size_t limit) {
+    const bool was_gathering = std::exchange(gathering_, true);
+    const std::size_t completed = take_batches(cq, defer, limit);
+    gathering_ = was_gathering;
+    // by index: ringing fails sends of a dead QP, deferred, and adds no QP here
+    for (std::size_t i = 0; i < holding_.size(); ++i)
+        detail::ring(*holding_[i]);
+    holding_.clear();
+    return completed;
+}
+
+void Completions::hold(detail::QpCore& qp) {
+    if (qp.send_held.empty()) // its first: not listed yet
+        holding_.push_back(&qp);
+}
+
+std::size_t Completions::take_batches(detail::CqCore& cq, bool defer, std::size_t limit) {
     constexpr int batch = poll_batch;
     std::array<WorkCompletion, batch> wcs;
     std::size_t completed = 0;
@@ -250,7 +272,10 @@ std::size_t Completions::poll() {
     return completed;
 }
 
-void Completions::remove(detail::QpCore& qp) noexcept { std::erase(qps_, &qp); }
+void Completions::remove(detail::QpCore& qp) noexcept {
+    std::erase(qps_, &qp);
+    std::erase(holding_, &qp);
+}
 
 // --- the device's async events ------------------------------------------------------
 
@@ -403,7 +428,7 @@ void Completions::shutdown() {
     const std::vector<detail::QpCore*> qps = qps_;
     for (detail::QpCore* qp : qps)
         if (std::find(qps_.begin(), qps_.end(), qp) != qps_.end() &&
-            (qp->posted != 0 || !qp->send_waiting.empty() || !qp->recv_waiting.empty()))
+            (qp->posted != 0 || !qp->send_waiting.empty() || !qp->recv_waiting.empty() || !qp->send_held.empty()))
             detail::kill(*qp, Error::cancelled("io_context", "the io_context was destroyed"));
     const auto deadline = Clock::now() + flush_bound;
     auto busy = [&] {

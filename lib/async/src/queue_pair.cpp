@@ -28,27 +28,55 @@ void fail(Op& op, Error why) {
     op.table->complete(op, std::unexpected(std::move(why)), true, service.slab());
 }
 
+// `op`'s WR went to the device: its completion is due.
+void mark_posted(QpCore& qp, Op& op) {
+    op.state = Op::State::posted;
+    ++qp.posted;
+    qp.service->posted(op.kind == Op::Kind::recv ? *qp.recv_cq : *qp.send_cq);
+}
+
+// Fails a held send (never posted): its entries come back.
+void drop_held(QpCore& qp, Op& op, Error why) {
+    qp.send_held.remove(op);
+    qp.send_credits += op.credits;
+    fail(op, std::move(why));
+}
+
+// Links a send's WR to its storage and its slot, signaled, ending the chain.
+ibv_send_wr& prepare(Op& op) {
+    ibv_send_wr& wr = op.wr.send.wr;
+    wr.wr_id = op.wr_id();
+    wr.next = nullptr;
+    wr.sg_list = op.wr.send.sge.data();
+    wr.send_flags |= IBV_SEND_SIGNALED;
+    return wr;
+}
+
 void post(Op& op) {
     QpCore& qp = *op.qp;
-    const std::uint64_t wr_id = op.wr_id();
     Result<void> posted;
     switch (op.kind) {
     case Op::Kind::send: {
-        ibv_send_wr& wr = op.wr.send.wr;
-        wr.wr_id = wr_id;
-        wr.next = nullptr;
-        wr.sg_list = op.wr.send.sge.data();
-        wr.send_flags |= IBV_SEND_SIGNALED;
+        if (qp.service->gathering()) {
+            // started by a handler of the running poll: posted with the others it
+            // starts, one doorbell, when they are done (ring)
+            qp.service->hold(qp);
+            qp.send_credits -= op.credits;
+            op.state = Op::State::held;
+            qp.send_held.push_back(op);
+            return;
+        }
         std::size_t accepted = 0;
-        posted = rdmaxx::detail::submit(qp.qp, wr, 1, accepted, op.where);
+        posted = rdmaxx::detail::submit(qp.qp, prepare(op), 1, accepted, op.where);
         break;
     }
     case Op::Kind::batch:
-        posted = op.wr.batch.post(op.wr.batch.batch, wr_id, op.where);
+        ring(qp); // the sends held before it go first: a QP's sends keep their order
+        posted = op.wr.batch.post(op.wr.batch.batch, op.wr_id(), op.where);
         break;
     case Op::Kind::recv: {
         ibv_recv_wr& wr = op.wr.recv.wr;
-        wr.wr_id = wr_id;
+        wr.wr_id = op.wr_id();
         wr.next = nullptr;
         wr.sg_list = op.wr.recv.sge.data();
         ibv_recv_wr* bad = nullptr;
@@ -61,11 +89,8 @@ void post(Op& op) {
         fail(op, std::move(posted.error()));
         return;
     }
-    const bool recv = op.kind == Op::Kind::recv;
-    (recv ? qp.recv_credits : qp.send_credits) -= op.credits;
-    op.state = Op::State::posted;
-    ++qp.posted;
-    qp.service->posted(recv ? *qp.recv_cq : *qp.send_cq);
+    (op.kind == Op::Kind::recv ? qp.recv_credits : qp.send_credits) -= op.credits;
+    mark_posted(qp, op);
 }
 
 // Posts the waiting operations that fit, in order; fails them all once the QP is dead.
@@ -83,6 +108,38 @@ void pump(QpCore& qp, OpQueue& waiting, const std::uint32_t& credits) {
 }
 
 } // namespace
+
+void ring(QpCore& qp) {
+    OpQueue& held = qp.send_held;
+    if (held.empty())
+        return;
+    if (qp.dead) {
+        while (!held.empty())
+            drop_held(qp, *held.front(), *qp.dead);
+        return;
+    }
+    std::size_t count = 0;
+    ibv_send_wr* last = nullptr;
+    for (Op* op = held.front(); op != nullptr; op = op->next, ++count) {
+        ibv_send_wr& wr = prepare(*op);
+        if (last != nullptr)
+            last->next = &wr;
+        last = &wr;
+    }
+    Op& first = *held.front();
+    std::size_t accepted = 0;
+    const Result<void> posted = rdmaxx::detail::submit(qp.qp, first.wr.send.wr, count, accepted, first.where);
+    qp.service->rang(posted ? count : accepted);
+    for (std::size_t k = 0; !held.empty(); ++k) {
+        Op& op = *held.front();
+        if (posted || k < accepted) {
+            held.remove(op);
+            mark_posted(qp, op);
+        } else {
+            drop_held(qp, op, posted.error()); // the refused WR's Error, for it and those after it
+        }
+    }
+}
 
 void start(Op& op) {
     QpCore& qp = *op.qp;
@@ -137,6 +194,7 @@ void kill(QpCore& qp, Error why) {
             logger()->error("rdmaxx: moving QP {:#x} to the error state: {}", qp.qp.qpn(), moved.error());
     pump(qp, qp.send_waiting, qp.send_credits);
     pump(qp, qp.recv_waiting, qp.recv_credits);
+    ring(qp); // fails the held sends
 }
 
 void kill_by_event(QpCore& qp, const Error& why) {
@@ -155,6 +213,10 @@ void cancel(Completions& service, std::uint32_t index, std::uint32_t generation,
     if (op->state == Op::State::waiting) {
         (op->kind == Op::Kind::recv ? qp.recv_waiting : qp.send_waiting).remove(*op);
         fail(*op, Error::cancelled(op->call, "before it was posted"));
+        return;
+    }
+    if (op->state == Op::State::held) {
+        drop_held(qp, *op, Error::cancelled(op->call, "before it was posted"));
         return;
     }
     // posted: only the error state gets it back from the NIC, which a terminal
@@ -222,6 +284,7 @@ QueuePair QueuePair::attach(rdmaxx::QueuePair qp, CompletionQueue& send_cq, Comp
                                       .recv_credits = static_cast<std::uint32_t>(recv),
                                       .send_waiting = {},
                                       .recv_waiting = {},
+                                      .send_held = {},
                                       .dead = {},
                                       .created = where};
     scq.service->add(*state);
@@ -244,7 +307,7 @@ QueuePair::~QueuePair() {
     const std::size_t send = entries(qp.qp, true), recv = entries(qp.qp, false);
     // also while the io_context shuts down (a coroutine frame that owned this object
     // is being destroyed): its completions are then taken and their handlers dropped
-    if (qp.posted != 0 || !qp.send_waiting.empty() || !qp.recv_waiting.empty())
+    if (qp.posted != 0 || !qp.send_waiting.empty() || !qp.recv_waiting.empty() || !qp.send_held.empty())
         detail::kill(qp, Error::cancelled("async::QueuePair", "the QueuePair was destroyed"));
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     while (qp.posted != 0 && std::chrono::steady_clock::now() < deadline) {

@@ -178,6 +178,11 @@ public:
     /// Completions that named no operation in flight: late flushes of a batch's
     /// unsignaled WRs after it failed, or a WR posted on an async QP by other means.
     std::uint64_t stale_completions() const noexcept { return stale_; }
+    /// Doorbells rung for held sends (async::QueuePair: the sends that the handlers of
+    /// one poll start go out together), and the sends they posted: their ratio is how
+    /// many operations a doorbell carried.
+    std::uint64_t held_doorbells() const noexcept { return held_doorbells_; }
+    std::uint64_t held_sends() const noexcept { return held_sends_; }
 
     /// @name lib/async's own use
     /// What async::CompletionQueue and async::QueuePair call; not for applications.
@@ -193,6 +198,16 @@ public:
     void add(detail::QpCore& qp) { qps_.push_back(&qp); }
     /// Forgets a QP's state (~QueuePair).
     void remove(detail::QpCore& qp) noexcept;
+    /// Whether the handlers of a poll are running: a send they start is held, and rung
+    /// with the others when they are done.
+    bool gathering() const noexcept { return gathering_; }
+    /// `qp` holds sends for the doorbell rung when the running poll's handlers are done.
+    void hold(detail::QpCore& qp);
+    /// A doorbell posted `sends` held sends.
+    void rang(std::size_t sends) noexcept {
+        ++held_doorbells_;
+        held_sends_ += sends;
+    }
     /// Drives `cq` from a handler posted now (never inline: see completions.cpp).
     void start(detail::CqCore& cq);
     /// An operation was posted whose completion will come to `cq`: drive it.
@@ -242,7 +257,10 @@ private:
     void spin(detail::CqCore& cq);
     void sleep(detail::CqCore& cq);
     void erase(detail::CqCore& cq) noexcept;
+    // Polls and completes (take_batches), the sends its handlers start held and then
+    // rung together.
     std::size_t take(detail::CqCore& cq, bool defer, std::size_t limit);
+    std::size_t take_batches(detail::CqCore& cq, bool defer, std::size_t limit);
     // The device watch: reads the pending events, then waits on the fd while wanted.
     void watch(detail::DeviceWatch& device);
     void listen(detail::DeviceWatch& device);
@@ -255,7 +273,11 @@ private:
     std::vector<detail::CqCore*> cqs_;
     std::vector<detail::DeviceWatch*> devices_;
     std::vector<detail::QpCore*> qps_;
+    std::vector<detail::QpCore*> holding_; // QPs with held sends
+    bool gathering_ = false;
     std::uint64_t stale_ = 0;
+    std::uint64_t held_doorbells_ = 0;
+    std::uint64_t held_sends_ = 0;
     bool shut_down_ = false;
 };
 

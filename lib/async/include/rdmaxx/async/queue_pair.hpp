@@ -12,6 +12,15 @@
 /// QP and across QPs from one thread; an operation is posted when the QP's queue has
 /// room for it (a credit wait, in order), so that many coroutines never overflow it.
 ///
+/// Doorbells: a send-side operation started by a handler that a poll of the
+/// Completions service runs (a coroutine resumed by its completion that starts its next
+/// operation) is held, its queue entry taken, and posted with the other sends started
+/// there on its QP as one chain, one ibv_post_send, once those handlers are done and
+/// before the poll returns: many operations in flight cost a doorbell per poll, not one
+/// each (Completions::held_doorbells() counts them). Anywhere else an operation is
+/// posted when it is started. Receives and SendBatch posts are never held (a batch
+/// posts its QP's held sends first: a QP's sends keep their order).
+///
 /// The rules that keep the NIC from writing into freed memory:
 ///  * An operation completes only when its work completion has been taken from the CQ:
 ///    never before, whatever happens. Its memory must stay valid until then, as every

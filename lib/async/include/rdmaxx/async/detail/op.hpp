@@ -61,7 +61,9 @@ struct BatchRef {
 };
 
 struct Op {
-    enum class State : std::uint8_t { free, waiting, posted };
+    // waiting: for queue entries; held: given its entries, to be posted with the other
+    // sends started by the handlers of the same poll (one doorbell; completions.hpp)
+    enum class State : std::uint8_t { free, waiting, held, posted };
     enum class Kind : std::uint8_t { send, batch, recv };
 
     std::uint32_t index = 0;
@@ -71,7 +73,7 @@ struct Op {
     bool cancelled = false; // a terminal cancellation moved the QP to error for this op
     std::uint32_t credits = 0; // queue entries this op holds (or waits for)
     QpCore* qp = nullptr;
-    Op* prev = nullptr; // the free list (next only) or a QP's credit queue
+    Op* prev = nullptr; // the free list (next only), a QP's credit queue or its held sends
     Op* next = nullptr;
     const char* call = "";
     std::source_location where;
@@ -248,7 +250,7 @@ void HandlerBox<Handler, IoExecutor>::destroy(Op& op) noexcept {
     release(op, box);
 }
 
-// A FIFO of ops waiting for queue entries, linked through the ops.
+// A FIFO of ops (waiting for queue entries, or held for a doorbell), linked through the ops.
 class OpQueue {
 public:
     bool empty() const noexcept { return head_ == nullptr; }

@@ -28,6 +28,9 @@ struct QpCore {
     std::uint32_t recv_credits; // free receive queue entries
     OpQueue send_waiting;       // operations waiting for entries, in order
     OpQueue recv_waiting;
+    // Sends started by the handlers of the poll running now, their entries taken: posted
+    // together, one doorbell, when those handlers are done (Completions::take).
+    OpQueue send_held;
     std::size_t posted = 0;     // operations whose completion is due
     // Set when the QP can complete nothing more (a failed completion, a cancelled
     // operation, the handle destroyed): every later operation fails with it.
@@ -36,16 +39,20 @@ struct QpCore {
     std::source_location created;
 };
 
-// Posts `op` (whose WR and handler are stored) or queues it for entries; an op that
+// Posts `op` (whose WR and handler are stored), holds it for the running poll's
+// doorbell (a send started by its handlers) or queues it for entries; an op that
 // cannot be posted completes, deferred, with why.
 void start(Op& op);
+// Posts `qp`'s held sends as one chain, one doorbell; fails them if the QP is dead or
+// the device refuses them.
+void ring(QpCore& qp);
 // `op`'s completion `wc` was taken: returns its entries and posts the operations that
 // now fit (a failure kills the QP).
 void retire(Op& op, const WorkCompletion& wc);
 // What an op whose completion `wc` failed completes with; judged before retire().
 Error failure(const Op& op, const WorkCompletion& wc);
 // Moves the QP to the error state (its posted operations then complete with flush
-// errors) and fails its waiting operations, deferred, with `why`.
+// errors) and fails its waiting and held operations, deferred, with `why`.
 void kill(QpCore& qp, Error why);
 // kill() for a device event (Completions' watch): unless the QP was already dead, its
 // posted operations then complete with `why`, not with their flush status.
