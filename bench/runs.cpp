@@ -318,15 +318,19 @@ Result<void> absorb(Side& side, std::uint32_t size, std::uint32_t iters) {
 
 // --- the client's loops through lib/async (--async) ------------------------------
 
-// The run's WR number n on QP q's buffers, as one awaited operation.
+// The run's WR number n on QP q's buffers, as one awaited operation (the verb, the
+// immediate and the CAS operands that add() and renumber() give a batch's WR).
 asio::awaitable<async::detail::OpResult> issue(async::QueuePair& qp, const Options& o, const Buffers& b,
-                                               std::uint32_t n) {
+                                               std::uint32_t n, const PostOptions& options = {}) {
+    constexpr auto token = asio::use_awaitable;
     switch (o.test.verb) {
-    case Verb::read: return qp.read(b.in, b.peer_out);
+    case Verb::read: return qp.read(b.in, b.peer_out, token, options);
+    case Verb::send: return qp.send(b.out, token, options);
+    case Verb::write_imm: return qp.write_with_imm(b.out, b.peer_in, n, token, options);
     case Verb::atomic:
-        return o.atomic == AtomicOp::fetch_add ? qp.fetch_add(b.result, b.target, 1)
-                                               : qp.compare_swap(b.result, b.target, n, n + 1);
-    default: return qp.write(b.out, b.peer_in);
+        return o.atomic == AtomicOp::fetch_add ? qp.fetch_add(b.result, b.target, 1, token, options)
+                                               : qp.compare_swap(b.result, b.target, n, n + 1, token, options);
+    default: return qp.write(b.out, b.peer_in, token, options);
     }
 }
 
@@ -357,13 +361,24 @@ asio::awaitable<void> async_latency(Side& side, std::uint32_t size, std::uint32_
 // Each awaits one post list at a time as one operation (one doorbell, its last WR
 // signaled: the verbs the data layer's loop issues with --cq-mod equal to the post
 // list), and takes the QP's next WR numbers in order (a CAS compares with the number
-// before it). The list is built once; each post renumbers it.
+// before it). The list is built once; each post renumbers it. A list of one is one
+// operation (qp.write() and the like, not a SendBatch): what an application that
+// awaits every WR writes, and what lib/async holds for its poll's doorbell.
 asio::awaitable<void> async_stream_worker(Side& side, std::size_t q, std::uint32_t size, std::uint32_t iters,
                                           std::uint32_t& next, Result<void>& out) {
     const Options& o = side.options();
     const Buffers buffers(side, q, size);
     const bool inline_data = size <= side.inline_size();
     async::QueuePair& qp = side.async_qp(q);
+    if (o.post_list == 1) {
+        const bool carries_data = o.test.verb != Verb::read && o.test.verb != Verb::atomic;
+        while (next < iters && out) {
+            auto done = co_await issue(qp, o, buffers, next++, {.inline_data = inline_data && carries_data});
+            if (!done && out)
+                out = std::unexpected(std::move(done.error()));
+        }
+        co_return;
+    }
     SendBatch<max_post_list> batch(qp.get());
     for (std::uint32_t k = 0; k < o.post_list; ++k)
         add(batch, o, buffers, {.inline_data = inline_data});
