@@ -300,8 +300,8 @@ void put_word(MemoryRegion& mem, std::size_t at, std::uint64_t v) { std::memcpy(
 
 } // namespace
 
-TEST_CASE("the writes one completion's handler starts go out with one doorbell, in order; a batch after them "
-          "rings them first") {
+TEST_CASE("a completion's handler: its first write is posted at once, the next 7 held for one doorbell, in "
+          "order; a batch after them rings them first") {
     AsyncPair p(async::CompletionMode::busy);
     async::Completions& service = async::Completions::of(p.io);
     for (std::uint64_t k = 0; k <= 9; ++k)
@@ -320,7 +320,7 @@ TEST_CASE("the writes one completion's handler starts go out with one doorbell, 
         // held writes went out before the batch, in their order
         for (std::size_t k = 1; k <= 8; ++k)
             p.a.write(p.mem_a.slice(8 * k, 8), p.mem_b.remote().slice(0, 8), count);
-        CHECK(p.a.posted() == 0); // held, not posted yet
+        CHECK(p.a.posted() == 1); // the first; the others held, not posted yet
         p.a.post(last, count);
         CHECK(p.a.posted() == 9);
     });
@@ -328,7 +328,7 @@ TEST_CASE("the writes one completion's handler starts go out with one doorbell, 
     CHECK(failed == 0);
     CHECK(ok == 10);
     CHECK(service.held_doorbells() - doorbells == 1);
-    CHECK(service.held_sends() - sends == 8);
+    CHECK(service.held_sends() - sends == 7);
     CHECK(word(p.mem_b, 0) == 9);
 }
 
@@ -345,8 +345,8 @@ asio::awaitable<void> stream_writes(AsyncPair& p, std::size_t worker, std::size_
 
 } // namespace
 
-TEST_CASE("16 coroutines streaming writes on one QP: every write after a coroutine's first is held for its poll's "
-          "doorbell, and every byte lands") {
+TEST_CASE("16 coroutines streaming writes on one QP: the writes their completions start share doorbells, and "
+          "every byte lands") {
     for (const auto mode : {async::CompletionMode::busy, async::CompletionMode::event, async::CompletionMode::hybrid}) {
         CAPTURE(name(mode));
         constexpr std::size_t workers = 16, rounds = 200;
@@ -360,7 +360,9 @@ TEST_CASE("16 coroutines streaming writes on one QP: every write after a corouti
         p.io.run();
         CHECK(ended == static_cast<int>(workers));
         CHECK(failures == 0);
-        CHECK(service.held_sends() - sends == workers * (rounds - 1));
+        // a poll that takes several completions holds all but (at most) one of the
+        // writes they start: with 16 in flight, polls take several
+        CHECK(service.held_sends() - sends > 0);
         CHECK(service.held_doorbells() - doorbells <= service.held_sends() - sends);
         MESSAGE(name(mode), ": ", service.held_sends() - sends, " held writes in ",
                 service.held_doorbells() - doorbells, " doorbells");
@@ -375,6 +377,8 @@ TEST_CASE("a held write cancelled before its doorbell ends cleanly; the QP lives
     asio::cancellation_signal signal;
     p.a.write(p.mem_a.slice(0, 8), p.mem_b.remote().slice(0, 8), [&](Result<WorkCompletion> r) {
         ok += r ? 1 : 0;
+        // the handler's first write is posted at once, its second held
+        p.a.write(p.mem_a.slice(0, 8), p.mem_b.remote().slice(0, 8), [&](Result<WorkCompletion> w) { ok += w ? 1 : 0; });
         p.a.write(p.mem_a.slice(0, 8), p.mem_b.remote().slice(0, 8),
                   asio::bind_cancellation_slot(signal.slot(), [&](Result<WorkCompletion> c) { cancelled = std::move(c); }));
         signal.emit(asio::cancellation_type::terminal); // terminal: a posted write would kill the QP
@@ -387,16 +391,19 @@ TEST_CASE("a held write cancelled before its doorbell ends cleanly; the QP lives
     p.io.restart();
     p.a.write(p.mem_a.slice(0, 8), p.mem_b.remote().slice(0, 8), [&](Result<WorkCompletion> r) { ok += r ? 1 : 0; });
     p.io.run();
-    CHECK(ok == 2);
+    CHECK(ok == 3);
 }
 
 TEST_CASE("a QueuePair destroyed by a handler while it holds writes fails them, and nothing waits") {
     AsyncPair p(async::CompletionMode::busy);
     std::optional<async::QueuePair> owned(std::move(p.a));
     std::vector<Result<WorkCompletion>> held;
+    std::optional<Result<WorkCompletion>> posted;
     int ok = 0;
     owned->write(p.mem_a.slice(0, 8), p.mem_b.remote().slice(0, 8), [&](Result<WorkCompletion> r) {
         ok += r ? 1 : 0;
+        // the first posted at once (it ends with its flush), the next 3 held
+        owned->write(p.mem_a.slice(0, 8), p.mem_b.remote().slice(0, 8), [&](Result<WorkCompletion> f) { posted = std::move(f); });
         for (int k = 0; k < 3; ++k)
             owned->write(p.mem_a.slice(0, 8), p.mem_b.remote().slice(0, 8),
                          [&](Result<WorkCompletion> h) { held.push_back(std::move(h)); });
@@ -404,6 +411,7 @@ TEST_CASE("a QueuePair destroyed by a handler while it holds writes fails them, 
     });
     p.io.run();
     CHECK(ok == 1);
+    CHECK(posted.has_value()); // done or flushed, whichever came first: completed before the QP went
     REQUIRE(held.size() == 3);
     for (const auto& h : held) {
         REQUIRE_FALSE(h.has_value());

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <array>
 #include <thread>
-#include <utility>
 
 #include <asio/post.hpp>
 
@@ -179,28 +178,7 @@ namespace {
 
 } // namespace
 
-// The sends that the handlers start are held and rung together once they are done:
-// a CQ running full (many coroutines, each awaiting its operation and starting the
-// next) posts them with one doorbell per poll instead of one each. A take inside a
-// handler (a QueuePair's destructor draining, a nested manual poll) rings too, so that
-// nothing held is waited for.
-std::size_t Completions::take(detail::CqCore& cq, bool defer, std::size_t limit) {
-    const bool was_gathering = std::exchange(gathering_, true);
-    const std::size_t completed = take_batches(cq, defer, limit);
-    gathering_ = was_gathering;
-    // by index: ringing fails sends of a dead QP, deferred, and adds no QP here
-    for (std::size_t i = 0; i < holding_.size(); ++i)
-        detail::ring(*holding_[i]);
-    holding_.clear();
-    return completed;
-}
-
-void Completions::hold(detail::QpCore& qp) {
-    if (qp.send_held.empty()) // its first: not listed yet
-        holding_.push_back(&qp);
-}
-
-std::size_t Completions::take_batches(detail::CqCore& cq, bool defer, std::size_t limit) {
+[[gnu::always_inline]] inline std::size_t Completions::take_batches(detail::CqCore& cq, bool defer, std::size_t limit) {
     constexpr int batch = poll_batch;
     std::array<WorkCompletion, batch> wcs;
     std::size_t completed = 0;
@@ -251,6 +229,7 @@ std::size_t Completions::take_batches(detail::CqCore& cq, bool defer, std::size_
         for (int i = 0; i < found; ++i) {
             const auto k = static_cast<std::size_t>(i);
             detail::Op& op = *ops[k];
+            posting_ = i + 1 < found ? Posting::held : Posting::first_at_once;
             if (shut_down_)
                 op.table->destroy(op), slab_.release(op);
             else if (failed && (*failed)[k]) [[unlikely]]
@@ -264,6 +243,33 @@ std::size_t Completions::take_batches(detail::CqCore& cq, bool defer, std::size_
     }
 }
 
+// The sends that the handlers start are held (posting()) and rung together once they
+// are done: a CQ running full (many coroutines, each awaiting its operation and
+// starting the next) posts them with one doorbell per poll instead of one each. A take
+// inside a handler (a QueuePair's destructor draining, a nested manual poll) rings
+// too, so that nothing held is waited for.
+std::size_t Completions::take(detail::CqCore& cq, bool defer, std::size_t limit) {
+    const Posting outer = posting_;
+    const std::size_t completed = take_batches(cq, defer, limit);
+    posting_ = outer;
+    if (!holding_.empty()) [[unlikely]] // the one-at-a-time loop holds nothing: no call
+        ring_held();
+    return completed;
+}
+
+void Completions::ring_held() {
+    // by index: ringing fails sends of a dead QP, deferred, and adds no QP here
+    for (std::size_t i = 0; i < holding_.size(); ++i)
+        detail::ring(*holding_[i]);
+    holding_.clear();
+}
+
+void Completions::hold(detail::QpCore& qp) {
+    if (qp.send_held.empty()) // its first: not listed yet
+        holding_.push_back(&qp);
+}
+
+// inlined into its one caller, take()
 std::size_t Completions::poll() {
     std::size_t completed = 0;
     // by index: a handler may add CQs

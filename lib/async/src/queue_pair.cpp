@@ -29,7 +29,7 @@ void fail(Op& op, Error why) {
 }
 
 // `op`'s WR went to the device: its completion is due.
-void mark_posted(QpCore& qp, Op& op) {
+[[gnu::always_inline]] inline void mark_posted(QpCore& qp, Op& op) {
     op.state = Op::State::posted;
     ++qp.posted;
     qp.service->posted(op.kind == Op::Kind::recv ? *qp.recv_cq : *qp.send_cq);
@@ -43,7 +43,7 @@ void drop_held(QpCore& qp, Op& op, Error why) {
 }
 
 // Links a send's WR to its storage and its slot, signaled, ending the chain.
-ibv_send_wr& prepare(Op& op) {
+[[gnu::always_inline]] inline ibv_send_wr& prepare(Op& op) {
     ibv_send_wr& wr = op.wr.send.wr;
     wr.wr_id = op.wr_id();
     wr.next = nullptr;
@@ -57,15 +57,19 @@ void post(Op& op) {
     Result<void> posted;
     switch (op.kind) {
     case Op::Kind::send: {
-        if (qp.service->gathering()) {
-            // started by a handler of the running poll: posted with the others it
-            // starts, one doorbell, when they are done (ring)
+        Completions::Posting& posting = qp.service->posting();
+        // held behind held ones, so that a QP's sends keep their order
+        if (posting == Completions::Posting::held || !qp.send_held.empty()) {
+            // started by a handler of the running poll: posted with the others they
+            // start, one doorbell, when they are done (ring)
             qp.service->hold(qp);
             qp.send_credits -= op.credits;
             op.state = Op::State::held;
             qp.send_held.push_back(op);
             return;
         }
+        if (posting == Completions::Posting::first_at_once)
+            posting = Completions::Posting::held;
         std::size_t accepted = 0;
         posted = rdmaxx::detail::submit(qp.qp, prepare(op), 1, accepted, op.where);
         break;

@@ -198,9 +198,13 @@ public:
     void add(detail::QpCore& qp) { qps_.push_back(&qp); }
     /// Forgets a QP's state (~QueuePair).
     void remove(detail::QpCore& qp) noexcept;
-    /// Whether the handlers of a poll are running: a send they start is held, and rung
-    /// with the others when they are done.
-    bool gathering() const noexcept { return gathering_; }
+    /// How a send is posted now: at once (no poll's handlers run), at once and the next
+    /// ones held (the last handler of a poll runs and has posted nothing: a lone
+    /// operation's latency pays for no holding), or held (handlers follow in the same
+    /// poll, or this one has posted already), to be rung with the others when the
+    /// poll's handlers are done.
+    enum class Posting : std::uint8_t { at_once, first_at_once, held };
+    Posting& posting() noexcept { return posting_; }
     /// `qp` holds sends for the doorbell rung when the running poll's handlers are done.
     void hold(detail::QpCore& qp);
     /// A doorbell posted `sends` held sends.
@@ -261,6 +265,7 @@ private:
     // rung together.
     std::size_t take(detail::CqCore& cq, bool defer, std::size_t limit);
     std::size_t take_batches(detail::CqCore& cq, bool defer, std::size_t limit);
+    void ring_held();
     // The device watch: reads the pending events, then waits on the fd while wanted.
     void watch(detail::DeviceWatch& device);
     void listen(detail::DeviceWatch& device);
@@ -274,7 +279,7 @@ private:
     std::vector<detail::DeviceWatch*> devices_;
     std::vector<detail::QpCore*> qps_;
     std::vector<detail::QpCore*> holding_; // QPs with held sends
-    bool gathering_ = false;
+    Posting posting_ = Posting::at_once;
     std::uint64_t stale_ = 0;
     std::uint64_t held_doorbells_ = 0;
     std::uint64_t held_sends_ = 0;

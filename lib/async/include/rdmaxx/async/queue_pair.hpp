@@ -14,12 +14,15 @@
 ///
 /// Doorbells: a send-side operation started by a handler that a poll of the
 /// Completions service runs (a coroutine resumed by its completion that starts its next
-/// operation) is held, its queue entry taken, and posted with the other sends started
-/// there on its QP as one chain, one ibv_post_send, once those handlers are done and
-/// before the poll returns: many operations in flight cost a doorbell per poll, not one
-/// each (Completions::held_doorbells() counts them). Anywhere else an operation is
-/// posted when it is started. Receives and SendBatch posts are never held (a batch
-/// posts its QP's held sends first: a QP's sends keep their order).
+/// operation) is held, its queue entry taken, when more of the poll's handlers follow
+/// or when its handler has posted a send already; the held sends of a QP are posted as
+/// one chain, one ibv_post_send, once the poll's handlers are done and before it
+/// returns: many operations in flight cost a doorbell per poll, not one each
+/// (Completions::held_doorbells() counts them). The first send of a poll's last handler
+/// is posted at once, as is an operation started anywhere else: a lone operation's
+/// latency pays nothing for this. Receives and SendBatch posts are never held (a batch
+/// posts its QP's held sends first, and a send is held behind held ones: a QP's sends
+/// keep their order).
 ///
 /// The rules that keep the NIC from writing into freed memory:
 ///  * An operation completes only when its work completion has been taken from the CQ:
