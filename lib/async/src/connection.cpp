@@ -61,6 +61,7 @@ namespace {
 
 using detail::Link;
 using detail::LinkDriver;
+using detail::Wait;
 using detail::Peer;
 using PeerPtr = std::shared_ptr<Peer>;
 
@@ -156,47 +157,48 @@ asio::awaitable<void> close_in_background(PeerPtr p) {
         logger()->warn("async::Connection: closing the connection to {}: {}", p->link->peer(), ok.error());
 }
 
-// The second half of a one-sided operation: its completion awaited, its slot freed.
-asio::awaitable<Result<void>> complete_op(PeerPtr p, std::uint32_t op, Clock::time_point deadline) {
+// A one-sided operation (or write_with_imm, whose room includes a credit): room
+// awaited, posted, its completion awaited, its slot freed. Its own frame is the only
+// coroutine of a call that finds room and completes (the waits are loops here, not
+// nested coroutines: Asio recycles two frames per thread, and a deeper call allocated
+// its frames every time).
+template <class Room, class Post>
+asio::awaitable<Result<void>> one_sided(PeerPtr p, Room room, Post post, const char* waiting, Clock::time_point deadline) {
     Link& l = *p->link;
-    auto done = [&] { return l.op_done(op); };
-    auto waited = co_await p->driver->until_completed(l, done, "a one-sided operation", deadline);
+    // a cancelled wait reports Error::cancelled; Asio's default would throw into the caller
+    co_await asio::this_coro::throw_if_cancelled(false);
+    if (!room())
+        if (auto ok = co_await p->driver->until(room, &l, waiting, deadline); !ok)
+            co_return ok;
+    auto op = l.post_op(post);
+    if (!op)
+        co_return std::unexpected(std::move(op.error()));
+    auto done = [&l, slot = *op] { return l.op_done(slot); };
+    Result<void> waited;
+    {
+        Wait<decltype(done)> wait(*p->driver, done, &l, "a one-sided operation", deadline);
+        for (;;) {
+            const asio::cancellation_state state = co_await asio::this_coro::cancellation_state;
+            if (wait.over(state.cancelled()))
+                break;
+            (void)co_await wait.park();
+        }
+        waited = std::move(wait.outcome());
+    }
+    if (!waited && !done())
+        waited = co_await p->driver->drain_flushed(l, done, std::move(waited));
     if (!done())
         co_return waited; // its slot stays taken: the NIC may still complete it
-    auto result = l.take_op(op);
+    auto result = l.take_op(*op);
     p->driver->wake(); // a slot is free
     if (!waited)
         co_return waited;
     co_return result;
 }
 
-template <class Post>
-asio::awaitable<Result<void>> one_sided(PeerPtr p, Post post, Clock::time_point deadline) {
-    Link& l = *p->link;
-    if (auto ok = co_await p->driver->until([&] { return l.can_post_op(); }, &l,
-                                            "a one-sided operation: waiting for room", deadline);
-        !ok)
-        co_return ok;
-    auto op = l.post_op(post);
-    if (!op)
-        co_return std::unexpected(std::move(op.error()));
-    co_return co_await complete_op(std::move(p), *op, deadline);
-}
-
-asio::awaitable<Result<void>> write_with_imm_on(PeerPtr p, LocalSlice local, RemoteMemory remote, std::uint32_t imm,
-                                                Clock::time_point deadline, std::source_location where) {
-    Link& l = *p->link;
-    auto room = [&] { return l.can_take_user_credit() && l.can_post_op(); };
-    if (auto ok = co_await p->driver->until(room, &l, "write_with_imm: waiting for a credit", deadline); !ok)
-        co_return ok;
-    l.take_user_credit();
-    auto op =
-        l.post_op([&](const PostOptions& o) { return post_write_with_imm(l.qp(), local, remote, imm, o, where); });
-    if (!op) {
-        l.give_back_user_credit(); // nothing reached the peer
-        co_return std::unexpected(std::move(op.error()));
-    }
-    co_return co_await complete_op(std::move(p), *op, deadline);
+// one_sided()'s room for a one-sided operation
+auto op_room(Link& l) {
+    return [&l] { return l.can_post_op(); };
 }
 
 asio::awaitable<Result<void>> send_on(PeerPtr p, LocalSlice message, std::optional<std::uint32_t> imm,
@@ -399,27 +401,35 @@ asio::awaitable<Result<MemoryRegion>> Connection::receive_local_mr(Timeout timeo
 asio::awaitable<Result<void>> Connection::read(LocalSlice local, RemoteMemory remote, Timeout timeout,
                                                std::source_location where) {
     Link& l = *peer(where).link;
-    return one_sided(peer_,
-                     [&l, local, remote, where](const PostOptions& o) {
-                         return post_read(l.qp(), local, remote, o, where);
-                     },
-                     l.deadline(timeout, local.size()));
+    return one_sided(
+        peer_, op_room(l),
+        [&l, local, remote, where](const PostOptions& o) { return post_read(l.qp(), local, remote, o, where); },
+        "read: waiting for room", l.deadline(timeout, local.size()));
 }
 
 asio::awaitable<Result<void>> Connection::write(LocalSlice local, RemoteMemory remote, Timeout timeout,
                                                 std::source_location where) {
     Link& l = *peer(where).link;
-    return one_sided(peer_,
-                     [&l, local, remote, where](const PostOptions& o) {
-                         return post_write(l.qp(), local, remote, o, where);
-                     },
-                     l.deadline(timeout, local.size()));
+    return one_sided(
+        peer_, op_room(l),
+        [&l, local, remote, where](const PostOptions& o) { return post_write(l.qp(), local, remote, o, where); },
+        "write: waiting for room", l.deadline(timeout, local.size()));
 }
 
 asio::awaitable<Result<void>> Connection::write_with_imm(LocalSlice local, RemoteMemory remote, std::uint32_t imm,
                                                          Timeout timeout, std::source_location where) {
     Link& l = *peer(where).link;
-    return write_with_imm_on(peer_, local, remote, imm, l.deadline(timeout, local.size()), where);
+    // the peer's receive it consumes is a credit: taken for the post, given back if it fails
+    return one_sided(
+        peer_, [&l] { return l.can_take_user_credit() && l.can_post_op(); },
+        [&l, local, remote, imm, where](const PostOptions& o) {
+            l.take_user_credit();
+            auto posted = post_write_with_imm(l.qp(), local, remote, imm, o, where);
+            if (!posted)
+                l.give_back_user_credit(); // nothing reached the peer
+            return posted;
+        },
+        "write_with_imm: waiting for a credit", l.deadline(timeout, local.size()));
 }
 
 asio::awaitable<Result<void>> Connection::compare_swap(LocalSlice result, RemoteMemory target, std::uint64_t compare,
@@ -427,22 +437,22 @@ asio::awaitable<Result<void>> Connection::compare_swap(LocalSlice result, Remote
                                                        std::source_location where) {
     Link& l = *peer(where).link;
     return one_sided(
-        peer_,
+        peer_, op_room(l),
         [&l, result, target, compare, swap, where](const PostOptions& o) {
             return post_compare_swap(l.qp(), result, target, compare, swap, o, where);
         },
-        l.deadline(timeout));
+        "compare_swap: waiting for room", l.deadline(timeout));
 }
 
 asio::awaitable<Result<void>> Connection::fetch_add(LocalSlice result, RemoteMemory target, std::uint64_t add,
                                                     Timeout timeout, std::source_location where) {
     Link& l = *peer(where).link;
     return one_sided(
-        peer_,
+        peer_, op_room(l),
         [&l, result, target, add, where](const PostOptions& o) {
             return post_fetch_add(l.qp(), result, target, add, o, where);
         },
-        l.deadline(timeout));
+        "fetch_add: waiting for room", l.deadline(timeout));
 }
 
 asio::awaitable<Result<void>> Connection::send(LocalSlice message, Timeout timeout, std::source_location where) {

@@ -52,6 +52,13 @@ using rdmaxx::detail::Group;
 using rdmaxx::detail::Link;
 using rdmaxx::detail::ListenerCore;
 
+// A coroutine parked on the driver: woken (its timer cancelled) when ready(state) holds.
+struct Waiter {
+    bool (*ready)(const void*);
+    const void* state;
+    asio::steady_timer* timer;
+};
+
 class LinkDriver : public std::enable_shared_from_this<LinkDriver> {
 public:
     // Watches `group`'s CQ (armed here) on `executor`'s io_context.
@@ -89,13 +96,16 @@ public:
     // the wait's failure in that case; done() says whether the completion came.
     template <class Done>
     asio::awaitable<Result<void>> until_completed(Link& link, Done done, const char* what, Clock::time_point deadline);
+    // until_completed()'s second half, once its wait failed (`failure`) before done():
+    // ends the connection and awaits the flushed completion. Returns `failure`.
+    template <class Done>
+    asio::awaitable<Result<void>> drain_flushed(Link& link, Done done, Result<void> failure);
+
+    // A Wait's registration: waiters are woken, and served, in the order they came.
+    void enlist(Waiter& waiter) { waiters_.push_back(&waiter); }
+    void delist(Waiter& waiter) noexcept { std::erase(waiters_, &waiter); }
 
 private:
-    struct Waiter {
-        bool (*ready)(const void*);
-        const void* state;
-        asio::steady_timer* timer;
-    };
     LinkDriver(const asio::any_io_executor& executor, std::shared_ptr<Group> group, int epoll_fd);
     void watch();
     void on_ready();
@@ -126,55 +136,96 @@ private:
     std::vector<Waiter*> waiters_;
 };
 
+// One coroutine's wait on the driver, until ready() holds, `link` (when given) breaks,
+// the deadline passes or the coroutine is cancelled. until() is a coroutine looping on
+// one; a call on the hot path (a one-sided operation) loops on one itself, in its own
+// frame: Asio recycles two coroutine frames per thread, and a call whose wait is a
+// coroutine nested two deep allocated frames every time. The loop:
+//
+//     Wait wait(driver, ready, link, what, deadline);
+//     for (;;) {
+//         const asio::cancellation_state state = co_await asio::this_coro::cancellation_state;
+//         if (wait.over(state.cancelled()))
+//             break;
+//         co_await wait.park();
+//     }
+//     ... wait.outcome() ...
+//
+// (with asio::this_coro::throw_if_cancelled(false): a cancelled wait is an Error, not an
+// exception). Registered while it lives, so that waiters woken together and not all
+// served keep their places (credits and slots go to waiters in the order they came);
+// delisted however the frame ends (destroyed while suspended, with its io_context too).
+template <class Ready>
+class Wait {
+public:
+    Wait(LinkDriver& driver, Ready& ready, const Link* link, const char* what, Clock::time_point deadline)
+        : driver_(driver), ready_(ready), link_(link), what_(what), deadline_(deadline), timer_(driver.executor()),
+          waiter_{&wanted, this, &timer_} {
+        driver_.enlist(waiter_);
+    }
+    Wait(const Wait&) = delete;
+    Wait& operator=(const Wait&) = delete;
+    ~Wait() { driver_.delist(waiter_); }
+
+    // Whether the wait is over (outcome() says how), `cancelled` being the awaiting
+    // coroutine's cancellation state.
+    bool over(asio::cancellation_type_t cancelled) {
+        if (ready_())
+            return true;
+        if (link_ && link_->broken()) {
+            outcome_ = std::unexpected(*link_->broken());
+            return true;
+        }
+        if (Clock::now() >= deadline_) {
+            outcome_ = std::unexpected(Error::timeout(
+                "async::Connection", link_ ? fmt::format("{}: nothing from peer {} in time", what_, link_->peer())
+                                           : fmt::format("{}: not in time", what_)));
+            return true;
+        }
+        if (cancelled != asio::cancellation_type::none) {
+            outcome_ = std::unexpected(Error::cancelled("async::Connection", what_));
+            return true;
+        }
+        return false;
+    }
+    // Until woken or the deadline.
+    auto park() {
+        timer_.expires_at(deadline_);
+        return timer_.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+    }
+    Result<void>& outcome() noexcept { return outcome_; }
+
+private:
+    static bool wanted(const void* self) {
+        const auto& w = *static_cast<const Wait*>(self);
+        return w.ready_() || (w.link_ && w.link_->broken());
+    }
+
+    LinkDriver& driver_;
+    Ready& ready_;
+    const Link* link_;
+    const char* what_;
+    Clock::time_point deadline_;
+    asio::steady_timer timer_;
+    Waiter waiter_;
+    Result<void> outcome_{};
+};
+
 template <class Ready>
 asio::awaitable<Result<void>> LinkDriver::until(Ready ready, const Link* link, const char* what,
                                                 Clock::time_point deadline) {
     // a cancelled wait reports Error::cancelled; Asio's default would throw into the caller
     const bool throws = co_await asio::this_coro::throw_if_cancelled();
     co_await asio::this_coro::throw_if_cancelled(false);
-    struct Condition {
-        Ready& ready;
-        const Link* link;
-    } condition{ready, link};
-    asio::steady_timer timer(executor_);
-    Waiter waiter{[](const void* state) {
-                      const auto& c = *static_cast<const Condition*>(state);
-                      return c.ready() || (c.link && c.link->broken());
-                  },
-                  &condition, &timer};
-    Result<void> outcome{};
-    // registered once, so that waiters woken together and not all served keep their
-    // places: credits and slots go to waiters in the order they came. Unregistered
-    // however the frame ends (destroyed while suspended, with its io_context, too).
-    struct Registration {
-        std::vector<Waiter*>& waiters;
-        Waiter* waiter;
-        ~Registration() { std::erase(waiters, waiter); }
-    } registration{waiters_, &waiter};
-    waiters_.push_back(&waiter);
+    Wait<Ready> wait(*this, ready, link, what, deadline);
     for (;;) {
-        if (ready())
+        const asio::cancellation_state state = co_await asio::this_coro::cancellation_state;
+        if (wait.over(state.cancelled()))
             break;
-        if (link && link->broken()) {
-            outcome = std::unexpected(*link->broken());
-            break;
-        }
-        if (Clock::now() >= deadline) {
-            outcome = std::unexpected(Error::timeout(
-                "async::Connection", link ? fmt::format("{}: nothing from peer {} in time", what, link->peer())
-                                          : fmt::format("{}: not in time", what)));
-            break;
-        }
-        const asio::cancellation_state cancellation = co_await asio::this_coro::cancellation_state;
-        if (cancellation.cancelled() != asio::cancellation_type::none) {
-            outcome = std::unexpected(Error::cancelled("async::Connection", what));
-            break;
-        }
-        timer.expires_at(deadline);
-        (void)co_await timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+        (void)co_await wait.park();
     }
     co_await asio::this_coro::throw_if_cancelled(throws);
-    co_return outcome;
+    co_return std::move(wait.outcome());
 }
 
 template <class Done>
@@ -183,14 +234,19 @@ asio::awaitable<Result<void>> LinkDriver::until_completed(Link& link, Done done,
     auto waited = co_await until(done, &link, what, deadline);
     if (waited || done())
         co_return waited;
-    link.abandon(waited.error());
+    co_return co_await drain_flushed(link, done, std::move(waited));
+}
+
+template <class Done>
+asio::awaitable<Result<void>> LinkDriver::drain_flushed(Link& link, Done done, Result<void> failure) {
+    link.abandon(failure.error());
     co_await asio::this_coro::reset_cancellation_state(); // the drain below is not cancellable
     auto drained = co_await until(done, nullptr, "draining a flushed work request",
                                   Clock::now() + link.options().timeout);
     if (!drained)
         logger()->error("async::Connection: peer {}: a flushed work request did not complete within {} ms: {}",
                         link.peer(), link.options().timeout.count(), drained.error());
-    co_return waited;
+    co_return failure;
 }
 
 } // namespace rdmaxx::async::detail
