@@ -249,9 +249,13 @@ namespace {
 // inside a handler (a QueuePair's destructor draining, a nested manual poll) rings
 // too, so that nothing held is waited for.
 std::size_t Completions::take(detail::CqCore& cq, bool defer, std::size_t limit) {
-    const Posting outer = posting_;
+    // restored however take_batches() ends (a handler that throws out of run() included)
+    struct Restore {
+        Posting& posting;
+        const Posting outer;
+        ~Restore() { posting = outer; }
+    } restore{posting_, posting_};
     const std::size_t completed = take_batches(cq, defer, limit);
-    posting_ = outer;
     if (!holding_.empty()) [[unlikely]] // the one-at-a-time loop holds nothing: no call
         ring_held();
     return completed;
