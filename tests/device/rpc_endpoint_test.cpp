@@ -3,6 +3,7 @@
 // to many packets, every error a call can end with provoked, at-most-once execution
 // counted.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstdint>
@@ -35,6 +36,7 @@
 #include "../support/allocations.hpp"
 #include "../support/device.hpp"
 #include "../support/rpc_rig.hpp"
+#include "../support/thread.hpp"
 #include "packet.hpp"
 #include "rc_codec.hpp"
 #include "session_codec.hpp"
@@ -1021,4 +1023,62 @@ TEST_CASE("rpc endpoint: calls allocate nothing once warm, with spans and with M
     CHECK(wrong == 0);
     CHECK(counted == 0);
     MESSAGE("allocations in 2,000 calls: ", counted);
+}
+
+namespace {
+
+asio::awaitable<void> timed_calls(rpc::Endpoint* client, std::uint16_t port, int calls, int* wrong,
+                                  std::chrono::steady_clock::duration* took) {
+    auto session = co_await client->connect("127.0.0.1", port);
+    REQUIRE_MESSAGE(session.has_value(), session.error().message());
+    const auto request = message(7, 32);
+    std::vector<std::byte> response(64);
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < calls; ++i) {
+        const Result<std::size_t> got = co_await session->call(echo, request, response, {.timeout = 20s});
+        *wrong += got && *got == request.size() && echoed(response, request) ? 0 : 1;
+    }
+    *took = std::chrono::steady_clock::now() - start;
+}
+
+} // namespace
+
+TEST_CASE("rpc endpoint: a busy client's call resumes when its response is taken, not after its turn's other "
+          "polls") {
+    // The client's turn is 1,000,000 polls long (a third of a second under emulation):
+    // a call that waited for its end took half that (50 calls: 7.5 s); it takes a round
+    // trip (50 calls: 17 ms).
+    // The server runs on a thread of its own, so that it answers at once.
+    const std::uint16_t port = next_port();
+    std::atomic<bool> serving{false}, stop{false};
+    test::Thread server_thread([&] {
+        asio::io_context server_io;
+        rpc::EndpointOptions options;
+        options.listen_port = port;
+        options.listen_address = "127.0.0.1";
+        options.drive = {.mode = async::CompletionMode::busy};
+        auto server = must(rpc::Endpoint::create(server_io, options));
+        server->set_handler(echo, [](rpc::Request request, rpc::Responder responder) {
+            responder.respond(request.bytes());
+        });
+        serving = true;
+        while (!stop)
+            server_io.run_for(10ms);
+    });
+    while (!serving)
+        std::this_thread::sleep_for(1ms);
+    asio::io_context io;
+    rpc::EndpointOptions options;
+    options.drive = {.mode = async::CompletionMode::busy, .busy_polls = 1'000'000};
+    auto client = must(rpc::Endpoint::create(io, options));
+    constexpr int calls = 50;
+    int wrong = 0;
+    std::chrono::steady_clock::duration took{};
+    run(io, timed_calls(client.get(), port, calls, &wrong, &took), 120s);
+    stop = true;
+    server_thread.join();
+    CHECK(wrong == 0);
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(took).count();
+    MESSAGE(calls, " calls in ", ms, " ms");
+    CHECK(ms < 1500);
 }

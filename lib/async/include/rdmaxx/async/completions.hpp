@@ -14,9 +14,10 @@
 ///    wake every pending event is taken, the CQ polled empty, armed, polled again (a
 ///    completion that lands between poll and arm is never stranded), and events
 ///    acknowledged in batches. Costs a system call per wake; no CPU while idle.
-///  * busy: a handler polls up to DriveOptions::busy_polls times, then yields to the
-///    io_context's other handlers and polls again. Lowest latency; a core while
-///    operations are in flight.
+///  * busy: a handler polls up to DriveOptions::busy_polls times, or until the
+///    completions of a poll post a handler of rdmaxx's (an RPC call's completion), then
+///    yields to the io_context's other handlers and polls again. Lowest latency; a core
+///    while operations are in flight.
 ///  * hybrid: busy for DriveOptions::spin after the last completion, then event.
 ///  * manual: nothing is driven; the application calls poll() from its own loop (and
 ///    the io_context's run() does not wait for these operations: nothing in it is). A
@@ -87,7 +88,8 @@ enum class CompletionMode : std::uint8_t { event, busy, hybrid, manual };
 /// How a CompletionQueue is driven.
 struct DriveOptions {
     CompletionMode mode = CompletionMode::event; ///< the mode (completions.hpp tells each)
-    /// busy, hybrid: polls per turn before the io_context's other handlers run
+    /// busy, hybrid: polls per turn before the io_context's other handlers run (a turn
+    /// also ends at a poll whose completions posted a handler of rdmaxx's)
     unsigned busy_polls = 64;
     /// hybrid: how long to spin without a completion before sleeping on the channel
     std::chrono::microseconds spin{50};
