@@ -181,9 +181,10 @@ public:
     /// unsignaled WRs after it failed, or a WR posted on an async QP by other means.
     std::uint64_t stale_completions() const noexcept { return stale_; }
     /// Doorbells rung for held sends (async::QueuePair: the sends that the handlers of
-    /// one poll start go out together), and the sends they posted: their ratio is how
-    /// many operations a doorbell carried.
+    /// one poll start go out together).
     std::uint64_t held_doorbells() const noexcept { return held_doorbells_; }
+    /// The sends those doorbells posted: held_sends() / held_doorbells() is how many
+    /// operations a doorbell carried.
     std::uint64_t held_sends() const noexcept { return held_sends_; }
 
     /// @name lib/async's own use
@@ -206,6 +207,8 @@ public:
     /// poll, or this one has posted already), to be rung with the others when the
     /// poll's handlers are done.
     enum class Posting : std::uint8_t { at_once, first_at_once, held };
+    /// The posting mode now (take() sets it per handler; a send at once of the last
+    /// handler makes it held).
     Posting& posting() noexcept { return posting_; }
     /// `qp` holds sends for the doorbell rung when the running poll's handlers are done.
     void hold(detail::QpCore& qp);
