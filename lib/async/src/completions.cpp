@@ -278,7 +278,9 @@ void Completions::ring_held() {
 }
 
 void Completions::hold(detail::QpCore& qp) {
-    if (qp.send_held.empty()) // its first: not listed yet
+    // its first held send: listed (again, if a batch post rang it since: ringing an
+    // empty queue does nothing)
+    if (qp.send_held.empty())
         holding_.push_back(&qp);
 }
 
