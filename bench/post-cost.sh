@@ -8,11 +8,12 @@
 #  * a post, on both post APIs: 60 classic, 100 extended (measured on rxe: 47 and 88;
 #    the extended path replays built WRs out of line, which is why automatic is classic);
 #  * a step of lib/async (take a completion, call its handler, post the next WR) with a
-#    completion handler: 830 (measured on rxe: 812; it was 686 when the budget was set
-#    at 750, 788 by session 14 through changes not traced one by one, +24 for the held
-#    sends' posting mode, checked per handler and per send). The same step awaited with
+#    completion handler: 750 (measured on rxe: 701; 686 when the budget was first set
+#    at 750, 812 by session 15 through changes not traced one by one and the held sends'
+#    posting mode, 701 once an empty std::optional that g++ zeroed whole (904 bytes per
+#    take) left the path). The same step awaited with
 #    asio::use_awaitable is printed, with its instructions split by where they run,
-#    and not budgeted: the difference (~300) is Asio's coroutine machinery.
+#    and not budgeted: the difference (~290) is Asio's coroutine machinery.
 set -euo pipefail
 build=${1:-build}
 n=${2:-10000}
@@ -46,7 +47,7 @@ within rdmaxx_extended raw_extended 100
 for variant in raw callback await; do
     count "$variant" "${variant}_step"
 done
-within callback raw 830
+within callback raw 750
 echo "rdmaxx over raw, await: $((per_op[await] - per_op[raw])) instructions (not budgeted: see the top)"
 # the awaited step's self cost per function, grouped by where the function comes from
 callgrind_annotate --inclusive=no --auto=no --threshold=100 "$out/await" 2>/dev/null |
