@@ -1,8 +1,10 @@
 // lib/async's pure logic: the op slab's wr_ids (a stale or foreign completion never
-// names a live operation), the credit queue, and Error -> std::error_code.
+// names a live operation), the credit queue, the deferred completions' queue, and
+// Error -> std::error_code.
 #include <array>
 #include <set>
 #include <system_error>
+#include <utility>
 #include <vector>
 
 #include <asio/error.hpp>
@@ -10,6 +12,8 @@
 
 #include <doctest/doctest.h>
 
+#include <rdmaxx/async/completions.hpp>
+#include <rdmaxx/async/detail/deferred.hpp>
 #include <rdmaxx/async/detail/op.hpp>
 #include <rdmaxx/async/error_code.hpp>
 #include <rdmaxx/async/tcp.hpp>
@@ -80,6 +84,49 @@ TEST_CASE("the credit queue is FIFO and removes from anywhere") {
     CHECK(queue.front() == &c);
     queue.remove(c);
     CHECK(queue.empty());
+}
+
+TEST_CASE("the deferred completions run in order, in recycled memory; at shutdown destroyed uncalled") {
+    using rdmaxx::async::detail::DeferredOp;
+    async::detail::HandlerMemory memory;
+    async::detail::DeferredQueue queue;
+    std::vector<int> ran;
+    int destroyed = 0;
+    struct Tracked { // counts its destruction, once moved from or not
+        int* destroyed;
+        explicit Tracked(int* d) : destroyed(d) {}
+        Tracked(Tracked&& other) noexcept : destroyed(std::exchange(other.destroyed, nullptr)) {}
+        ~Tracked() {
+            if (destroyed)
+                ++*destroyed;
+        }
+    };
+    for (int i = 0; i < 3; ++i)
+        queue.push(memory, [&ran, i, t = Tracked(&destroyed)] { ran.push_back(i); });
+    DeferredOp* first = queue.pop();
+    first->end(first, true);
+    DeferredOp* second = queue.pop();
+    second->end(second, true);
+    // a handler's block is free before it runs: the next push takes it again
+    queue.push(memory, [&ran] { ran.push_back(3); });
+    DeferredOp* third = queue.pop();
+    third->end(third, false); // destroyed uncalled
+    DeferredOp* fourth = queue.pop();
+    CHECK(fourth == second);
+    CHECK(queue.empty());
+    fourth->end(fourth, true);
+    CHECK(ran == std::vector<int>{0, 1, 3});
+    CHECK(destroyed == 3);
+}
+
+TEST_CASE("a completion handed to the service outside its driver handlers is posted, never run inline") {
+    asio::io_context io;
+    int ran = 0;
+    async::Completions::of(io).post_completion([&ran] { ++ran; });
+    CHECK(ran == 0);
+    CHECK(io.poll() == 1);
+    CHECK(ran == 1);
+    CHECK(async::Completions::of(io).completions_at_turn_end() == 0);
 }
 
 TEST_CASE("an Error maps to a std::error_code a caller can compare") {

@@ -36,16 +36,68 @@ struct Pin {
     }
 };
 
+// A driver handler's scope: the completions deferred (post_completion) while it runs
+// run when the outermost one ends, after it has touched its CQ for the last time (a
+// completion may destroy the CQ's handle; the handler's pin keeps its state). One
+// that ends by an exception posts them instead.
+class Completions::Deferral {
+public:
+    explicit Deferral(Completions& service) noexcept : service_(service) { ++service_.deferring_; }
+    Deferral(const Deferral&) = delete;
+    Deferral& operator=(const Deferral&) = delete;
+    ~Deferral() {
+        if (!ended_ && --service_.deferring_ == 0)
+            service_.post_deferred();
+    }
+    void end() {
+        ended_ = true;
+        if (--service_.deferring_ == 0)
+            service_.run_deferred();
+    }
+
+private:
+    Completions& service_;
+    bool ended_ = false;
+};
+
+struct Completions::RunDeferred {
+    Completions* service;
+    void operator()() {
+        if (service->deferring_ == 0) // else the driver handler running ends with them
+            service->run_deferred();
+    }
+};
+
+void Completions::run_deferred() {
+    while (!deferred_.empty()) {
+        detail::DeferredOp* op = deferred_.pop();
+        ++completions_at_turn_end_;
+        try {
+            op->end(op, true);
+        } catch (...) { // the application's, from a coroutine it resumed: the rest still run
+            post_deferred();
+            throw;
+        }
+    }
+}
+
+void Completions::post_deferred() {
+    if (!deferred_.empty())
+        post_recycled(RunDeferred{this});
+}
+
 struct Completions::Turn : Pin<detail::CqCore> {
     explicit Turn(detail::CqCore& c) : Pin(c) {}
     // busy and hybrid: a turn of polling; event: the first arm-poll-wait
     void operator()() {
         detail::CqCore& c = *core;
+        Deferral deferral(*c.service);
         if (c.drive.mode == CompletionMode::busy ||
             (c.drive.mode == CompletionMode::hybrid && Clock::now() - c.last_completion <= c.drive.spin))
             c.service->spin(c);
         else
             c.service->sleep(c);
+        deferral.end();
     }
 };
 
@@ -55,6 +107,7 @@ struct Completions::Wake {
         detail::CqCore& c = *pin.core;
         if (ec || c.service->shut_down_) // cancelled: the handle is gone
             return;
+        Deferral deferral(*c.service);
         if (auto taken = c.cq.take_events(); !taken)
             logger()->error("rdmaxx: completion channel: {}", taken.error());
         if (c.drive.mode == CompletionMode::hybrid) {
@@ -63,6 +116,7 @@ struct Completions::Wake {
         } else {
             c.service->sleep(c);
         }
+        deferral.end();
     }
 };
 
@@ -110,10 +164,6 @@ Completions::~Completions() {
             rdmaxx::detail::programming_error("an async::CompletionQueue outlives its io_context", cq->created);
 }
 
-template <class Handler>
-void Completions::post_recycled(Handler&& handler) {
-    asio::post(get_io_context(), detail::with_memory(handler_memory_, std::forward<Handler>(handler)));
-}
 
 // Posted, never run inline: start() runs inside an operation's initiating function,
 // whose handler must not be called before it returns (and a poll here could).
@@ -126,7 +176,6 @@ void Completions::start(detail::CqCore& cq) {
 // One turn of busy polling, then yield (or, hybrid, sleep once idle for `spin`).
 void Completions::spin(detail::CqCore& cq) {
     for (unsigned polls = 0; polls < cq.drive.busy_polls; ++polls) {
-        const std::uint64_t handed_out = handler_memory_.handed_out();
         const std::size_t found = drain(cq, false, poll_batch);
         if (found != 0 && cq.drive.mode == CompletionMode::hybrid)
             cq.last_completion = Clock::now();
@@ -134,12 +183,12 @@ void Completions::spin(detail::CqCore& cq) {
             cq.driving = false;
             return;
         }
-        // a handler that the completions posted (an RPC call's resumption) runs now,
-        // not after the turn's remaining polls (half a turn of polls was a seventh of
-        // an RPC's round trip on rxe). Not at every completion: an operation's handler
-        // ran inline, and the io_context's turn it would wait for is a cost (an
-        // awaited READ's round trip grew by a tenth)
-        if (found != 0 && handler_memory_.handed_out() != handed_out)
+        // a completion that the poll deferred (an RPC call's resumption) runs now, as
+        // the turn ends, not after the turn's remaining polls (half a turn of polls was
+        // a seventh of an RPC's round trip on rxe). Not at every completion: an
+        // operation's handler ran inline, and ending the turn is a cost (an awaited
+        // READ's round trip grew by a tenth)
+        if (!deferred_.empty())
             break;
     }
     if (cq.drive.mode == CompletionMode::hybrid && Clock::now() - cq.last_completion > cq.drive.spin) {
@@ -475,6 +524,11 @@ void Completions::shutdown() {
             cq->channel->release(), cq->channel.reset();
     for (detail::DeviceWatch* device : devices_)
         device->fd.release();
+    // destroyed uncalled, as Asio destroys the handlers it holds (one may own a CQ: pinned)
+    while (!deferred_.empty()) {
+        detail::DeferredOp* op = deferred_.pop();
+        op->end(op, false);
+    }
     for (detail::CqCore* cq : cqs)
         unpin(*cq);
 }

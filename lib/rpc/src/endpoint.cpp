@@ -210,7 +210,7 @@ using Anchor = std::shared_ptr<EndpointCore*>;
 
 struct EndpointCore {
     EndpointCore(asio::io_context& io, EndpointOptions options)
-        : executor(io.get_executor()), handler_memory(&asio::use_service<async::Completions>(io).handler_memory()),
+        : executor(io.get_executor()), completions(&async::Completions::of(io)),
           options(std::move(options)), owner(std::this_thread::get_id()),
           anchor(std::make_shared<EndpointCore*>(this)), table(this->options.max_sessions, this->options.ring),
           ticker(io) {}
@@ -299,7 +299,7 @@ struct EndpointCore {
     static asio::awaitable<Result<Session>> connect(Anchor anchor, std::string host, std::uint16_t port);
 
     asio::io_context::executor_type executor;
-    async::detail::HandlerMemory* handler_memory; // lib/async's, of the io_context
+    async::Completions* completions; // lib/async's service of the io_context
     EndpointOptions options;
     std::thread::id owner;
     Anchor anchor;
@@ -646,7 +646,7 @@ void EndpointCore::arm_ticker() {
                 core->tick();
         }
     };
-    ticker.async_wait(async::detail::with_memory(*handler_memory, Tick{anchor}));
+    ticker.async_wait(async::detail::with_memory(completions->handler_memory(), Tick{anchor}));
 }
 
 // Every active client session: calls past their deadline end (timeout), expired RTOs
@@ -1457,7 +1457,7 @@ void Session::start(std::uint8_t type, MessageBuffer& request, MessageBuffer& re
 
 detail::CallSite Session::call_site(std::source_location where) const {
     require(core_ != nullptr, where, "Session::call on a moved-from Session");
-    return {core_->executor, core_->handler_memory};
+    return {core_->executor, core_->completions};
 }
 
 SessionInfo Session::info(std::source_location where) const {

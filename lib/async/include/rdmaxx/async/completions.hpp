@@ -15,9 +15,9 @@
 ///    completion that lands between poll and arm is never stranded), and events
 ///    acknowledged in batches. Costs a system call per wake; no CPU while idle.
 ///  * busy: a handler polls up to DriveOptions::busy_polls times, or until the
-///    completions of a poll post a handler of rdmaxx's (an RPC call's completion), then
-///    yields to the io_context's other handlers and polls again. Lowest latency; a core
-///    while operations are in flight.
+///    completions of a poll complete an RPC call (whose resumption runs as the turn
+///    ends), then yields to the io_context's other handlers and polls again. Lowest
+///    latency; a core while operations are in flight.
 ///  * hybrid: busy for DriveOptions::spin after the last completion, then event.
 ///  * manual: nothing is driven; the application calls poll() from its own loop (and
 ///    the io_context's run() does not wait for these operations: nothing in it is). A
@@ -69,7 +69,9 @@
 
 #include <asio/io_context.hpp>
 #include <asio/posix/stream_descriptor.hpp>
+#include <asio/post.hpp>
 
+#include <rdmaxx/async/detail/deferred.hpp>
 #include <rdmaxx/async/detail/handler_memory.hpp>
 #include <rdmaxx/async/detail/op.hpp>
 #include <rdmaxx/data/events.hpp>
@@ -89,7 +91,7 @@ enum class CompletionMode : std::uint8_t { event, busy, hybrid, manual };
 struct DriveOptions {
     CompletionMode mode = CompletionMode::event; ///< the mode (completions.hpp tells each)
     /// busy, hybrid: polls per turn before the io_context's other handlers run (a turn
-    /// also ends at a poll whose completions posted a handler of rdmaxx's)
+    /// also ends at a poll whose completions completed an RPC call)
     unsigned busy_polls = 64;
     /// hybrid: how long to spin without a completion before sleeping on the channel
     std::chrono::microseconds spin{50};
@@ -186,6 +188,10 @@ public:
     /// The sends those doorbells posted: held_sends() / held_doorbells() is how many
     /// operations a doorbell carried.
     std::uint64_t held_sends() const noexcept { return held_sends_; }
+    /// Completions of rdmaxx's (RPC calls) run as the driver handler that took them
+    /// ended, with no turn of the io_context between (post_completion(); after an
+    /// application's exception out of one, the rest run in a handler of their own).
+    std::uint64_t completions_at_turn_end() const noexcept { return completions_at_turn_end_; }
 
     /// @name lib/async's own use
     /// What async::CompletionQueue and async::QueuePair call; not for applications.
@@ -250,6 +256,19 @@ public:
     void unpin(detail::CqCore& cq) noexcept;
     /// The memory of the handlers rdmaxx posts on this io_context's hot paths.
     detail::HandlerMemory& handler_memory() noexcept { return handler_memory_; }
+    /// Runs `handler`, a completion of rdmaxx's (lib/rpc's calls), on this io_context,
+    /// never inline: while a driver handler of this service takes completions (a busy
+    /// turn, an event wake), when that handler ends, before the io_context's next turn
+    /// (whose reactor would first make an epoll_wait: a few microseconds of an RPC's
+    /// round trip on rxe); otherwise posted. A busy turn ends at the poll that deferred
+    /// one.
+    template <class Handler>
+    void post_completion(Handler&& handler) {
+        if (deferring_ != 0 && !shut_down_)
+            deferred_.push(handler_memory_, std::forward<Handler>(handler));
+        else
+            post_recycled(std::forward<Handler>(handler));
+    }
 
     /// @}
 
@@ -259,10 +278,18 @@ private:
     struct DeviceTurn;
     struct DeviceWake;
     struct IdleCheck;
+    class Deferral;
+    struct RunDeferred;
     void shutdown() override;
     // asio::post with the handler's memory from handler_memory_
     template <class Handler>
-    void post_recycled(Handler&& handler);
+    void post_recycled(Handler&& handler) {
+        asio::post(get_io_context(), detail::with_memory(handler_memory_, std::forward<Handler>(handler)));
+    }
+    // Runs the deferred completions in order; if one throws, the rest are posted.
+    void run_deferred();
+    // Posts a handler that runs the deferred completions (a driver handler that threw).
+    void post_deferred();
     void spin(detail::CqCore& cq);
     void sleep(detail::CqCore& cq);
     void erase(detail::CqCore& cq) noexcept;
@@ -279,6 +306,8 @@ private:
     void settle(detail::DeviceWatch& device);
 
     detail::HandlerMemory handler_memory_;
+    detail::DeferredQueue deferred_; // post_completion()'s, while deferring_
+    unsigned deferring_ = 0;         // driver handlers running (nested: a poll inside a handler)
     detail::OpSlab slab_;
     std::vector<detail::CqCore*> cqs_;
     std::vector<detail::DeviceWatch*> devices_;
@@ -288,6 +317,7 @@ private:
     std::uint64_t stale_ = 0;
     std::uint64_t held_doorbells_ = 0;
     std::uint64_t held_sends_ = 0;
+    std::uint64_t completions_at_turn_end_ = 0;
     bool shut_down_ = false;
 };
 

@@ -201,15 +201,16 @@ namespace detail {
 struct EndpointCore;
 
 // What a call's completion needs of its endpoint: the executor of its io_context, and
-// the memory its handler is kept and posted in (lib/async's, of that io_context).
+// lib/async's service of that io_context (the memory its handler is kept in, and where
+// it completes).
 struct CallSite {
     asio::io_context::executor_type executor;
-    async::detail::HandlerMemory* memory;
+    async::Completions* completions;
 };
 
 // A call's completion handler while its call is in flight: type-erased, in the
-// endpoint's handler memory (no heap once warm), completed by posting it to its executor
-// (never inline: the endpoint may be inside a completion batch).
+// endpoint's handler memory (no heap once warm), completed on its executor, never
+// inline (the endpoint may be inside a completion batch).
 class StoredCall {
 public:
     // Where a cancellation of the call goes.
@@ -522,7 +523,7 @@ namespace detail {
 template <class H>
 StoredCall StoredCall::store(H&& handler, const CallSite& site) {
     using B = Box<std::decay_t<H>>;
-    async::detail::HandlerAllocator<B> alloc(*site.memory);
+    async::detail::HandlerAllocator<B> alloc(site.completions->handler_memory());
     B* box = alloc.allocate(1);
     new (box) B{std::forward<H>(handler), site};
     StoredCall stored;
@@ -533,7 +534,7 @@ StoredCall StoredCall::store(H&& handler, const CallSite& site) {
 
 template <class H>
 void StoredCall::Box<H>::free(Box* box) noexcept {
-    async::detail::HandlerAllocator<Box> alloc(*box->site.memory);
+    async::detail::HandlerAllocator<Box> alloc(box->site.completions->handler_memory());
     box->~Box();
     alloc.deallocate(box, 1);
 }
@@ -553,16 +554,20 @@ void StoredCall::Box<H>::complete(void* raw, Result<std::size_t>&& result) {
     };
     const auto executor = asio::get_associated_executor(handler, site.executor);
     if constexpr (std::is_same_v<asio::associated_allocator_t<H>, std::allocator<void>>) {
-        auto call = async::detail::with_memory(*site.memory, Call{std::move(handler), std::move(result)});
-        // A coroutine's handler names its executor type-erased (any_io_executor), whose
-        // post wraps the call in memory of Asio's own cache (two allocations per call when
-        // that cache holds blocks of other sizes): when it is the endpoint's io_context,
-        // posted there as it is, the same executor.
-        if constexpr (!std::is_same_v<std::decay_t<decltype(executor)>, asio::io_context::executor_type>)
-            if (const auto* io = executor.template target<asio::io_context::executor_type>();
-                io != nullptr && *io == site.executor)
-                return asio::post(*io, std::move(call));
-        asio::post(executor, std::move(call));
+        Call call{std::move(handler), std::move(result)};
+        // On the endpoint's io_context, the call completes through lib/async's service:
+        // run as the driver handler that took its response ends, or posted in the
+        // service's memory (a coroutine's handler names its executor type-erased,
+        // any_io_executor, whose post wraps the call in memory of Asio's own cache: two
+        // allocations per call when that cache holds blocks of other sizes).
+        if constexpr (std::is_same_v<std::decay_t<decltype(executor)>, asio::io_context::executor_type>) {
+            if (executor == site.executor)
+                return site.completions->post_completion(std::move(call));
+        } else if (const auto* io = executor.template target<asio::io_context::executor_type>();
+                   io != nullptr && *io == site.executor) {
+            return site.completions->post_completion(std::move(call));
+        }
+        asio::post(executor, async::detail::with_memory(site.completions->handler_memory(), std::move(call)));
     } else { // the handler's own allocator, as Asio's rule asks
         asio::post(executor, Call{std::move(handler), std::move(result)});
     }

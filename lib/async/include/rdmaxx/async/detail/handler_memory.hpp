@@ -34,7 +34,6 @@ public:
     }
 
     void* allocate(std::size_t size) {
-        ++handed_out_;
         if (size > block_size || free_ == nullptr) [[unlikely]]
             return ::operator new(size > block_size ? size : block_size);
         return std::exchange(free_, free_->next);
@@ -46,16 +45,11 @@ public:
         }
         free_ = new (p) Block{free_};
     }
-    // Blocks handed out so far: a change says a handler was posted (a busy CQ's turn
-    // yields at once when the completions it took posted one: Completions::spin).
-    std::uint64_t handed_out() const noexcept { return handed_out_; }
-
 private:
     struct Block {
         Block* next;
     };
     Block* free_ = nullptr;
-    std::uint64_t handed_out_ = 0;
 };
 
 // A standard allocator over a HandlerMemory (WithMemory's associated allocator).
