@@ -164,7 +164,6 @@ Completions::~Completions() {
             rdmaxx::detail::programming_error("an async::CompletionQueue outlives its io_context", cq->created);
 }
 
-
 // Posted, never run inline: start() runs inside an operation's initiating function,
 // whose handler must not be called before it returns (and a poll here could).
 void Completions::start(detail::CqCore& cq) {

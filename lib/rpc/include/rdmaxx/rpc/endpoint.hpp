@@ -560,13 +560,15 @@ void StoredCall::Box<H>::complete(void* raw, Result<std::size_t>&& result) {
         // service's memory (a coroutine's handler names its executor type-erased,
         // any_io_executor, whose post wraps the call in memory of Asio's own cache: two
         // allocations per call when that cache holds blocks of other sizes).
+        bool on_site = false;
         if constexpr (std::is_same_v<std::decay_t<decltype(executor)>, asio::io_context::executor_type>) {
-            if (executor == site.executor)
-                return site.completions->post_completion(std::move(call));
-        } else if (const auto* io = executor.template target<asio::io_context::executor_type>();
-                   io != nullptr && *io == site.executor) {
-            return site.completions->post_completion(std::move(call));
+            on_site = executor == site.executor;
+        } else {
+            const auto* io = executor.template target<asio::io_context::executor_type>();
+            on_site = io != nullptr && *io == site.executor;
         }
+        if (on_site)
+            return site.completions->post_completion(std::move(call));
         asio::post(executor, async::detail::with_memory(site.completions->handler_memory(), std::move(call)));
     } else { // the handler's own allocator, as Asio's rule asks
         asio::post(executor, Call{std::move(handler), std::move(result)});
