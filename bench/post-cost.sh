@@ -8,12 +8,13 @@
 #  * a post, on both post APIs: 60 classic, 100 extended (measured on rxe: 47 and 88;
 #    the extended path replays built WRs out of line, which is why automatic is classic);
 #  * a step of lib/async (take a completion, call its handler, post the next WR) with a
-#    completion handler: 750 (measured on rxe: 701; 686 when the budget was first set
+#    completion handler: 650 (measured on rxe: 598; 686 when the budget was first set
 #    at 750, 812 by session 15 through changes not traced one by one and the held sends'
 #    posting mode, 701 once an empty std::optional that g++ zeroed whole (904 bytes per
-#    take) left the path). The same step awaited with
+#    take) left the path, 598 with -fno-semantic-interposition, an operation's claim
+#    inline and a send's post on a path of its own). The same step awaited with
 #    asio::use_awaitable is printed, with its instructions split by where they run,
-#    and not budgeted: the difference (~290) is Asio's coroutine machinery.
+#    and not budgeted: the difference (~270) is Asio's coroutine machinery.
 set -euo pipefail
 build=${1:-build}
 n=${2:-10000}
@@ -47,7 +48,7 @@ within rdmaxx_extended raw_extended 100
 for variant in raw callback await; do
     count "$variant" "${variant}_step"
 done
-within callback raw 750
+within callback raw 650
 echo "rdmaxx over raw, await: $((per_op[await] - per_op[raw])) instructions (not budgeted: see the top)"
 # the awaited step's self cost per function, grouped by where the function comes from
 callgrind_annotate --inclusive=no --auto=no --threshold=100 "$out/await" 2>/dev/null |

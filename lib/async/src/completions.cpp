@@ -614,7 +614,8 @@ rdmaxx::CompletionQueue& CompletionQueue::get(std::source_location where) const 
 CompletionMode CompletionQueue::mode(std::source_location where) const { return state(where).drive.mode; }
 
 std::size_t CompletionQueue::poll(std::source_location where) {
-    return state(where).service->drain(state(where), false, Completions::turn_budget);
+    detail::CqCore& cq = state(where);
+    return cq.service->drain(cq, false, Completions::turn_budget);
 }
 
 } // namespace rdmaxx::async

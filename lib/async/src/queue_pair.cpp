@@ -52,48 +52,53 @@ void drop_held(QpCore& qp, Op& op, Error why) {
     return wr;
 }
 
+// Posts a batch or a receive.
+Result<void> post_other(QpCore& qp, Op& op) {
+    if (op.kind == Op::Kind::batch) {
+        ring(qp); // the sends held before it go first: a QP's sends keep their order
+        return op.wr.batch.post(op.wr.batch.batch, op.wr_id(), op.where);
+    }
+    ibv_recv_wr& wr = op.wr.recv.wr;
+    wr.wr_id = op.wr_id();
+    wr.next = nullptr;
+    wr.sg_list = op.wr.recv.sge.data();
+    ibv_recv_wr* bad = nullptr;
+    if (const int rc = ibv_post_recv(qp.qp.get(op.where), &wr, &bad); rc != 0) [[unlikely]]
+        return std::unexpected(rdmaxx::detail::post_recv_error("ibv_post_recv", rc, wr, bad, 1));
+    return {};
+}
+
 void post(Op& op) {
     QpCore& qp = *op.qp;
-    Result<void> posted;
-    switch (op.kind) {
-    case Op::Kind::send: {
-        Completions::Posting& posting = qp.service->posting();
-        // held behind held ones, so that a QP's sends keep their order
-        if (posting == Completions::Posting::held || !qp.send_held.empty()) {
-            // started by a handler of the running poll: posted with the others they
-            // start, one doorbell, when they are done (ring)
-            qp.service->hold(qp);
-            qp.send_credits -= op.credits;
-            op.state = Op::State::held;
-            qp.send_held.push_back(op);
+    if (op.kind != Op::Kind::send) {
+        if (Result<void> posted = post_other(qp, op); !posted) [[unlikely]] {
+            fail(op, std::move(posted.error()));
             return;
         }
-        if (posting == Completions::Posting::first_at_once)
-            posting = Completions::Posting::held;
-        std::size_t accepted = 0;
-        posted = rdmaxx::detail::submit(qp.qp, prepare(op), 1, accepted, op.where);
-        break;
+        (op.kind == Op::Kind::recv ? qp.recv_credits : qp.send_credits) -= op.credits;
+        mark_posted(qp, op);
+        return;
     }
-    case Op::Kind::batch:
-        ring(qp); // the sends held before it go first: a QP's sends keep their order
-        posted = op.wr.batch.post(op.wr.batch.batch, op.wr_id(), op.where);
-        break;
-    case Op::Kind::recv: {
-        ibv_recv_wr& wr = op.wr.recv.wr;
-        wr.wr_id = op.wr_id();
-        wr.next = nullptr;
-        wr.sg_list = op.wr.recv.sge.data();
-        ibv_recv_wr* bad = nullptr;
-        if (const int rc = ibv_post_recv(qp.qp.get(op.where), &wr, &bad); rc != 0) [[unlikely]]
-            posted = std::unexpected(rdmaxx::detail::post_recv_error("ibv_post_recv", rc, wr, bad, 1));
-        break;
+    // a send, every operation's but receives and batches: on a path of its own
+    Completions::Posting& posting = qp.service->posting();
+    // held behind held ones, so that a QP's sends keep their order
+    if (posting == Completions::Posting::held || !qp.send_held.empty()) {
+        // started by a handler of the running poll: posted with the others they
+        // start, one doorbell, when they are done (ring)
+        qp.service->hold(qp);
+        qp.send_credits -= op.credits;
+        op.state = Op::State::held;
+        qp.send_held.push_back(op);
+        return;
     }
-    }
-    if (!posted) [[unlikely]] {
+    if (posting == Completions::Posting::first_at_once)
+        posting = Completions::Posting::held;
+    std::size_t accepted = 0;
+    if (Result<void> posted = rdmaxx::detail::submit(qp.qp, prepare(op), 1, accepted, op.where); !posted) [[unlikely]] {
         fail(op, std::move(posted.error()));
         return;
     }
-    (op.kind == Op::Kind::recv ? qp.recv_credits : qp.send_credits) -= op.credits;
+    qp.send_credits -= op.credits;
     mark_posted(qp, op);
 }
 
@@ -151,7 +156,7 @@ void start(Op& op) {
         fail(op, *qp.dead);
         return;
     }
-    if (is_atomic(op) && !qp.qp.supports_atomics()) [[unlikely]] {
+    if (!qp.qp.supports_atomics() && is_atomic(op)) [[unlikely]] {
         fail(op, Error::unsupported(op.call, "atomics on a device without atomic support"));
         return;
     }
@@ -231,16 +236,7 @@ void cancel(Completions& service, std::uint32_t index, std::uint32_t generation,
     kill(qp, Error::cancelled(op->call, "an operation on this QP was cancelled: the QP is in the error state"));
 }
 
-Claim::~Claim() {
-    if (op_)
-        op_->qp->service->slab().release(*op_);
-}
-
-asio::io_context::executor_type Initiate::io_executor(const Op& op) noexcept {
-    return op.qp->service->get_io_context().get_executor();
-}
-
-Completions* Initiate::service(const Op& op) noexcept { return op.qp->service; }
+void Claim::give_back(Op& op) noexcept { op.qp->service->slab().release(op); }
 
 } // namespace detail
 
@@ -339,16 +335,5 @@ QueuePair::~QueuePair() {
 
 rdmaxx::QueuePair& QueuePair::get(std::source_location where) const { return state(where).qp; }
 const std::optional<Error>& QueuePair::dead(std::source_location where) const { return state(where).dead; }
-
-detail::Claim QueuePair::claim_op(detail::Op::Kind kind, const char* call, std::source_location where) {
-    detail::QpCore& qp = state(where);
-    detail::Op& op = qp.service->slab().acquire();
-    op.qp = &qp;
-    op.kind = kind;
-    op.credits = 1;
-    op.call = call;
-    op.where = where;
-    return detail::Claim(op);
-}
 
 } // namespace rdmaxx::async

@@ -75,11 +75,16 @@ public:
     explicit Claim(Op& op) noexcept : op_(&op) {}
     Claim(Claim&& other) noexcept : op_(std::exchange(other.op_, nullptr)) {}
     Claim& operator=(Claim&&) = delete;
-    ~Claim();
+    // inline: every operation destroys one or two moved-from claims
+    ~Claim() {
+        if (op_ != nullptr) [[unlikely]]
+            give_back(*op_);
+    }
     Op& op() const noexcept { return *op_; }
     Op& take() noexcept { return *std::exchange(op_, nullptr); }
 
 private:
+    static void give_back(Op& op) noexcept;
     Op* op_;
 };
 
@@ -88,14 +93,19 @@ struct Initiate {
     void operator()(Handler&& handler, Claim claim) const {
         Op& op = claim.take();
         using Box = HandlerBox<std::decay_t<Handler>, asio::io_context::executor_type>;
-        Box::store(op, std::decay_t<Handler>(std::forward<Handler>(handler)), io_executor(op));
+        if constexpr (std::is_rvalue_reference_v<Handler&&> && !std::is_const_v<std::remove_reference_t<Handler>>)
+            Box::store(op, std::move(handler), io_executor(op));
+        else // a copy of an lvalue handler
+            Box::store(op, std::decay_t<Handler>(handler), io_executor(op));
         auto slot = asio::get_associated_cancellation_slot(static_cast<Box*>(op.handler)->handler);
         if (slot.is_connected())
             slot.template emplace<CancelOp>(service(op), op.index, op.generation);
         start(op);
     }
-    static asio::io_context::executor_type io_executor(const Op& op) noexcept;
-    static Completions* service(const Op& op) noexcept;
+    static asio::io_context::executor_type io_executor(const Op& op) noexcept {
+        return op.qp->service->get_io_context().get_executor();
+    }
+    static Completions* service(const Op& op) noexcept { return op.qp->service; }
 };
 
 template <class Token>
@@ -318,7 +328,18 @@ private:
         require(state_ != nullptr, where, "use of a moved-from async::QueuePair");
         return *state_;
     }
-    detail::Claim claim_op(detail::Op::Kind kind, const char* call, std::source_location where);
+    // inline, as the rest of an operation's call: one out-of-line call per operation
+    // (start()) once the WR is built
+    detail::Claim claim_op(detail::Op::Kind kind, const char* call, std::source_location where) {
+        detail::QpCore& qp = state(where);
+        detail::Op& op = qp.service->slab().acquire();
+        op.qp = &qp;
+        op.kind = kind;
+        op.credits = 1;
+        op.call = call;
+        op.where = where;
+        return detail::Claim(op);
+    }
     detail::Claim send(const char* call, std::source_location where) {
         return claim_op(detail::Op::Kind::send, call, where);
     }

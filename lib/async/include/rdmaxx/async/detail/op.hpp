@@ -137,7 +137,7 @@ public:
 private:
     static constexpr std::size_t chunk_size = 256;
     using Chunk = std::array<Op, chunk_size>;
-    void grow() {
+    [[gnu::noinline]] void grow() {
         const auto base = static_cast<std::uint32_t>(chunks_.size() * chunk_size);
         chunks_.push_back(std::make_unique<Chunk>());
         Chunk& chunk = *chunks_.back();
@@ -185,7 +185,9 @@ struct HandlerBox {
                                         alignof(HandlerBox) <= alignof(std::max_align_t) &&
                                         std::is_nothrow_move_constructible_v<Handler>;
 
-    static void store(Op& op, Handler h, const IoExecutor& io);
+    // `h` moved once, into the slot (an awaitable_handler's moved-from shell costs a
+    // destructor call per move)
+    static void store(Op& op, Handler&& h, const IoExecutor& io);
     static void complete(Op& op, OpResult&& result, bool defer, OpSlab& slab);
     static void destroy(Op& op) noexcept;
     static constexpr HandlerTable table{&complete, &destroy};
@@ -203,7 +205,7 @@ private:
 };
 
 template <class Handler, class IoExecutor>
-void HandlerBox<Handler, IoExecutor>::store(Op& op, Handler h, const IoExecutor& io) {
+void HandlerBox<Handler, IoExecutor>::store(Op& op, Handler&& h, const IoExecutor& io) {
     void* memory = op.inline_.data();
     if constexpr (!fits_inline) {
         // Asio's thread-local recycling cache: no heap after the first operations
