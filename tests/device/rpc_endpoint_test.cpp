@@ -262,7 +262,8 @@ asio::awaitable<void> call_held(Rig* rig, std::optional<rpc::Session>* session) 
 
 } // namespace
 
-TEST_CASE("rpc endpoint: an unanswered Responder or a live Session destroyed on another thread aborts") {
+TEST_CASE("rpc endpoint: an unanswered Responder or a live Session destroyed on another thread aborts; so does "
+          "an Endpoint destroyed before its Sessions, naming the line that created it") {
     // a destructor cannot name its caller: the message names the handle (from endpoint.cpp)
     rdmaxx::test::check_death(
         [] {
@@ -284,6 +285,15 @@ TEST_CASE("rpc endpoint: an unanswered Responder or a live Session destroyed on 
             other.join();
         },
         "an rpc::Session destroyed on another thread", "endpoint.cpp");
+    rdmaxx::test::check_death(
+        [] {
+            Rig rig;
+            rig.client = must(rpc::Endpoint::create(rig.io, {})); // created on this file's line
+            std::optional<rpc::Session> session;
+            run(rig.io, connect_into(&rig, &session), 10s);
+            rig.client.reset();
+        },
+        "destroyed while 1 of its Sessions live", "rpc_endpoint_test.cpp");
 }
 
 // ---------------------------------------------------------------------------------

@@ -209,9 +209,9 @@ struct SessionState {
 using Anchor = std::shared_ptr<EndpointCore*>;
 
 struct EndpointCore {
-    EndpointCore(asio::io_context& io, EndpointOptions options)
+    EndpointCore(asio::io_context& io, EndpointOptions options, std::source_location created)
         : executor(io.get_executor()), completions(&async::Completions::of(io)),
-          options(std::move(options)), owner(std::this_thread::get_id()),
+          options(std::move(options)), created(created), owner(std::this_thread::get_id()),
           anchor(std::make_shared<EndpointCore*>(this)), table(this->options.max_sessions, this->options.ring),
           ticker(io) {}
     ~EndpointCore();
@@ -301,6 +301,9 @@ struct EndpointCore {
     asio::io_context::executor_type executor;
     async::Completions* completions; // lib/async's service of the io_context
     EndpointOptions options;
+    // Endpoint::create's caller: what ~Endpoint's programming error names (a
+    // destructor cannot name its own caller's line)
+    std::source_location created;
     std::thread::id owner;
     Anchor anchor;
     std::unique_ptr<UdTransport> transport; // before the table: the sessions' AHs go first
@@ -1476,8 +1479,9 @@ Endpoint::Endpoint(std::unique_ptr<detail::EndpointCore> core) noexcept : core_(
 
 Endpoint::~Endpoint() {
     if (core_ && core_->handles != 0)
-        rdmaxx::detail::programming_error(fmt::format("rpc::Endpoint destroyed while {} of its Sessions live", core_->handles),
-                                  std::source_location::current());
+        rdmaxx::detail::programming_error(
+            fmt::format("the rpc::Endpoint created here destroyed while {} of its Sessions live", core_->handles),
+            core_->created);
 }
 
 Result<std::unique_ptr<Endpoint>> Endpoint::create(asio::io_context& io, EndpointOptions options,
@@ -1491,7 +1495,7 @@ Result<std::unique_ptr<Endpoint>> Endpoint::create(asio::io_context& io, Endpoin
             where, "rpc::Endpoint: window {} (most {}), credits {} (most {}), max_sessions {} (most {})",
             options.window, detail::max_window, options.credits, detail::max_credits, options.max_sessions,
             detail::max_table_sessions);
-    auto core = std::make_unique<detail::EndpointCore>(io, std::move(options));
+    auto core = std::make_unique<detail::EndpointCore>(io, std::move(options), where);
     const EndpointOptions& o = core->options;
     auto transport = detail::UdTransport::create(
         io,

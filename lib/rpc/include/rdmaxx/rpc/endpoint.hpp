@@ -441,7 +441,8 @@ public:
     Endpoint(const Endpoint&) = delete;
     Endpoint& operator=(const Endpoint&) = delete;
     /// Ends every session (their calls: session reset) and closes the listener.
-    /// @misuse A Session of it still exists.
+    /// @misuse A Session of it still exists (the message names the line that created
+    /// the endpoint: a destructor cannot name its caller).
     ~Endpoint();
 
     /// The handler of requests of `type`; an empty one removes it (its requests are
