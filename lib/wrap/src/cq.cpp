@@ -108,8 +108,11 @@ Result<void> CompletionQueue::wait_event(std::chrono::milliseconds timeout, int 
         return std::unexpected(std::move(taken.error()));
     if (*taken == 0 && fds[1].revents != 0) // woken by `also_watch`
         return {};
-    if (*taken == 0) // readable but empty: another thread took the event
-        return std::unexpected(Error::from_errno("ibv_get_cq_event", EAGAIN, "the event was taken by another waiter"));
+    // readable but empty: something outside this object took the event (this object
+    // itself has one user at a time: its thread-safety rule)
+    if (*taken == 0)
+        return std::unexpected(Error::from_errno("ibv_get_cq_event", EAGAIN,
+                                                 "the event was taken outside this CompletionQueue"));
     return {};
 }
 

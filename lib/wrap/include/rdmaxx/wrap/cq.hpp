@@ -70,7 +70,9 @@ public:
     /// whose readability also ends the wait, successfully, with nothing read from it.
     ///
     /// @errors No event within `timeout` (kind timeout); poll or ibv_get_cq_event fails;
-    /// the channel was readable but another waiter took the event (EAGAIN).
+    /// the channel was readable but held no event (EAGAIN): something outside this
+    /// object took it, such as an ibv_get_cq_event of the application's own on the
+    /// channel (two threads sharing one CompletionQueue is unsafe: see above).
     /// @misuse A moved-from CQ; a CQ created without a channel.
     Result<void> wait_event(std::chrono::milliseconds timeout, int also_watch = -1,
                             std::source_location where = std::source_location::current());
