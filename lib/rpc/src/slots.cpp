@@ -123,8 +123,11 @@ Outgoing ClientWindow::packet_at(const Slot& slot, std::uint32_t position) const
 std::optional<Outgoing> ClientWindow::next_packet(Clock::time_point now) {
     const std::uint32_t room =
         congestion_ == nullptr ? credits_ : std::clamp(congestion_->window(), std::uint32_t{1}, credits_);
-    for (std::size_t i = 0; i < slots_.size(); ++i) {
-        Slot& slot = slots_[(cursor_ + i) % slots_.size()];
+    const std::size_t n = slots_.size();
+    // round-robin from the cursor without a division per slot: pump() calls this until
+    // it finds nothing, a scan of the whole window per event
+    for (std::size_t i = 0, k = cursor_; i < n; ++i, k = k + 1 == n ? 0 : k + 1) {
+        Slot& slot = slots_[k];
         if (slot.sent >= sendable(slot) || now < slot.resend_at)
             continue;
         if (in_flight_ >= room) {
@@ -134,7 +137,7 @@ std::optional<Outgoing> ClientWindow::next_packet(Clock::time_point now) {
             return std::nullopt;
         }
         stalled_ = false;
-        cursor_ = (cursor_ + i + 1) % slots_.size();
+        cursor_ = k + 1 == n ? 0 : k + 1;
         const Outgoing out = packet_at(slot, slot.sent);
         ++slot.sent;
         ++in_flight_;
