@@ -201,13 +201,6 @@ MemoryRegion& MemoryRegion::operator=(MemoryRegion&& other) noexcept {
 
 MemoryRegion::~MemoryRegion() { give_back(); }
 
-std::byte* MemoryRegion::data(std::source_location where) const {
-    get(where); // a moved-from region aborts
-    return data_;
-}
-
-std::span<std::byte> MemoryRegion::bytes(std::source_location where) const { return {data(where), size_}; }
-
 std::uint32_t MemoryRegion::lkey(std::source_location where) const { return get(where)->lkey; }
 
 std::uint32_t MemoryRegion::rkey(std::source_location where) const {

@@ -194,13 +194,18 @@ public:
     /// The first byte.
     ///
     /// @misuse A moved-from region.
-    std::byte* data(std::source_location where = std::source_location::current()) const;
+    std::byte* data(std::source_location where = std::source_location::current()) const {
+        get(where); // a moved-from region aborts
+        return data_;
+    }
     /// Its length in bytes, as asked for (a pooled block may be larger); 0 when moved-from.
     std::size_t size() const noexcept { return size_; }
     /// Its bytes.
     ///
     /// @misuse A moved-from region.
-    std::span<std::byte> bytes(std::source_location where = std::source_location::current()) const;
+    std::span<std::byte> bytes(std::source_location where = std::source_location::current()) const {
+        return {data(where), size_};
+    }
     /// The local key, for scatter/gather entries.
     ///
     /// @misuse A moved-from region.
