@@ -93,10 +93,7 @@ struct Initiate {
     void operator()(Handler&& handler, Claim claim) const {
         Op& op = claim.take();
         using Box = HandlerBox<std::decay_t<Handler>, asio::io_context::executor_type>;
-        if constexpr (std::is_rvalue_reference_v<Handler&&> && !std::is_const_v<std::remove_reference_t<Handler>>)
-            Box::store(op, std::move(handler), io_executor(op));
-        else // a copy of an lvalue handler
-            Box::store(op, std::decay_t<Handler>(handler), io_executor(op));
+        Box::store(op, std::forward<Handler>(handler), io_executor(op));
         auto slot = asio::get_associated_cancellation_slot(static_cast<Box*>(op.handler)->handler);
         if (slot.is_connected())
             slot.template emplace<CancelOp>(service(op), op.index, op.generation);

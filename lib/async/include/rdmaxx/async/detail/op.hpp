@@ -162,7 +162,8 @@ struct HandlerBox {
     using WorkExecutor = std::decay_t<decltype(asio::prefer(std::declval<Executor>(),
                                                             asio::execution::outstanding_work.tracked))>;
 
-    HandlerBox(Handler&& h, const IoExecutor& io) : handler(std::move(h)), io(io) {
+    template <class H>
+    HandlerBox(H&& h, const IoExecutor& io) : handler(std::forward<H>(h)), io(io) {
         const Executor executor = asio::get_associated_executor(handler, io);
         if (!on_io(executor, io))
             work.emplace(asio::prefer(executor, asio::execution::outstanding_work.tracked));
@@ -185,9 +186,10 @@ struct HandlerBox {
                                         alignof(HandlerBox) <= alignof(std::max_align_t) &&
                                         std::is_nothrow_move_constructible_v<Handler>;
 
-    // `h` moved once, into the slot (an awaitable_handler's moved-from shell costs a
-    // destructor call per move)
-    static void store(Op& op, Handler&& h, const IoExecutor& io);
+    // `h` forwarded into the slot: moved (or copied) once, since an awaitable_handler's
+    // moved-from shell costs a destructor call per move
+    template <class H>
+    static void store(Op& op, H&& h, const IoExecutor& io);
     static void complete(Op& op, OpResult&& result, bool defer, OpSlab& slab);
     static void destroy(Op& op) noexcept;
     static constexpr HandlerTable table{&complete, &destroy};
@@ -205,14 +207,15 @@ private:
 };
 
 template <class Handler, class IoExecutor>
-void HandlerBox<Handler, IoExecutor>::store(Op& op, Handler&& h, const IoExecutor& io) {
+template <class H>
+void HandlerBox<Handler, IoExecutor>::store(Op& op, H&& h, const IoExecutor& io) {
     void* memory = op.inline_.data();
     if constexpr (!fits_inline) {
         // Asio's thread-local recycling cache: no heap after the first operations
         asio::recycling_allocator<std::byte> alloc;
         memory = alloc.allocate(sizeof(HandlerBox));
     }
-    op.handler = new (memory) HandlerBox(std::move(h), io);
+    op.handler = new (memory) HandlerBox(std::forward<H>(h), io);
     op.table = &table;
 }
 
