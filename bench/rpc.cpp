@@ -60,12 +60,15 @@ rpc::EndpointOptions endpoint_options(const Options& o, bool server) {
     return e;
 }
 
-// Runs `io` until `done()`.
+// Runs `io` until `done()`, which the handler that makes it true follows with io.stop().
+// run(), not a loop of run_one(): run_one() sets up the thread's call stack and handler
+// memory cache per handler, a cost per call that a program's own run() does not have.
 template <class Done>
 void run_until(asio::io_context& io, Done done) {
-    while (!done())
-        if (io.run_one() == 0)
-            io.restart();
+    while (!done()) {
+        io.restart();
+        io.run();
+    }
 }
 
 // A caller's request: a pattern of its size, its call number in front (up to 4 bytes).
@@ -97,9 +100,10 @@ Result<std::vector<CallerBuffers>> allocate(rpc::Endpoint& endpoint, std::uint32
 }
 
 struct Run {
-    Run(std::uint32_t size, bool one_way, std::chrono::milliseconds timeout, std::uint32_t callers,
-        std::span<Clock::time_point> stamps = {})
-        : size(size), one_way(one_way), timeout(timeout), stamps(stamps), callers_left(callers) {}
+    Run(asio::io_context& io, std::uint32_t size, bool one_way, std::chrono::milliseconds timeout,
+        std::uint32_t callers, std::span<Clock::time_point> stamps = {})
+        : io(&io), size(size), one_way(one_way), timeout(timeout), stamps(stamps), callers_left(callers) {}
+    asio::io_context* io; // stopped by the last caller (run_until)
     std::uint32_t size;
     bool one_way;
     std::chrono::milliseconds timeout;
@@ -138,12 +142,14 @@ asio::awaitable<void> caller(rpc::Session* session, CallerBuffers* buffers, std:
         run->stamps[calls] = Clock::now();
     if (calls > 0 && !run->error && !run->one_way && !std::ranges::equal(response.bytes(), request.bytes()))
         run->error = Error::protocol("peer", fmt::format("caller {}: wrong bytes in its last response", id));
-    if (--run->callers_left == 0)
+    if (--run->callers_left == 0) {
         run->end = Clock::now();
+        run->io->stop();
+    }
 }
 
-asio::awaitable<void> connect_all(rpc::Endpoint* endpoint, const Options* o, std::vector<rpc::Session>* sessions,
-                                  std::optional<Error>* error, bool* done) {
+asio::awaitable<void> connect_all(asio::io_context* io, rpc::Endpoint* endpoint, const Options* o,
+                                  std::vector<rpc::Session>* sessions, std::optional<Error>* error, bool* done) {
     asio::steady_timer timer(co_await asio::this_coro::executor);
     const auto deadline = Clock::now() + o->timeout;
     while (sessions->size() < o->sessions) {
@@ -159,6 +165,7 @@ asio::awaitable<void> connect_all(rpc::Endpoint* endpoint, const Options* o, std
         }
     }
     *done = true;
+    io->stop();
 }
 
 } // namespace
@@ -180,7 +187,8 @@ Result<RpcSide> RpcSide::connect(const Options& options) {
     RpcSide side(options, std::move(io), std::move(*endpoint));
     std::optional<Error> error;
     bool done = false;
-    asio::co_spawn(*side.io_, connect_all(side.endpoint_.get(), &side.options_, &side.sessions_, &error, &done),
+    asio::co_spawn(*side.io_,
+                   connect_all(side.io_.get(), side.endpoint_.get(), &side.options_, &side.sessions_, &error, &done),
                    asio::detached);
     run_until(*side.io_, [&done] { return done; });
     if (error)
@@ -207,7 +215,7 @@ Result<Figures> run_client(RpcSide& side, std::uint32_t size, std::uint32_t iter
     if (!buffers)
         return std::unexpected(std::move(buffers.error()));
     // warm up: the RTO estimate, Asio's handler memory, the sessions' buffers
-    Run warm(size, o.one_way, o.timeout, o.sessions);
+    Run warm(*side.io_, size, o.one_way, o.timeout, o.sessions);
     for (std::uint32_t s = 0; s < o.sessions; ++s)
         asio::co_spawn(*side.io_,
                        caller(&side.sessions_[s], &(*buffers)[s * o.window], std::clamp(iters / 10, 5u, 200u), s, &warm),
@@ -217,7 +225,7 @@ Result<Figures> run_client(RpcSide& side, std::uint32_t size, std::uint32_t iter
         return std::unexpected(std::move(*warm.error));
 
     std::vector<Clock::time_point> stamps(latency ? iters + 1 : 0);
-    Run run(size, o.one_way, o.timeout, o.sessions * o.window, stamps);
+    Run run(*side.io_, size, o.one_way, o.timeout, o.sessions * o.window, stamps);
     const std::uint64_t retransmitted = side.endpoint_->counters().retransmissions;
     const auto cpu = cpu_time();
     const auto start = Clock::now();
@@ -255,15 +263,35 @@ Result<void> finish_client(RpcSide& side) {
 }
 
 Result<std::uint32_t> serve(RpcSide& side) {
-    const auto first_deadline = Clock::now() + first_session_wait;
-    bool served = false;
-    while (!served || side.endpoint_->sessions() > 0) {
-        side.io_->run_for(std::chrono::milliseconds(20));
-        served = served || side.endpoint_->sessions() > 0;
-        if (!served && Clock::now() > first_deadline)
-            return std::unexpected(Error::timeout(
-                "peer", fmt::format("no client within {} s", first_session_wait.count())));
-    }
+    // Every 20 ms, off the call path: stop once served and every session is gone, or when
+    // no client came in time.
+    struct Watch {
+        RpcSide& side;
+        asio::steady_timer timer;
+        Clock::time_point first_deadline;
+        bool served = false, ended = false, no_client = false;
+        void arm() {
+            timer.expires_after(std::chrono::milliseconds(20));
+            timer.async_wait([this](std::error_code ec) {
+                if (!ec)
+                    check();
+            });
+        }
+        void check() {
+            served = served || side.endpoint_->sessions() > 0;
+            no_client = !served && Clock::now() > first_deadline;
+            ended = no_client || (served && side.endpoint_->sessions() == 0);
+            if (ended)
+                side.io_->stop();
+            else
+                arm();
+        }
+    } watch{side, asio::steady_timer(*side.io_), Clock::now() + first_session_wait};
+    watch.arm();
+    run_until(*side.io_, [&watch] { return watch.ended; });
+    if (watch.no_client)
+        return std::unexpected(
+            Error::timeout("peer", fmt::format("no client within {} s", first_session_wait.count())));
     return static_cast<std::uint32_t>(side.endpoint_->counters().handled);
 }
 
