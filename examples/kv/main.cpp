@@ -31,6 +31,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <list>
 #include <optional>
 #include <random>
@@ -236,6 +237,20 @@ asio::awaitable<void> lend_mirror(async::Listener* listener, std::span<std::byte
     }
 }
 
+// --once: stops the server once a client has come and every session is gone. Checked
+// every 100 ms by a timer, and the io_context runs with run(): a loop of run_for() would
+// set up Asio's thread bookkeeping around every handler, the calls' included.
+asio::awaitable<void> stop_when_served(asio::io_context* io, rpc::Endpoint* server) {
+    asio::steady_timer timer(*io);
+    bool served = false;
+    while (!served || server->sessions() > 0) {
+        timer.expires_after(std::chrono::milliseconds(100));
+        co_await timer.async_wait(asio::use_awaitable);
+        served = served || server->sessions() > 0;
+    }
+    io->stop();
+}
+
 int serve(const Args& a) {
     asio::io_context io;
     auto server = rpc::Endpoint::create(io, {.device = a.device, .listen_port = a.port, .ring = 8 * 2 * server_window,
@@ -281,15 +296,11 @@ int serve(const Args& a) {
     });
     fmt::print(stderr, "kv: serving on port {} ({}-byte packets), the table's mirror on port {}\n", a.port,
                (*server)->mtu(), a.port + 1);
-    bool served = false;
-    for (;;) {
-        io.run_for(std::chrono::milliseconds(100));
-        served = served || (*server)->sessions() > 0;
-        if (a.once && served && (*server)->sessions() == 0) {
-            fmt::print(stderr, "kv: {} keys stored, {} calls handled\n", table.size(), (*server)->counters().handled);
-            return 0;
-        }
-    }
+    if (a.once)
+        asio::co_spawn(io, stop_when_served(&io, server->get()), asio::detached);
+    io.run(); // for good, unless --once
+    fmt::print(stderr, "kv: {} keys stored, {} calls handled\n", table.size(), (*server)->counters().handled);
+    return 0;
 }
 
 // ---------------------------------------------------------------------------------
@@ -407,7 +418,7 @@ asio::awaitable<Result<Reader>> lend_me_the_mirror(asio::any_io_executor executo
     co_return reader; // (g++ 12: no braced initializer in a coroutine's co_return)
 }
 
-asio::awaitable<void> generate(rpc::Endpoint* client, const Args* a, Load* load, bool* done) {
+asio::awaitable<void> generate(rpc::Endpoint* client, const Args* a, Load* load) {
     const auto executor = co_await asio::this_coro::executor;
     asio::steady_timer timer(executor);
     // the server may still be starting: a refused connection is tried again for 10 s
@@ -420,7 +431,6 @@ asio::awaitable<void> generate(rpc::Endpoint* client, const Args* a, Load* load,
     if (!session) {
         fmt::print(stderr, "kv: {}\n", session.error());
         ++load->failed;
-        *done = true;
         co_return;
     }
     std::optional<Reader> reader;
@@ -429,7 +439,6 @@ asio::awaitable<void> generate(rpc::Endpoint* client, const Args* a, Load* load,
         if (!made) {
             fmt::print(stderr, "kv: the table's mirror: {}\n", made.error());
             ++load->failed;
-            *done = true;
             co_return;
         }
         reader.emplace(std::move(*made));
@@ -468,7 +477,6 @@ asio::awaitable<void> generate(rpc::Endpoint* client, const Args* a, Load* load,
         if (auto closed = co_await reader->connection.close(); !closed)
             fmt::print(stderr, "kv: closing the mirror's connection: {}\n", closed.error());
     }
-    *done = true;
 }
 
 int generate_load(const Args& a) {
@@ -482,10 +490,15 @@ int generate_load(const Args& a) {
         return 1;
     }
     Load load;
-    bool done = false;
-    asio::co_spawn(io, generate(client->get(), &a, &load, &done), asio::detached);
-    while (!done)
-        io.run_for(std::chrono::milliseconds(10));
+    // run(), stopped as the generator ends (see stop_when_served)
+    asio::co_spawn(io, generate(client->get(), &a, &load), [&io, &load](std::exception_ptr e) {
+        if (e) {
+            fmt::print(stderr, "kv: the load generator ended by an exception\n");
+            ++load.failed;
+        }
+        io.stop();
+    });
+    io.run();
     return load.wrong == 0 && load.failed == 0 && load.done == a.ops ? 0 : 1;
 }
 
