@@ -168,6 +168,26 @@ asio::awaitable<void> connect_all(asio::io_context* io, rpc::Endpoint* endpoint,
     io->stop();
 }
 
+// Every 20 ms, off the call path: stops `io` once a client has come and every session is
+// gone, or when none came within first_session_wait (`no_client`).
+asio::awaitable<void> stop_when_served(asio::io_context* io, rpc::Endpoint* endpoint, bool* no_client,
+                                       bool* ended) {
+    asio::steady_timer timer(*io);
+    const auto first_deadline = Clock::now() + first_session_wait;
+    bool served = false;
+    while (!served || endpoint->sessions() > 0) {
+        timer.expires_after(std::chrono::milliseconds(20));
+        co_await timer.async_wait(asio::use_awaitable);
+        served = served || endpoint->sessions() > 0;
+        if (!served && Clock::now() > first_deadline) {
+            *no_client = true;
+            break;
+        }
+    }
+    *ended = true;
+    io->stop();
+}
+
 } // namespace
 
 RpcSide::RpcSide(Options options, std::unique_ptr<asio::io_context> io, std::unique_ptr<rpc::Endpoint> endpoint)
@@ -263,33 +283,11 @@ Result<void> finish_client(RpcSide& side) {
 }
 
 Result<std::uint32_t> serve(RpcSide& side) {
-    // Every 20 ms, off the call path: stop once served and every session is gone, or when
-    // no client came in time.
-    struct Watch {
-        RpcSide& side;
-        asio::steady_timer timer;
-        Clock::time_point first_deadline;
-        bool served = false, ended = false, no_client = false;
-        void arm() {
-            timer.expires_after(std::chrono::milliseconds(20));
-            timer.async_wait([this](std::error_code ec) {
-                if (!ec)
-                    check();
-            });
-        }
-        void check() {
-            served = served || side.endpoint_->sessions() > 0;
-            no_client = !served && Clock::now() > first_deadline;
-            ended = no_client || (served && side.endpoint_->sessions() == 0);
-            if (ended)
-                side.io_->stop();
-            else
-                arm();
-        }
-    } watch{side, asio::steady_timer(*side.io_), Clock::now() + first_session_wait};
-    watch.arm();
-    run_until(*side.io_, [&watch] { return watch.ended; });
-    if (watch.no_client)
+    bool no_client = false, ended = false;
+    asio::co_spawn(*side.io_, stop_when_served(side.io_.get(), side.endpoint_.get(), &no_client, &ended),
+                   asio::detached);
+    run_until(*side.io_, [&ended] { return ended; });
+    if (no_client)
         return std::unexpected(
             Error::timeout("peer", fmt::format("no client within {} s", first_session_wait.count())));
     return static_cast<std::uint32_t>(side.endpoint_->counters().handled);

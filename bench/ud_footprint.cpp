@@ -187,7 +187,7 @@ double median(std::vector<double> v) {
 
 // One round of `iterations` round trips with `kind` of work on both sides; the medians
 // of round trip, delivery there, delivery back and the ponger's turnaround.
-std::array<double, 4> round(std::array<Side, 2>& sides, int iterations, Work kind) {
+std::array<double, 4> one_round(std::array<Side, 2>& sides, int iterations, Work kind) {
     auto ping = [&] {
         pin(1);
         Side& s = sides[0];
@@ -258,7 +258,7 @@ int main(int argc, char** argv) {
     std::array<std::array<std::vector<double>, 4>, 3> all; // per kind, per figure: the rounds' medians
     for (int r = 0; r < rounds; ++r)
         for (std::size_t kind = 0; kind < all.size(); ++kind) {
-            const auto m = round(sides, iterations, static_cast<Work>(kind));
+            const auto m = one_round(sides, iterations, static_cast<Work>(kind));
             for (std::size_t f = 0; f < m.size(); ++f)
                 all[kind][f].push_back(m[f]);
         }
