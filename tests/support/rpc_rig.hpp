@@ -59,17 +59,20 @@ inline bool echoed(std::span<const std::byte> response, std::span<const std::byt
 }
 
 // Runs `work` on `io` until it finishes, within `limit` (the endpoints keep run() busy).
-inline void run(asio::io_context& io, asio::awaitable<void> work, std::chrono::seconds limit) {
+// Returns how many handlers of the io_context ran.
+inline std::size_t run(asio::io_context& io, asio::awaitable<void> work, std::chrono::seconds limit) {
     bool done = false;
     asio::co_spawn(io, std::move(work), [&done](std::exception_ptr e) {
         done = true;
         if (e)
             std::rethrow_exception(e);
     });
+    std::size_t handlers = 0;
     const auto deadline = std::chrono::steady_clock::now() + limit;
     while (!done && std::chrono::steady_clock::now() < deadline)
-        io.run_for(10ms);
+        handlers += io.run_for(10ms);
     REQUIRE(done);
+    return handlers;
 }
 
 // Runs `io` for `span` (what is in flight moves on).
@@ -104,7 +107,7 @@ struct Rig {
 
 inline asio::awaitable<void> connect_into(Rig* rig, std::optional<rpc::Session>* out) {
     auto session = co_await rig->client->connect("127.0.0.1", rig->port);
-    REQUIRE_MESSAGE(session.has_value(), session.error().message());
+    REQUIRE_MESSAGE(session.has_value(), (session ? "" : session.error().message()));
     out->emplace(std::move(*session));
 }
 

@@ -252,6 +252,7 @@ struct EndpointCore {
     void cancel(const StoredCall::Target& target);
     void activate(SessionState& s);
     void arm_ticker();
+    bool due(Clock::time_point now);
     void tick();
 
     // server
@@ -652,10 +653,33 @@ void EndpointCore::arm_ticker() {
     ticker.async_wait(async::detail::with_memory(completions->handler_memory(), Tick{anchor}));
 }
 
+// Whether a call's deadline or an RTO has come by `now` in an active session.
+bool EndpointCore::due(Clock::time_point now) {
+    for (const SessionId& id : active) {
+        const SessionState* s = table.lookup(id);
+        if (s == nullptr)
+            continue;
+        if (const auto rto = s->client->next_deadline(); rto && *rto <= now)
+            return true;
+        for (const PendingCall& call : s->calls)
+            if (call.busy && call.deadline <= now)
+                return true;
+    }
+    return false;
+}
+
 // Every active client session: calls past their deadline end (timeout), expired RTOs
 // roll back (go-back-N) or end a call (the retry cap), then what may go, goes.
 void EndpointCore::tick() {
     const auto now = Clock::now();
+    if (due(now)) {
+        // what has arrived is taken first: a response in the CQ (the driver's turn not
+        // yet come: a busy peer thread, a loaded host) would otherwise be asked for
+        // again, or its call timed out, with its answer a poll away
+        const std::uint64_t ended = counters.completed + counters.failed;
+        transport->poll();
+        counters.taken_by_timer += counters.completed + counters.failed - ended;
+    }
     std::size_t kept = 0;
     for (std::size_t i = 0; i < active.size(); ++i) {
         SessionState* s = table.lookup(active[i]);

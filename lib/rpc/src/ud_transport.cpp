@@ -84,6 +84,19 @@ UdTransport::~UdTransport() {
     cq_.reset();
 }
 
+std::size_t UdTransport::poll() {
+    // a poll takes up to a turn's budget: more may wait while it takes all it may
+    const std::size_t capacity = std::size_t{ring_} + gathered_.size();
+    std::size_t taken = 0;
+    while (taken < capacity) {
+        const std::size_t now = cq_->poll();
+        taken += now;
+        if (now < async::Completions::turn_budget)
+            break;
+    }
+    return taken;
+}
+
 std::span<std::byte> UdTransport::ring_buffer(std::uint32_t i) noexcept {
     return {ring_mr_->data() + std::size_t{i} * (grh_bytes + mtu_), grh_bytes + mtu_};
 }

@@ -170,6 +170,10 @@ struct Counters {
     std::uint64_t failed = 0;          ///< ended with an Error
     std::uint64_t handled = 0;         ///< requests given to a handler (server)
     std::uint64_t retransmissions = 0; ///< packets sent again after an RTO expired
+    std::uint64_t taken_by_timer = 0;  ///< calls ended by packets the timer took from the CQ
+                                       ///< (the driver's turn not yet come) before judging
+                                       ///< their RTOs: counted in completed or failed too;
+                                       ///< their completions run one io_context turn later
     std::uint64_t send_stalls = 0;     ///< packets not sent for want of a send buffer (sent again later)
     std::uint64_t credit_stalls = 0;   ///< times a session had a packet to send and no credit
                                        ///< (or congestion window) free: once per wait
