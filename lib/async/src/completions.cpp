@@ -92,11 +92,16 @@ struct Completions::Turn : Pin<detail::CqCore> {
     void operator()() {
         detail::CqCore& c = *core;
         Deferral deferral(*c.service);
-        if (c.drive.mode == CompletionMode::busy ||
-            (c.drive.mode == CompletionMode::hybrid && Clock::now() - c.last_completion <= c.drive.spin))
-            c.service->spin(c);
-        else
-            c.service->sleep(c);
+        try {
+            if (c.drive.mode == CompletionMode::busy ||
+                (c.drive.mode == CompletionMode::hybrid && Clock::now() - c.last_completion <= c.drive.spin))
+                c.service->spin(c);
+            else
+                c.service->sleep(c);
+        } catch (...) {
+            c.service->drive_again(c);
+            throw;
+        }
         deferral.end();
     }
 };
@@ -110,11 +115,16 @@ struct Completions::Wake {
         Deferral deferral(*c.service);
         if (auto taken = c.cq.take_events(); !taken)
             logger()->error("rdmaxx: completion channel: {}", taken.error());
-        if (c.drive.mode == CompletionMode::hybrid) {
-            c.last_completion = Clock::now();
-            c.service->spin(c);
-        } else {
-            c.service->sleep(c);
+        try {
+            if (c.drive.mode == CompletionMode::hybrid) {
+                c.last_completion = Clock::now();
+                c.service->spin(c);
+            } else {
+                c.service->sleep(c);
+            }
+        } catch (...) {
+            c.service->drive_again(c);
+            throw;
         }
         deferral.end();
     }
@@ -172,6 +182,14 @@ void Completions::start(detail::CqCore& cq) {
     post_recycled(Turn(cq));
 }
 
+// A driver handler that an application's exception ended (out of a handler it ran):
+// the exception leaves run(), and the CQ is driven again by a turn posted for the next
+// run() (it would never be otherwise: nothing else posts one while `driving`).
+void Completions::drive_again(detail::CqCore& cq) {
+    if (!shut_down_)
+        post_recycled(Turn(cq));
+}
+
 // One turn of busy polling, then yield (or, hybrid, sleep once idle for `spin`).
 void Completions::spin(detail::CqCore& cq) {
     for (unsigned polls = 0; polls < cq.drive.busy_polls; ++polls) {
@@ -187,12 +205,7 @@ void Completions::spin(detail::CqCore& cq) {
         // RPC's round trip on rxe), and the turn goes on: ending it would hand the
         // io_context to its reactor, an epoll_wait per call (a tenth of a round trip).
         if (!deferred_.empty()) {
-            try {
-                run_deferred();
-            } catch (...) { // the application's: this CQ is still driven
-                post_recycled(Turn(cq));
-                throw;
-            }
+            run_deferred();
             if (!cq.wanted() || shut_down_) {
                 cq.driving = false;
                 return;
@@ -298,16 +311,28 @@ using BatchFailures = std::array<std::optional<Error>, Completions::poll_batch>;
             detail::retire(*op, *taken[k]);
             ++found;
         }
-        for (int i = 0; i < found; ++i) {
-            const auto k = static_cast<std::size_t>(i);
+        auto complete = [&](std::size_t k, bool posted) {
             detail::Op& op = *ops[k];
-            posting_ = i + 1 < found ? Posting::held : Posting::first_at_once;
             if (shut_down_)
                 op.table->destroy(op), slab_.release(op);
             else if (failed && (*failed)[k]) [[unlikely]]
-                op.table->complete(op, std::unexpected(std::move(*(*failed)[k])), defer, slab_);
+                op.table->complete(op, std::unexpected(std::move(*(*failed)[k])), posted, slab_);
             else
-                op.table->complete(op, *taken[k], defer, slab_);
+                op.table->complete(op, *taken[k], posted, slab_);
+        };
+        int i = 0;
+        try {
+            for (; i < found; ++i) {
+                posting_ = i + 1 < found ? Posting::held : Posting::first_at_once;
+                complete(static_cast<std::size_t>(i), defer);
+            }
+        } catch (...) {
+            // an application's handler threw: the exception leaves run() (Asio's rule),
+            // and the batch's later completions, out of the CQ already, are posted (their
+            // handlers would never run otherwise)
+            while (++i < found)
+                complete(static_cast<std::size_t>(i), true);
+            throw;
         }
         completed += static_cast<std::size_t>(found);
         if (n < batch || completed >= limit)
@@ -327,7 +352,13 @@ std::size_t Completions::take(detail::CqCore& cq, bool defer, std::size_t limit)
         const Posting outer;
         ~Restore() { posting = outer; }
     } restore{posting_, posting_};
-    const std::size_t completed = take_batches(cq, defer, limit);
+    std::size_t completed = 0;
+    try {
+        completed = take_batches(cq, defer, limit);
+    } catch (...) { // a handler's: what the handlers before it started still goes
+        ring_held();
+        throw;
+    }
     if (!holding_.empty()) [[unlikely]] // the one-at-a-time loop holds nothing: no call
         ring_held();
     return completed;

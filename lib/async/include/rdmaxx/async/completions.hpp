@@ -293,6 +293,7 @@ private:
     void run_deferred();
     // Posts a handler that runs the deferred completions (a driver handler that threw).
     void post_deferred();
+    void drive_again(detail::CqCore& cq);
     void spin(detail::CqCore& cq);
     void sleep(detail::CqCore& cq);
     void erase(detail::CqCore& cq) noexcept;
