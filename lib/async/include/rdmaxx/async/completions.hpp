@@ -24,6 +24,11 @@
 ///    channel asked for (CqOptions::channel) is created and left to the application:
 ///    its loop may block on it (get().arm(), get().wait_event() or channel_fd()).
 ///
+/// A handler of the application's that throws (rdmaxx never does) ends run() with its
+/// exception, as Asio's handlers do; nothing is lost: the completions its poll took
+/// besides run as posted handlers, the sends its batch's handlers started are rung, and
+/// the CQ is driven again at the next run() (manual mode: poll() throws, the same holds).
+///
 /// A CQ is driven only while operations are in flight on it, so run() returns once
 /// every operation has completed. A CQ created with a CompletionSink is the exception:
 /// its completions go to the sink (an engine that posts its own work requests, such as
