@@ -7,13 +7,13 @@
 #include <bit>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <thread>
 #include <variant>
 #include <vector>
 
 #include <asio/co_spawn.hpp>
 #include <asio/connect.hpp>
-#include <asio/detached.hpp>
 #include <asio/ip/tcp.hpp>
 #include <asio/read.hpp>
 #include <asio/steady_timer.hpp>
@@ -55,6 +55,16 @@ using async::bounded;
 using async::no_throw;
 
 namespace {
+
+// co_spawn's completion for the endpoint's coroutines: an exception (an application's
+// handler, out of a coroutine handler or the accept handler; memory) propagates out of
+// the io_context's run(), never swallowed (asio::detached would drop it).
+struct RethrowOutOfRun {
+    void operator()(const std::exception_ptr& thrown) const {
+        if (thrown)
+            std::rethrow_exception(thrown);
+    }
+};
 
 // The MessageBuffers of a call made with them (client).
 struct CallBuffers {
@@ -765,7 +775,16 @@ void EndpointCore::run_handler(SessionState& s, std::uint8_t type, std::uint64_t
     const SessionId id = s.local;
     std::span<const std::byte>& view = s.views[request % s.views.size()];
     view = message;
-    handlers[type](Request(type, &view), Responder(this, id.number, id.generation, request));
+    try {
+        handlers[type](Request(type, &view), Responder(this, id.number, id.generation, request));
+    } catch (...) {
+        // the application's: it leaves run() from a handler of its own, as a coroutine
+        // handler's does, and the packet path it would cut short (a batch's other
+        // packets, the ring's buffers, RC transfers) goes on. The Responder answered
+        // as it was destroyed (handler_dropped).
+        asio::post(executor, [thrown = std::current_exception()] { std::rethrow_exception(thrown); });
+        return;
+    }
     if (lent.empty())
         return;
     SessionState* still = table.lookup(id);
@@ -962,7 +981,7 @@ void EndpointCore::offer_rc(SessionState& s) {
     s.rc.state = RcPath::State::offered;
     s.rc.offered_at = Clock::now();
     const RcMessage offer{.kind = RcMessage::Kind::offer, .available = true, .qp = s.rc.qp->endpoint()};
-    asio::co_spawn(executor, send_rc(anchor, s.local, encode(offer)), asio::detached);
+    asio::co_spawn(executor, send_rc(anchor, s.local, encode(offer)), RethrowOutOfRun{});
 }
 
 asio::awaitable<void> EndpointCore::send_rc(Anchor anchor, SessionId id, std::array<std::byte, rc_message_bytes> bytes) {
@@ -1293,7 +1312,7 @@ asio::awaitable<void> EndpointCore::accept_loop(Anchor anchor, tcp::acceptor* ac
             logger()->warn("rdmaxx rpc: accepting a session: {}", ec.message());
             continue;
         }
-        asio::co_spawn(core->executor, serve_setup(anchor, std::move(socket)), asio::detached);
+        asio::co_spawn(core->executor, serve_setup(anchor, std::move(socket)), RethrowOutOfRun{});
     }
 }
 
@@ -1414,7 +1433,7 @@ asio::awaitable<Result<Session>> EndpointCore::connect(Anchor anchor, std::strin
     core->table.reduce_credits(id, reply->both_ways ? 2 * reply->limits.credits : reply->limits.credits);
     core->attach(id, reply->session, reply->server, std::move(*ah), reply->limits, true, reply->both_ways);
     reservation.kept = true;
-    asio::co_spawn(core->executor, watch(anchor, id, std::move(socket)), asio::detached);
+    asio::co_spawn(core->executor, watch(anchor, id, std::move(socket)), RethrowOutOfRun{});
     ++core->handles;
     co_return Session(core, id.number, id.generation);
 }
@@ -1548,7 +1567,7 @@ Result<std::unique_ptr<Endpoint>> Endpoint::create(asio::io_context& io, Endpoin
         if (ec)
             return std::unexpected(Error::from_errno("rpc::Endpoint::create", async::errno_of(ec),
                                                      fmt::format("listening on {}:{}", o.listen_address, o.listen_port)));
-        asio::co_spawn(io, detail::EndpointCore::accept_loop(core->anchor, &acceptor), asio::detached);
+        asio::co_spawn(io, detail::EndpointCore::accept_loop(core->anchor, &acceptor), detail::RethrowOutOfRun{});
     }
     return std::unique_ptr<Endpoint>(new Endpoint(std::move(core)));
 }
@@ -1603,10 +1622,7 @@ void Endpoint::set_coroutine_handler(std::uint8_t type, CoroutineHandler handler
         CoroutineHandler coroutine;
         asio::io_context::executor_type executor;
         void operator()(Request request, Responder responder) const {
-            asio::co_spawn(executor, coroutine(request, std::move(responder)), [](std::exception_ptr e) {
-                if (e)
-                    std::rethrow_exception(e); // out of run(): not swallowed
-            });
+            asio::co_spawn(executor, coroutine(request, std::move(responder)), detail::RethrowOutOfRun{});
         }
     };
     core_->handlers[type] = Spawn{std::move(handler), core_->executor};

@@ -330,7 +330,10 @@ private:
     std::uint64_t request_;
 };
 
-/// Runs for each request of its type that arrived whole, on the endpoint's thread.
+/// Runs for each request of its type that arrived whole, on the endpoint's thread. An
+/// exception that escapes it propagates out of the io_context's run(), from a handler
+/// posted for it (the packets and transfers it interrupted are taken as if it had
+/// returned); a Responder it did not keep answers as it is destroyed (unanswered).
 using Handler = std::function<void(Request, Responder)>;
 /// The same as a coroutine, spawned on the endpoint's io_context for each request (it
 /// may co_await anything before it responds; the request was copied into the session's
@@ -339,7 +342,7 @@ using Handler = std::function<void(Request, Responder)>;
 using CoroutineHandler = std::function<asio::awaitable<void>(Request, Responder)>;
 
 /// Runs for each session a client set up, on the endpoint's thread, with the server's
-/// handle of it.
+/// handle of it. An exception that escapes it propagates out of the io_context's run().
 using AcceptHandler = std::function<void(Session)>;
 
 /// The limits both ends of a session agreed to.
