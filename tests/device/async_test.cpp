@@ -24,6 +24,8 @@
 #include <asio/experimental/as_tuple.hpp>
 #include <asio/experimental/awaitable_operators.hpp>
 #include <asio/ip/tcp.hpp>
+#include <asio/read.hpp>
+#include <asio/redirect_error.hpp>
 #include <asio/write.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
@@ -419,6 +421,91 @@ TEST_CASE("16 coroutines streaming writes on one QP: the writes their completion
                 service.held_doorbells() - doorbells, " doorbells");
         CHECK(std::memcmp(p.mem_a.data(), p.mem_b.data(), workers * rounds * 64) == 0);
     }
+}
+
+namespace {
+
+// Writes of 64 bytes on p.a until `stop`, counting each completed one.
+asio::awaitable<void> writes_until(AsyncPair& p, std::size_t worker, const bool& stop, std::size_t& completed,
+                                   int& failures, int& ended) {
+    while (!stop) {
+        auto w = co_await p.a.write(p.mem_a.slice(worker * 64, 64), p.mem_b.remote().slice(worker * 64, 64));
+        failures += w ? 0 : 1;
+        ++completed;
+    }
+    ++ended;
+}
+
+asio::awaitable<void> echo_lines(asio::ip::tcp::acceptor& acceptor) {
+    asio::ip::tcp::socket socket = co_await acceptor.async_accept(asio::use_awaitable);
+    std::array<char, 64> line{};
+    std::error_code ec;
+    for (;;) {
+        const std::size_t n = co_await socket.async_read_some(asio::buffer(line), asio::redirect_error(asio::use_awaitable, ec));
+        if (ec)
+            co_return;
+        co_await asio::async_write(socket, asio::buffer(line.data(), n), asio::use_awaitable);
+    }
+}
+
+// The most write completions counted while an expired timer waited for its handler,
+// and while a byte went to the echo server and back, over `rounds` of each.
+struct Waits {
+    std::size_t timer = 0, echo = 0;
+};
+
+asio::awaitable<void> probe(asio::ip::tcp::endpoint server, int rounds, const std::size_t& completed, Waits& worst,
+                            bool& stop) {
+    auto executor = co_await asio::this_coro::executor;
+    asio::steady_timer timer(executor);
+    asio::ip::tcp::socket socket(executor);
+    co_await socket.async_connect(server, asio::use_awaitable);
+    char byte = 'x';
+    for (int r = 0; r < rounds; ++r) {
+        std::size_t before = completed;
+        timer.expires_after(0s);
+        co_await timer.async_wait(asio::use_awaitable);
+        worst.timer = std::max(worst.timer, completed - before);
+        before = completed;
+        co_await asio::async_write(socket, asio::buffer(&byte, 1), asio::use_awaitable);
+        co_await asio::async_read(socket, asio::buffer(&byte, 1), asio::use_awaitable);
+        worst.echo = std::max(worst.echo, completed - before);
+    }
+    stop = true;
+}
+
+} // namespace
+
+TEST_CASE("a busy CQ that never runs dry lets an expired timer and a socket's echo run within a few turns' "
+          "completions") {
+    // A busy turn ends after DriveOptions::busy_polls polls or busy_completions
+    // completions: a CQ kept full by 64 streaming writes hands the io_context to its
+    // reactor every turn. Polls alone (1024 of up to 16 completions) held a socket's echo
+    // for tens of thousands of completions (async_mixed: 6 lines echoed in 204,800
+    // operations). An expired timer waits for the reactor's next run (one turn at most,
+    // two with the one its coroutine's resumption queued behind); an echo takes a few
+    // reactor runs (the server's read, the client's).
+    AsyncPair p(async::CompletionMode::busy);
+    constexpr std::size_t workers = 64;
+    const std::size_t turn = async::DriveOptions{}.busy_completions + async::Completions::poll_batch;
+    bool stop = false;
+    std::size_t completed = 0;
+    int failures = 0, ended = 0;
+    for (std::size_t w = 0; w < workers; ++w)
+        asio::co_spawn(p.io, writes_until(p, w, stop, completed, failures, ended), asio::detached);
+    asio::ip::tcp::acceptor acceptor(p.io, asio::ip::tcp::endpoint(asio::ip::address_v4::loopback(), 0));
+    asio::co_spawn(p.io, echo_lines(acceptor), asio::detached);
+    Waits worst;
+    asio::co_spawn(p.io, probe(acceptor.local_endpoint(), 50, completed, worst, stop), asio::detached);
+    p.run_until(stop, 120s);
+    p.io.restart();
+    p.io.run_for(30s); // the workers' last writes; the echo server sees the probe's socket closed
+    MESSAGE(completed, " writes; at most ", worst.timer, " completed while an expired timer waited, ", worst.echo,
+            " while a byte was echoed (a turn: up to ", turn, ")");
+    CHECK(failures == 0);
+    CHECK(ended == static_cast<int>(workers));
+    CHECK(worst.timer <= 2 * turn);
+    CHECK(worst.echo <= 6 * turn);
 }
 
 TEST_CASE("a held write cancelled before its doorbell ends cleanly; the QP lives on") {

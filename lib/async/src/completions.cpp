@@ -190,10 +190,16 @@ void Completions::drive_again(detail::CqCore& cq) {
         post_recycled(Turn(cq));
 }
 
-// One turn of busy polling, then yield (or, hybrid, sleep once idle for `spin`).
+// One turn of busy polling, then yield (or, hybrid, sleep once idle for `spin`). The
+// turn ends after busy_polls polls or busy_completions completions, whichever comes
+// first: many polls keep an RPC client that waits on an almost empty CQ in its turn (no
+// epoll_wait per call), and the completion budget keeps a CQ that never runs dry from
+// holding the io_context's sockets and timers for busy_polls full polls.
 void Completions::spin(detail::CqCore& cq) {
-    for (unsigned polls = 0; polls < cq.drive.busy_polls; ++polls) {
+    std::size_t taken = 0;
+    for (unsigned polls = 0; polls < cq.drive.busy_polls && taken < cq.drive.busy_completions; ++polls) {
         const std::size_t found = drain(cq, false, poll_batch);
+        taken += found;
         if (found != 0 && cq.drive.mode == CompletionMode::hybrid)
             cq.last_completion = Clock::now();
         if (!cq.wanted()) {
@@ -586,8 +592,10 @@ Result<CompletionQueue> CompletionQueue::create(asio::io_context& io, const Cont
 
 Result<CompletionQueue> CompletionQueue::make(asio::io_context& io, const Context& context, CqOptions cq,
                                               DriveOptions drive, CompletionSink sink, std::source_location where) {
-    require(drive.busy_polls > 0 || drive.mode == CompletionMode::event || drive.mode == CompletionMode::manual,
-            where, "DriveOptions::busy_polls 0 for a {} CQ", drive.mode == CompletionMode::busy ? "busy" : "hybrid");
+    require((drive.busy_polls > 0 && drive.busy_completions > 0) || drive.mode == CompletionMode::event ||
+                drive.mode == CompletionMode::manual,
+            where, "DriveOptions::{} 0 for a {} CQ", drive.busy_polls == 0 ? "busy_polls" : "busy_completions",
+            drive.mode == CompletionMode::busy ? "busy" : "hybrid");
     const bool watched = drive.mode == CompletionMode::event || drive.mode == CompletionMode::hybrid;
     cq.channel = cq.channel || watched;
     auto created = rdmaxx::CompletionQueue::create(context, cq, where);

@@ -14,9 +14,10 @@
 ///    wake every pending event is taken, the CQ polled empty, armed, polled again (a
 ///    completion that lands between poll and arm is never stranded), and events
 ///    acknowledged in batches. Costs a system call per wake; no CPU while idle.
-///  * busy: a handler polls up to DriveOptions::busy_polls times (an RPC call its
-///    completions complete is resumed at once, between two polls), then yields to the
-///    io_context's other handlers and polls again. Lowest latency; a core while
+///  * busy: a handler polls up to DriveOptions::busy_polls times or until it has taken
+///    DriveOptions::busy_completions (an RPC call its completions complete is resumed
+///    at once, between two polls), then yields to the io_context's other handlers and
+///    polls again. Lowest latency; a core while
 ///    operations are in flight.
 ///  * hybrid: busy for DriveOptions::spin after the last completion, then event.
 ///  * manual: nothing is driven; the application calls poll() from its own loop (and
@@ -99,7 +100,13 @@ struct DriveOptions {
     /// turn's end costs the reactor's epoll_wait (a system call): fewer polls give
     /// sockets and timers a shorter wait, more give a CQ's operations fewer syscalls
     /// (an empty poll is some nanoseconds on hardware, a few on rxe under emulation).
+    /// Many polls suit a CQ that is mostly empty (an RPC client waiting for its
+    /// response stays in its turn); busy_completions bounds a CQ that never runs dry.
     unsigned busy_polls = 1024;
+    /// busy, hybrid: completions per turn (whole polls of 16): a turn ends after
+    /// busy_polls polls or once it has taken this many, whichever comes first, so that
+    /// sockets and timers wait at most this many completions' handlers for their turn.
+    unsigned busy_completions = 1024;
     /// hybrid: how long to spin without a completion before sleeping on the channel
     std::chrono::microseconds spin{50};
 };
@@ -341,7 +348,7 @@ public:
     /// @errors rdmaxx::CompletionQueue::create's (a depth above the device's max_cqe,
     /// say); opening the context's async events; adding an fd to the reactor
     /// (epoll_ctl).
-    /// @misuse A moved-from Context, depth 0; busy_polls 0 in busy or hybrid mode.
+    /// @misuse A moved-from Context, depth 0; busy_polls or busy_completions 0 in busy or hybrid mode.
     static Result<CompletionQueue> create(asio::io_context& io, const Context& context, CqOptions cq = {},
                                           DriveOptions drive = {},
                                           std::source_location where = std::source_location::current());
