@@ -1242,7 +1242,7 @@ TEST_CASE("rpc endpoint: a call's completion runs in the driver handler that too
         rpc::EndpointOptions options;
         options.drive = {.mode = mode};
         auto client = must(rpc::Endpoint::create(io, options));
-        const std::uint64_t before = async::Completions::of(io).completions_at_turn_end();
+        const std::uint64_t before = async::Completions::of(io).deferred_completions();
         constexpr int calls = 20;
         int wrong = 0;
         std::uint64_t taken_by_timer = 0;
@@ -1251,7 +1251,7 @@ TEST_CASE("rpc endpoint: a call's completion runs in the driver handler that too
         CHECK(client == nullptr);
         // every call's, the connect's own exchange aside (TCP), but those the RTO timer
         // took (the driver's turn not yet come: a loaded host), which run a turn later
-        CHECK(async::Completions::of(io).completions_at_turn_end() - before + taken_by_timer == calls);
+        CHECK(async::Completions::of(io).deferred_completions() - before + taken_by_timer == calls);
         io.run_for(50ms); // what the endpoint left behind ends with nothing to touch
     }
 }

@@ -126,7 +126,7 @@ TEST_CASE("a completion handed to the service outside its driver handlers is pos
     CHECK(ran == 0);
     CHECK(io.poll() == 1);
     CHECK(ran == 1);
-    CHECK(async::Completions::of(io).completions_at_turn_end() == 0);
+    CHECK(async::Completions::of(io).deferred_completions() == 0);
 }
 
 TEST_CASE("an Error maps to a std::error_code a caller can compare") {

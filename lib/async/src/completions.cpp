@@ -71,7 +71,7 @@ struct Completions::RunDeferred {
 void Completions::run_deferred() {
     while (!deferred_.empty()) {
         detail::DeferredOp* op = deferred_.pop();
-        ++completions_at_turn_end_;
+        ++deferred_completions_;
         try {
             op->end(op, true);
         } catch (...) { // the application's, from a coroutine it resumed: the rest still run
@@ -91,18 +91,13 @@ struct Completions::Turn : Pin<detail::CqCore> {
     // busy and hybrid: a turn of polling; event: the first arm-poll-wait
     void operator()() {
         detail::CqCore& c = *core;
-        Deferral deferral(*c.service);
-        try {
+        c.service->drive(c, [&c] {
             if (c.drive.mode == CompletionMode::busy ||
                 (c.drive.mode == CompletionMode::hybrid && Clock::now() - c.last_completion <= c.drive.spin))
                 c.service->spin(c);
             else
                 c.service->sleep(c);
-        } catch (...) {
-            c.service->drive_again(c);
-            throw;
-        }
-        deferral.end();
+        });
     }
 };
 
@@ -112,21 +107,16 @@ struct Completions::Wake {
         detail::CqCore& c = *pin.core;
         if (ec || c.service->shut_down_) // cancelled: the handle is gone
             return;
-        Deferral deferral(*c.service);
-        if (auto taken = c.cq.take_events(); !taken)
-            logger()->error("rdmaxx: completion channel: {}", taken.error());
-        try {
+        c.service->drive(c, [&c] {
+            if (auto taken = c.cq.take_events(); !taken)
+                logger()->error("rdmaxx: completion channel: {}", taken.error());
             if (c.drive.mode == CompletionMode::hybrid) {
                 c.last_completion = Clock::now();
                 c.service->spin(c);
             } else {
                 c.service->sleep(c);
             }
-        } catch (...) {
-            c.service->drive_again(c);
-            throw;
-        }
-        deferral.end();
+        });
     }
 };
 
@@ -182,12 +172,21 @@ void Completions::start(detail::CqCore& cq) {
     post_recycled(Turn(cq));
 }
 
-// A driver handler that an application's exception ended (out of a handler it ran):
-// the exception leaves run(), and the CQ is driven again by a turn posted for the next
-// run() (it would never be otherwise: nothing else posts one while `driving`).
-void Completions::drive_again(detail::CqCore& cq) {
-    if (!shut_down_)
-        post_recycled(Turn(cq));
+// A driver handler's body (`take`: spin or sleep, which post the next Turn or Wake) in
+// its Deferral. An application's exception out of a handler it ran leaves run(), and
+// the CQ is driven again by a turn posted for the next run() (it would never be
+// otherwise: nothing else posts one while `driving`).
+template <class Take>
+void Completions::drive(detail::CqCore& cq, Take take) {
+    Deferral deferral(*this);
+    try {
+        take();
+    } catch (...) {
+        if (!shut_down_)
+            post_recycled(Turn(cq));
+        throw;
+    }
+    deferral.end();
 }
 
 // One turn of busy polling, then yield (or, hybrid, sleep once idle for `spin`). The

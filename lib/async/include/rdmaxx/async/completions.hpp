@@ -202,11 +202,11 @@ public:
     /// The sends those doorbells posted: held_sends() / held_doorbells() is how many
     /// operations a doorbell carried.
     std::uint64_t held_sends() const noexcept { return held_sends_; }
-    /// Completions of rdmaxx's (RPC calls) run by the driver handler that took them,
-    /// after its poll or as it ended, with no turn of the io_context between
-    /// (post_completion(); after an application's exception out of one, the rest run
+    /// Completions of rdmaxx's (RPC calls) deferred by post_completion() and run by the
+    /// driver handler that took them, after its poll or as it ended, with no turn of the
+    /// io_context between (after an application's exception out of one, the rest run
     /// in a handler of their own).
-    std::uint64_t completions_at_turn_end() const noexcept { return completions_at_turn_end_; }
+    std::uint64_t deferred_completions() const noexcept { return deferred_completions_; }
 
     /// @name lib/async's own use
     /// What async::CompletionQueue and async::QueuePair call; not for applications.
@@ -305,7 +305,9 @@ private:
     void run_deferred();
     // Posts a handler that runs the deferred completions (a driver handler that threw).
     void post_deferred();
-    void drive_again(detail::CqCore& cq);
+    // Runs a driver handler's `take` (spin, sleep); drives the CQ again if it throws.
+    template <class Take>
+    void drive(detail::CqCore& cq, Take take);
     void spin(detail::CqCore& cq);
     void sleep(detail::CqCore& cq);
     void erase(detail::CqCore& cq) noexcept;
@@ -333,7 +335,7 @@ private:
     std::uint64_t stale_ = 0;
     std::uint64_t held_doorbells_ = 0;
     std::uint64_t held_sends_ = 0;
-    std::uint64_t completions_at_turn_end_ = 0;
+    std::uint64_t deferred_completions_ = 0;
     bool shut_down_ = false;
 };
 
