@@ -288,24 +288,40 @@ Result<void> QueuePair::connect(const Endpoint& peer, const QpConnectOptions& op
     // check before the first transition, so a bad peer leaves the QP in RESET
     if (auto ok = detail::check_peer(peer, link_layer_); !ok)
         return ok;
-    if (auto ok = to_init(where); !ok)
-        return ok;
-    if (auto ok = to_rtr(peer, options, where); !ok)
-        return ok;
-    return to_rts(options, where);
+    auto connected = to_init(where);
+    if (connected)
+        connected = to_rtr(peer, options, where);
+    if (connected)
+        connected = to_rts(options, where);
+    return back_to_reset_if_failed(std::move(connected), where);
+}
+
+// A failed connect() or activate() leaves the QP in RESET, where it may be tried again
+// (the step it failed in is in the Error). A QP the device will not reset either is
+// reported with both failures.
+Result<void> QueuePair::back_to_reset_if_failed(Result<void> done, std::source_location where) {
+    if (done || state_ == QpState::reset)
+        return done;
+    if (auto reset_done = reset(where); !reset_done)
+        return std::unexpected(Error(done.error().kind(), done.error().call(), done.error().code(),
+                                     fmt::format("{}; then back to RESET failed: {}", done.error().detail(),
+                                                 reset_done.error().message())));
+    return done;
 }
 
 Result<void> QueuePair::activate(std::source_location where) {
     get(where);
     require(type_ == QpType::ud, where, "activate() on a {} QP: use connect(peer)", to_string(type_));
     require(state_ == QpState::reset, where, "activate() on a QP in state {}, not RESET", to_string(state_));
-    if (auto ok = to_init(where); !ok)
-        return ok;
-    ibv_qp_attr attr{};
-    attr.qp_state = IBV_QPS_RTR;
-    if (auto ok = transition(attr, IBV_QP_STATE, "RTR"); !ok)
-        return ok;
-    return to_rts({}, where);
+    auto active = to_init(where);
+    if (active) {
+        ibv_qp_attr attr{};
+        attr.qp_state = IBV_QPS_RTR;
+        active = transition(attr, IBV_QP_STATE, "RTR");
+    }
+    if (active)
+        active = to_rts({}, where);
+    return back_to_reset_if_failed(std::move(active), where);
 }
 
 Result<void> QueuePair::to_error(std::source_location where) {

@@ -145,15 +145,17 @@ public:
     /// on InfiniBand) is an Error, as is anything the device refuses.
     ///
     /// @errors A bad peer description, before any step (EINVAL); a path MTU above the
-    /// port's active MTU (EINVAL); ibv_modify_qp refuses a step. The QP stays in the
-    /// state the failing step found it in.
+    /// port's active MTU (EINVAL); ibv_modify_qp refuses a step. The QP is back in RESET
+    /// afterwards, ready for another connect() (a device that refuses that too: both
+    /// failures in the Error's detail).
     /// @misuse A UD QP, a QP not in RESET, out-of-range options (QpConnectOptions), a
     /// moved-from QP.
     Result<void> connect(const Endpoint& peer, const QpConnectOptions& options = {},
                          std::source_location where = std::source_location::current());
     /// UD: RESET -> INIT -> RTR -> RTS.
     ///
-    /// @errors ibv_modify_qp refuses a step.
+    /// @errors ibv_modify_qp refuses a step; the QP is back in RESET afterwards (as
+    /// connect()).
     /// @misuse Not UD, not in RESET, a moved-from QP.
     Result<void> activate(std::source_location where = std::source_location::current());
 
@@ -222,6 +224,7 @@ public:
 private:
     QueuePair() = default;
     Result<void> transition(ibv_qp_attr& attr, int mask, const char* step);
+    Result<void> back_to_reset_if_failed(Result<void> done, std::source_location where);
 
     detail::DeviceHandle device_;
     std::shared_ptr<ibv_qp> qp_; // keeps PD, CQs and SRQ alive
