@@ -5,14 +5,19 @@
 // operator new) by what the standard library has defined when Asio's config is read,
 // and lib/async, built that way, frees what this program allocates (ASan checks it).
 #include <cstdlib>
+#include <exception>
 
 #include <asio/co_spawn.hpp>
-#include <asio/detached.hpp>
 #include <asio/io_context.hpp>
 
 #include <rdmaxx/async/connection.hpp>
 
 #include "../tutorial.hpp"
+
+// g++ 12 sees Asio's coroutine-frame operator delete as mismatched with its operator
+// new once it inlines both into a coroutine (a false positive: the frame's allocator
+// pairs them).
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 
 using namespace rdmaxx;
 using tutorial::expect;
@@ -20,7 +25,7 @@ using tutorial::must;
 
 namespace {
 
-asio::awaitable<void> run(asio::any_io_executor executor, tutorial::Address address, bool& done) {
+asio::awaitable<void> run(asio::any_io_executor executor, tutorial::Address address) {
     async::Connection connection =
         must(co_await async::Connection::connect(executor, address.host, address.port, address.options), "connect");
     MemoryRegion local = must(connection.alloc_local_mr(tutorial::region_size), "alloc_local_mr");
@@ -56,7 +61,6 @@ asio::awaitable<void> run(asio::any_io_executor executor, tutorial::Address addr
     expect(true, "(5) written up to the boundary and handed back");
     must(co_await connection.close(), "close");
     fmt::print("async_client: all five scenarios passed\n");
-    done = true;
 }
 
 } // namespace
@@ -64,9 +68,10 @@ asio::awaitable<void> run(asio::any_io_executor executor, tutorial::Address addr
 int main(int argc, char** argv) {
     const auto address = tutorial::parse_address(argc, argv);
     asio::io_context io;
-    bool done = false;
-    asio::co_spawn(io, run(io.get_executor(), address, done), asio::detached);
-    while (!done)
-        io.run_one();
+    asio::co_spawn(io, run(io.get_executor(), address), [](std::exception_ptr thrown) {
+        if (thrown) // out of run(), not swallowed (as asio::detached would)
+            std::rethrow_exception(thrown);
+    });
+    io.run(); // returns once nothing is left to do
     return 0;
 }

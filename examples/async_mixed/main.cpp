@@ -11,13 +11,13 @@
 #include <charconv>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include <asio/co_spawn.hpp>
-#include <asio/detached.hpp>
 #include <asio/ip/tcp.hpp>
 #include <asio/read_until.hpp>
 #include <asio/redirect_error.hpp>
@@ -104,6 +104,14 @@ asio::awaitable<void> ticker(Progress& progress) {
     }
 }
 
+// co_spawn's completion: a coroutine's exception (a socket's error, as use_awaitable
+// throws it) leaves run() and ends the program with its message; asio::detached would
+// swallow it.
+void rethrow(std::exception_ptr thrown) {
+    if (thrown)
+        std::rethrow_exception(thrown);
+}
+
 int run(async::CompletionMode mode, std::size_t rounds) {
     std::error_code ignored;
     if (std::filesystem::directory_iterator("/sys/class/infiniband", ignored) == std::filesystem::directory_iterator()) {
@@ -151,12 +159,12 @@ int run(async::CompletionMode mode, std::size_t rounds) {
             ++progress.running;
             asio::co_spawn(io, rdma_worker(qps[q], *memory, remote.slice(local_bytes, workers * bytes), slot, rounds,
                                            progress),
-                           asio::detached);
+                           rethrow);
         }
     tcp::acceptor acceptor(io, tcp::endpoint(asio::ip::address_v4::loopback(), 0));
-    asio::co_spawn(io, echo_server(acceptor), asio::detached);
-    asio::co_spawn(io, echo_client(acceptor.local_endpoint(), progress), asio::detached);
-    asio::co_spawn(io, ticker(progress), asio::detached);
+    asio::co_spawn(io, echo_server(acceptor), rethrow);
+    asio::co_spawn(io, echo_client(acceptor.local_endpoint(), progress), rethrow);
+    asio::co_spawn(io, ticker(progress), rethrow);
     io.run();
     // the socket and the timer made progress while the RDMA workers ran (the client
     // sends 3 lines after they ended): a CQ that never runs dry did not starve them
