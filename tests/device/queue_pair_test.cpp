@@ -111,6 +111,16 @@ TEST_CASE("two UD QPs activate and exchange a datagram through an address handle
     must(b.activate());
     CHECK(must(a.query_state()) == QpState::rts);
     const AddressHandle to_b = must(AddressHandle::create(a, b.endpoint()));
+    // an address handle uses the peer's address alone: a description without PSN or
+    // MTU (a UD peer's) is enough; one without an address is an Error
+    Endpoint address_only = b.endpoint();
+    address_only.psn = 0xffffffff;
+    address_only.mtu = Mtu::unknown;
+    must(AddressHandle::create(a, address_only));
+    Endpoint no_address = b.endpoint();
+    no_address.gid = {};
+    no_address.lid = 0;
+    CHECK(must_fail(AddressHandle::create(a, no_address)).is_errno(EINVAL));
 
     constexpr std::size_t grh = 40; // a UD receive starts with the global routing header
     MemoryRegion buf = must(MemoryRegion::allocate(rig.pd, 4096, Access::local_write));

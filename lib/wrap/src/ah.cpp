@@ -17,7 +17,7 @@ Result<AddressHandle> AddressHandle::create(const std::shared_ptr<ibv_pd>& pd, c
                                             const GidEntry& local, std::uint8_t port, LinkLayer layer,
                                             const QpConnectOptions& options, std::source_location where) {
     require(pd != nullptr, where, "an address handle in a null PD");
-    if (auto ok = detail::check_peer(peer, layer); !ok)
+    if (auto ok = detail::check_address(peer, layer); !ok)
         return std::unexpected(std::move(ok.error()));
     ibv_ah_attr attr = detail::address_vector(peer, local, port, layer, options);
     ibv_ah* ah = ibv_create_ah(pd.get(), &attr);

@@ -39,6 +39,14 @@ QpState qp_state_from_verbs(int state) noexcept {
 
 namespace detail {
 
+Result<void> check_address(const Endpoint& peer, LinkLayer layer) {
+    if (layer == LinkLayer::infiniband && peer.lid == 0)
+        return std::unexpected(Error::from_errno("check_address", EINVAL, "peer LID 0 on InfiniBand"));
+    if (layer != LinkLayer::infiniband && peer.gid.is_zero())
+        return std::unexpected(Error::from_errno("check_address", EINVAL, "peer GID is zero on RoCE"));
+    return {};
+}
+
 Result<void> check_peer(const Endpoint& peer, LinkLayer layer) {
     const auto bad = [](std::string what) {
         return std::unexpected(Error::from_errno("check_peer", EINVAL, std::move(what)));
@@ -49,11 +57,7 @@ Result<void> check_peer(const Endpoint& peer, LinkLayer layer) {
         return bad(fmt::format("peer PSN {:#x} is wider than 24 bits", peer.psn));
     if (peer.mtu == Mtu::unknown)
         return bad("peer MTU is unknown");
-    if (layer == LinkLayer::infiniband && peer.lid == 0)
-        return bad("peer LID 0 on InfiniBand");
-    if (layer != LinkLayer::infiniband && peer.gid.is_zero())
-        return bad("peer GID is zero on RoCE");
-    return {};
+    return check_address(peer, layer);
 }
 
 ibv_ah_attr address_vector(const Endpoint& peer, const GidEntry& local, std::uint8_t port, LinkLayer layer,

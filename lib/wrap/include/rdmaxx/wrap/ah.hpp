@@ -20,11 +20,12 @@ namespace rdmaxx {
 class AddressHandle : detail::MoveOnly {
 public:
     /// An address handle towards `peer` for sends on the UD QP `via` (its PD, port and
-    /// GID). The peer description is checked as in QueuePair::connect (Error).
-    /// `options` supplies service level, traffic class and hop limit.
+    /// GID). Of `peer` only the address is used and checked (a GID on RoCE, a LID on
+    /// InfiniBand): its QPN goes with each send, and its PSN and MTU mean nothing to
+    /// UD. `options` supplies service level, traffic class and hop limit.
     ///
-    /// @errors A peer description that cannot be right (EINVAL, as QueuePair::connect);
-    /// ibv_create_ah fails (no route to the GID, out of resources).
+    /// @errors An address that cannot be right (a zero GID on RoCE, LID 0 on
+    /// InfiniBand: EINVAL); ibv_create_ah fails (no route to the GID, out of resources).
     /// @misuse `via` is not UD or is moved-from.
     static Result<AddressHandle> create(const QueuePair& via, const Endpoint& peer,
                                         const QpConnectOptions& options = {},
@@ -34,8 +35,7 @@ public:
     /// `pd` (a ProtectionDomain's or QueuePair's handle). Of `peer` only the address
     /// (GID, LID) is used.
     ///
-    /// @errors As the first overload: the whole of `peer` is checked, its QPN, PSN and
-    /// MTU included; ibv_create_ah fails.
+    /// @errors As the first overload.
     /// @misuse A null `pd`.
     static Result<AddressHandle> create(const std::shared_ptr<ibv_pd>& pd, const Endpoint& peer, const GidEntry& local,
                                         std::uint8_t port, LinkLayer layer, const QpConnectOptions& options = {},
