@@ -658,7 +658,13 @@ TEST_CASE("rpc endpoint: 1,000 sessions on one server endpoint, a call on each a
     files.rlim_cur = std::min<rlim_t>(files.rlim_max, 8192);
     REQUIRE(setrlimit(RLIMIT_NOFILE, &files) == 0);
     REQUIRE(files.rlim_cur >= 2200);
+#if defined(__SANITIZE_ADDRESS__)
+    // CI's sanitizer build: a quarter as many, the same paths (1,000 took 31 s of its
+    // 40-minute budget there); the -Werror build runs all 1,000
+    constexpr std::uint32_t count = 250;
+#else
     constexpr std::uint32_t count = 1000;
+#endif
     const rpc::EndpointOptions options{.ring = 4096, .max_sessions = 1024, .credits = 2};
     Rig rig(options, options);
     std::vector<rpc::Session> sessions;
