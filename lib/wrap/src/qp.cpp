@@ -289,7 +289,8 @@ Result<void> QueuePair::connect(const Endpoint& peer, const QpConnectOptions& op
     get(where);
     require(type_ != QpType::ud, where, "connect() on a UD QP: use activate()");
     require(state_ == QpState::reset, where, "connect() on a QP in state {}, not RESET", to_string(state_));
-    // check before the first transition, so a bad peer leaves the QP in RESET
+    // a bad peer is refused before the device is touched (a failed step later is
+    // undone: back_to_reset_if_failed)
     if (auto ok = detail::check_peer(peer, link_layer_); !ok)
         return ok;
     auto connected = to_init(where);

@@ -17,8 +17,7 @@
 ///  * busy: a handler polls up to DriveOptions::busy_polls times or until it has taken
 ///    DriveOptions::busy_completions (an RPC call its completions complete is resumed
 ///    at once, between two polls), then yields to the io_context's other handlers and
-///    polls again. Lowest latency; a core while
-///    operations are in flight.
+///    polls again. Lowest latency; a core while operations are in flight.
 ///  * hybrid: busy for DriveOptions::spin after the last completion, then event.
 ///  * manual: nothing is driven; the application calls poll() from its own loop (and
 ///    the io_context's run() does not wait for these operations: nothing in it is). A
