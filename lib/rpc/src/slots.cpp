@@ -94,6 +94,7 @@ std::expected<std::uint64_t, WindowFull> ClientWindow::begin(std::uint8_t rpc_ty
     slot.timeouts = 0;
     slot.transmissions = Transmissions::once;
     slot.resend_at = {};
+    ++unsent_slots_; // request_packets >= 1
     return slot.request;
 }
 
@@ -121,11 +122,12 @@ Outgoing ClientWindow::packet_at(const Slot& slot, std::uint32_t position) const
 }
 
 std::optional<Outgoing> ClientWindow::next_packet(Clock::time_point now) {
+    if (unsent_slots_ == 0)
+        return std::nullopt;
     const std::uint32_t room =
         congestion_ == nullptr ? credits_ : std::clamp(congestion_->window(), std::uint32_t{1}, credits_);
     const std::size_t n = slots_.size();
-    // round-robin from the cursor without a division per slot: pump() calls this until
-    // it finds nothing, a scan of the whole window per event
+    // round-robin from the cursor without a division per slot
     for (std::size_t i = 0, k = cursor_; i < n; ++i, k = k + 1 == n ? 0 : k + 1) {
         Slot& slot = slots_[k];
         if (slot.sent >= sendable(slot) || now < slot.resend_at)
@@ -139,7 +141,8 @@ std::optional<Outgoing> ClientWindow::next_packet(Clock::time_point now) {
         stalled_ = false;
         cursor_ = k + 1 == n ? 0 : k + 1;
         const Outgoing out = packet_at(slot, slot.sent);
-        ++slot.sent;
+        if (++slot.sent == sendable(slot))
+            --unsent_slots_;
         ++in_flight_;
         slot.last_sent = now;
         slot.deadline = now + rto_.rto();
@@ -214,6 +217,9 @@ std::expected<std::optional<CallEnd>, DropReason> ClientWindow::take(Slot& slot,
             return end(slot, CallOutcome::response_truncated, header.message_size);
         slot.response_rdma = header.rdma;
         slot.response_packets = packet_count(header.message_size, limits_.payload_per_packet());
+        if (slot.response_packets == 1) // the whole response: it goes on from where it lies
+            return end(slot, CallOutcome::ok, header.message_size, payload);
+        ++unsent_slots_; // all its request was sent: now the rest of the response is asked for
         slot.response_bytes.resize(header.message_size);
     }
     place(slot.response_bytes, header.index, limits_.payload_per_packet(), payload);
@@ -222,23 +228,31 @@ std::expected<std::optional<CallEnd>, DropReason> ClientWindow::take(Slot& slot,
     return std::nullopt;
 }
 
-CallEnd ClientWindow::end(Slot& slot, CallOutcome outcome, std::uint32_t response_size) noexcept {
+CallEnd ClientWindow::end(Slot& slot, CallOutcome outcome, std::uint32_t response_size,
+                          std::span<const std::byte> response) noexcept {
     release(slot);
     CallEnd ended{.request = slot.request, .outcome = outcome, .response_size = response_size, .response = {}};
     if (outcome == CallOutcome::ok) {
-        ended.response = slot.response_bytes;
+        // a single-packet response is the packet's payload (`response`), a longer one was assembled
+        ended.response = response.data() != nullptr ? response : std::span<const std::byte>(slot.response_bytes);
         ended.rdma = slot.response_rdma;
     }
     return ended;
 }
 
 void ClientWindow::write_off(Slot& slot) noexcept {
+    if (slot.sent == slot.received)
+        return;
+    if (slot.sent == sendable(slot))
+        ++unsent_slots_; // they go again
     in_flight_ -= slot.sent - slot.received;
     slot.sent = slot.received;
 }
 
 void ClientWindow::release(Slot& slot) noexcept {
     write_off(slot);
+    if (slot.sent < sendable(slot))
+        --unsent_slots_;
     slot.busy = false;
     slot.request_view = {}; // a borrowed request is the caller's again
 }

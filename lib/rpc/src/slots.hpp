@@ -116,7 +116,8 @@ struct CallEnd {
     CallOutcome outcome = CallOutcome::ok;
     // ok: the response's size; response_truncated: the size it needed; else 0
     std::uint32_t response_size = 0;
-    // ok: the response, valid until the next begin(); else empty
+    // ok: the response, valid until the next begin() (a single-packet response: the
+    // packet's payload, valid while the packet is); else empty
     std::span<const std::byte> response;
     // ok: the response is a descriptor (its bytes came by RDMA)
     bool rdma = false;
@@ -215,7 +216,8 @@ private:
     Outgoing packet_at(const Slot& slot, std::uint32_t position) const noexcept;
     std::expected<std::optional<CallEnd>, DropReason> take(Slot& slot, const PacketHeader& header,
                                                            std::span<const std::byte> payload, Clock::time_point now);
-    CallEnd end(Slot& slot, CallOutcome outcome, std::uint32_t response_size) noexcept;
+    CallEnd end(Slot& slot, CallOutcome outcome, std::uint32_t response_size,
+                std::span<const std::byte> response = {}) noexcept;
     void write_off(Slot& slot) noexcept; // its unanswered packets: lost
     void release(Slot& slot) noexcept;   // written off and free
 
@@ -230,6 +232,11 @@ private:
     std::uint64_t next_request_ = 0;
     std::uint32_t in_flight_ = 0;
     std::size_t cursor_ = 0; // next_packet() serves the slots round-robin from here
+    // Slots with a packet to send (sent < sendable(), resend_at or not): next_packet()
+    // scans the window only when there is one (pump() asks until it gets nothing: a
+    // scan of the window per event, twice per call, without it). Kept by begin(),
+    // next_packet(), take() (a response's size learnt), write_off() and release().
+    std::uint32_t unsent_slots_ = 0;
 };
 
 // ---------------------------------------------------------------------------------
