@@ -14,8 +14,13 @@ namespace {
 constexpr std::uint32_t grh_bytes = 40;
 // wr_id: a send buffer's index with this bit, a ring buffer's without.
 constexpr std::uint64_t send_bit = std::uint64_t{1} << 63;
-// Ring buffers posted again per doorbell.
+// Ring buffers posted again per doorbell, at most.
 constexpr std::size_t repost_batch = 32;
+// Taken ring buffers wait until this many can go back in one post (a post per packet
+// was a sixth of a server's instructions per request). So many less one may be out of
+// the ring at a time: the transport posts as many more than its `ring`.
+constexpr std::uint32_t repost_threshold = 16;
+constexpr std::uint32_t ring_spare = repost_threshold - 1;
 
 } // namespace
 
@@ -32,8 +37,9 @@ Result<std::unique_ptr<UdTransport>> UdTransport::create(asio::io_context& io, c
     if (!pd)
         return std::unexpected(std::move(pd.error()));
     std::unique_ptr<UdTransport> t(new UdTransport(std::move(*context), std::move(*pd), deliver, context_arg));
+    const std::uint32_t posted_ring = options.ring + ring_spare;
     auto cq = async::CompletionQueue::create(io, t->context_, async::CompletionSink{t.get(), &UdTransport::take},
-                                             {.depth = options.ring + options.send_depth}, options.drive, where);
+                                             {.depth = posted_ring + options.send_depth}, options.drive, where);
     if (!cq)
         return std::unexpected(std::move(cq.error()));
     t->cq_.emplace(std::move(*cq));
@@ -41,7 +47,7 @@ Result<std::unique_ptr<UdTransport>> UdTransport::create(asio::io_context& io, c
                                          .send_cq = &t->cq_->get(),
                                          .recv_cq = &t->cq_->get(),
                                          .caps = {.max_send_wr = options.send_depth,
-                                                  .max_recv_wr = options.ring,
+                                                  .max_recv_wr = posted_ring,
                                                   .max_send_sge = 2}, // header, gathered payload
                                          .signal_all = true,
                                          .port = options.port,
@@ -51,8 +57,8 @@ Result<std::unique_ptr<UdTransport>> UdTransport::create(asio::io_context& io, c
         return std::unexpected(std::move(qp.error()));
     t->qp_.emplace(std::move(*qp));
     t->mtu_ = mtu_bytes(t->qp_->endpoint().mtu);
-    t->ring_ = options.ring;
-    auto ring = MemoryRegion::allocate(t->pd_, std::size_t{options.ring} * (grh_bytes + t->mtu_), Access::local_write);
+    t->ring_ = posted_ring;
+    auto ring = MemoryRegion::allocate(t->pd_, std::size_t{posted_ring} * (grh_bytes + t->mtu_), Access::local_write);
     if (!ring)
         return std::unexpected(std::move(ring.error()));
     t->ring_mr_.emplace(std::move(*ring));
@@ -65,13 +71,13 @@ Result<std::unique_ptr<UdTransport>> UdTransport::create(asio::io_context& io, c
     t->gathered_.resize(options.send_depth);
     for (std::uint32_t i = 0; i < options.send_depth; ++i)
         t->send_slices_.push_back(t->send_mr_->slice(std::size_t{i} * t->mtu_, t->mtu_));
-    for (std::uint32_t i = 0; i < options.ring; ++i)
+    for (std::uint32_t i = 0; i < posted_ring; ++i)
         t->ring_slices_.push_back(t->ring_mr_->slice(std::size_t{i} * (grh_bytes + t->mtu_), grh_bytes + t->mtu_));
     if (auto up = t->qp_->activate(where); !up)
         return std::unexpected(std::move(up.error()));
-    t->repost_.reserve(options.ring);
-    std::vector<std::uint32_t> all(options.ring);
-    for (std::uint32_t i = 0; i < options.ring; ++i)
+    t->repost_.reserve(posted_ring);
+    std::vector<std::uint32_t> all(posted_ring);
+    for (std::uint32_t i = 0; i < posted_ring; ++i)
         all[i] = i;
     if (auto posted = t->post_receives(all); !posted)
         return std::unexpected(std::move(posted.error()));
@@ -166,7 +172,6 @@ void UdTransport::take(void* self, std::span<const WorkCompletion> completions) 
 }
 
 void UdTransport::take(std::span<const WorkCompletion> completions) {
-    repost_.clear();
     for (const WorkCompletion& wc : completions) {
         if (wc.wr_id() & send_bit) {
             const auto buffer = static_cast<std::uint32_t>(wc.wr_id() & ~send_bit);
@@ -185,9 +190,11 @@ void UdTransport::take(std::span<const WorkCompletion> completions) {
             deliver_(context_arg_, UdSource{wc.src_qp()}, ring_buffer(buffer).subspan(grh_bytes, length - grh_bytes));
         repost_.push_back(buffer);
     }
-    if (!repost_.empty())
-        if (auto posted = post_receives(repost_); !posted)
-            logger()->error("rdmaxx rpc: posting receives again: {}", posted.error());
+    if (repost_.size() < repost_threshold)
+        return;
+    if (auto posted = post_receives(repost_); !posted)
+        logger()->error("rdmaxx rpc: posting receives again: {}", posted.error());
+    repost_.clear();
 }
 
 } // namespace rdmaxx::rpc::detail

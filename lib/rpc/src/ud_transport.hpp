@@ -4,8 +4,9 @@
 //
 //  * The receive ring: `ring` buffers of 40 (the GRH every UD receive starts with) +
 //    the port's active MTU, in one registered region, all posted at creation. Each
-//    packet is handed to the Deliver function inside the completion's batch, and its
-//    buffer posted again after the batch (one doorbell per batch).
+//    packet is handed to the Deliver function inside the completion's batch; its
+//    buffer goes back in a post of 16 (one doorbell per 16 packets), and 15 more
+//    buffers than `ring` are posted, so that `ring` are always there.
 //  * The send buffers: one per send queue entry, in one registered region; send()
 //    copies the header and the payload into a free one (counted: copies(), when there
 //    is a payload), posts it signaled, and the buffer is free again at its
@@ -134,7 +135,7 @@ private:
     void* context_arg_;
     std::vector<std::uint32_t> free_sends_;
     std::vector<BufferHold> gathered_; // per send buffer: the memory its send gathers from
-    std::vector<std::uint32_t> repost_; // ring buffers to post again after a batch
+    std::vector<std::uint32_t> repost_; // ring buffers taken, to post again
     std::uint64_t copies_ = 0, failed_ = 0;
 };
 

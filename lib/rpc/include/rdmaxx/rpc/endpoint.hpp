@@ -129,7 +129,7 @@ struct EndpointOptions {
     std::optional<std::uint32_t> gid_index = {}; ///< default: Context::choose_gid
     std::uint16_t listen_port = 0;               ///< 0: no listener (a client only)
     std::string listen_address = "0.0.0.0";      ///< what the listener binds
-    std::uint32_t ring = 1024;       ///< receive buffers of the UD QP (40 + MTU bytes each)
+    std::uint32_t ring = 1024;       ///< receive buffers of the UD QP (40 + MTU bytes each), and 15 spares
     std::uint32_t send_depth = 256;  ///< send buffers
     std::uint32_t max_sessions = 256; ///< sessions at once, client and server
     /// @name Per-session limits
