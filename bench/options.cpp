@@ -129,7 +129,9 @@ std::string usage() {
            "  sessions end, the --async mode applies to each side's own endpoint (busy by default):\n"
            "  -w, --window N          calls in flight per session, rpc_bw (32; at most 1024)\n"
            "      --sessions N        sessions, rpc_bw (1; at most 64): N x WINDOW calls in flight\n"
-           "      --one-way           calls to a handler that answers empty: SIZE bytes one way\n";
+           "      --one-way           calls to a handler that answers empty: SIZE bytes one way\n"
+           "      --callbacks         each call completes to a callback that makes the next call (lib/rpc's\n"
+           "                          callback form), not to a coroutine that co_awaits it\n";
 }
 
 Result<Options> parse_options(std::span<const std::string_view> args) {
@@ -199,6 +201,8 @@ Result<Options> parse_options(std::span<const std::string_view> args) {
             ok = take(o.sessions, 1, rpc_max_sessions);
         } else if (is("", "--one-way")) {
             o.one_way = true;
+        } else if (is("", "--callbacks")) {
+            o.callbacks = true;
         } else if (is("", "--timeout")) {
             ok = take(o.timeout, 100, 3'600'000);
         } else if (is("-m", "--mtu")) {
@@ -258,8 +262,9 @@ Result<Options> parse_options(std::span<const std::string_view> args) {
         o.window = window.value_or(latency ? 1 : 32);
         if (o.async == AsyncMode::off)
             o.async = AsyncMode::busy;
-    } else if (window || o.sessions != 1 || o.one_way) {
-        return std::unexpected(invalid("--window, --sessions and --one-way are the RPC tests' (rpc_lat, rpc_bw)"));
+    } else if (window || o.sessions != 1 || o.one_way || o.callbacks) {
+        return std::unexpected(
+            invalid("--window, --sessions, --one-way and --callbacks are the RPC tests' (rpc_lat, rpc_bw)"));
     }
     if (o.test.verb == Verb::atomic && size && *size != atomic_size)
         return std::unexpected(invalid("atomics move 8 bytes: --size must be 8 or absent"));

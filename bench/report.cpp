@@ -38,8 +38,8 @@ std::string async_suffix(const Setup& s, double cpu_us_per_op, std::uint64_t ret
     std::string out =
         fmt::format(",\"async\":\"{}\",\"cpu_us_per_op\":{:.3f}", async_mode_name(s.async), cpu_us_per_op);
     if (s.test.verb == Verb::rpc)
-        out += fmt::format(",\"window\":{},\"sessions\":{},\"one_way\":{},\"retransmissions\":{}", s.window,
-                           s.sessions, s.one_way, retransmissions);
+        out += fmt::format(",\"window\":{},\"sessions\":{},\"one_way\":{},\"callbacks\":{},\"retransmissions\":{}",
+                           s.window, s.sessions, s.one_way, s.callbacks, retransmissions);
     return out;
 }
 
@@ -52,9 +52,10 @@ std::string table_head(const Setup& s) {
     if (s.test.verb == Verb::rpc)
         out += fmt::format(" Device         : {}\n Transport      : UD, lib/rpc sessions set up over TCP\n"
                            " Sessions       : {}\n Window         : {} call(s) in flight per session\n"
-                           " Completions    : {}\n Mtu            : {}[B]\n"
+                           " Completions    : {}, to {}\n Mtu            : {}[B]\n"
                            " Calls          : {}\n Figures        : {}\n{}",
-                           s.device, s.sessions, s.window, async_mode_name(s.async), s.mtu_bytes,
+                           s.device, s.sessions, s.window, async_mode_name(s.async),
+                           s.callbacks ? "callbacks" : "coroutines", s.mtu_bytes,
                            s.one_way ? "SIZE bytes to a handler that answers empty" : "SIZE bytes each way (echo)",
                            latency ? "each call's whole round trip (not half of it, as perftest's ping-pong)"
                                    : "calls per second (MsgRate), the bytes of the requests (BW)",

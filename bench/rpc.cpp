@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <optional>
 #include <string>
 
@@ -113,39 +114,99 @@ struct Run {
     std::optional<Error> error;
 };
 
-// `calls` calls, one after the other; each response's size and number checked, the
-// last one's bytes too (echo), or each response empty (one way).
-asio::awaitable<void> caller(rpc::Session* session, CallerBuffers* buffers, std::uint32_t calls, std::uint32_t id,
-                             Run* run) {
-    rpc::MessageBuffer& request = buffers->request;
-    rpc::MessageBuffer& response = buffers->response;
+// A caller's request: a pattern of its size and id.
+void fill(rpc::MessageBuffer& request, std::uint32_t id, std::uint32_t size) {
     const auto pattern = request.bytes();
     for (std::size_t i = 0; i < pattern.size(); ++i)
-        pattern[i] = static_cast<std::byte>((i * 7 + id * 13 + run->size) & 0xff);
+        pattern[i] = static_cast<std::byte>((i * 7 + id * 13 + size) & 0xff);
+}
+
+// Call `n` is about to start: its number in the request, its start stamped (latency).
+void starting(Run& run, std::uint32_t n, rpc::MessageBuffer& request) {
+    number(request.bytes(), n); // bytes() anew: a call that timed out may renew the memory
+    if (!run.stamps.empty())
+        run.stamps[n] = Clock::now();
+}
+
+// Call `n` ended with `got`: its response's size and number checked (an Error in the run
+// if wrong).
+void check(Run& run, std::uint32_t n, const Result<std::size_t>& got, rpc::MessageBuffer& request,
+           rpc::MessageBuffer& response) {
+    const std::size_t expected = run.one_way ? 0 : run.size;
+    if (!got) {
+        run.error = got.error();
+    } else if (*got != expected || std::memcmp(response.bytes().data(), request.bytes().data(),
+                                               std::min<std::size_t>(*got, sizeof n)) != 0) {
+        run.error = Error::protocol(
+            "peer", fmt::format("call {}: a {}-byte response, not the {} bytes its call expects", n, *got, expected));
+    }
+}
+
+// A caller made its `calls` calls: the last response's bytes checked (echo), and the
+// last caller stops the io_context.
+void caller_done(Run& run, std::uint32_t calls, std::uint32_t id, rpc::MessageBuffer& request,
+                 rpc::MessageBuffer& response) {
+    if (!run.stamps.empty())
+        run.stamps[calls] = Clock::now();
+    if (calls > 0 && !run.error && !run.one_way && !std::ranges::equal(response.bytes(), request.bytes()))
+        run.error = Error::protocol("peer", fmt::format("caller {}: wrong bytes in its last response", id));
+    if (--run.callers_left == 0) {
+        run.end = Clock::now();
+        run.io->stop();
+    }
+}
+
+// `calls` calls, one after the other, each awaited by this coroutine.
+asio::awaitable<void> caller(rpc::Session* session, CallerBuffers* buffers, std::uint32_t calls, std::uint32_t id,
+                             Run* run) {
+    fill(buffers->request, id, run->size);
     for (std::uint32_t n = 0; n < calls && !run->error; ++n) {
-        number(request.bytes(), n); // bytes() anew: a call that timed out may renew the memory
-        if (!run->stamps.empty())
-            run->stamps[n] = Clock::now();
-        const auto got =
-            co_await session->call(run->one_way ? sink : echo, request, response, {.timeout = run->timeout});
-        const std::size_t expected = run->one_way ? 0 : run->size;
-        if (!got) {
-            run->error = got.error();
-        } else if (*got != expected ||
-                   std::memcmp(response.bytes().data(), request.bytes().data(), std::min<std::size_t>(*got, sizeof n)) !=
-                       0) {
-            run->error = Error::protocol(
-                "peer", fmt::format("call {}: a {}-byte response, not the {} bytes its call expects", n, *got, expected));
-        }
+        starting(*run, n, buffers->request);
+        const auto got = co_await session->call(run->one_way ? sink : echo, buffers->request, buffers->response,
+                                                {.timeout = run->timeout});
+        check(*run, n, got, buffers->request, buffers->response);
     }
-    if (!run->stamps.empty())
-        run->stamps[calls] = Clock::now();
-    if (calls > 0 && !run->error && !run->one_way && !std::ranges::equal(response.bytes(), request.bytes()))
-        run->error = Error::protocol("peer", fmt::format("caller {}: wrong bytes in its last response", id));
-    if (--run->callers_left == 0) {
-        run->end = Clock::now();
-        run->io->stop();
+    caller_done(*run, calls, id, buffers->request, buffers->response);
+}
+
+// The same calls in lib/rpc's callback form (--callbacks): each call's completion checks
+// it and makes the next call. Lives until the run ends (it is the completions' target).
+class CallbackCaller {
+public:
+    CallbackCaller(rpc::Session* session, CallerBuffers* buffers, std::uint32_t calls, std::uint32_t id, Run* run)
+        : session_(session), buffers_(buffers), calls_(calls), id_(id), run_(run) {
+        fill(buffers->request, id, run->size);
     }
+    CallbackCaller(const CallbackCaller&) = delete;
+    CallbackCaller& operator=(const CallbackCaller&) = delete;
+
+    void next() {
+        if (n_ == calls_ || run_->error)
+            return caller_done(*run_, calls_, id_, buffers_->request, buffers_->response);
+        starting(*run_, n_, buffers_->request);
+        session_->call(run_->one_way ? sink : echo, buffers_->request, buffers_->response, {.timeout = run_->timeout},
+                       [this](Result<std::size_t> got) {
+                           check(*run_, n_, got, buffers_->request, buffers_->response);
+                           ++n_;
+                           next();
+                       });
+    }
+
+private:
+    rpc::Session* session_;
+    CallerBuffers* buffers_;
+    std::uint32_t calls_, id_;
+    Run* run_;
+    std::uint32_t n_ = 0;
+};
+
+// Starts caller `id`: a coroutine, or with --callbacks a CallbackCaller kept in `kept`.
+void start_caller(asio::io_context& io, bool callbacks, rpc::Session& session, CallerBuffers& buffers,
+                  std::uint32_t calls, std::uint32_t id, Run& run, std::deque<CallbackCaller>& kept) {
+    if (callbacks)
+        kept.emplace_back(&session, &buffers, calls, id, &run).next();
+    else
+        asio::co_spawn(io, caller(&session, &buffers, calls, id, &run), asio::detached);
 }
 
 asio::awaitable<void> connect_all(asio::io_context* io, rpc::Endpoint* endpoint, const Options* o,
@@ -194,7 +255,7 @@ RpcSide::RpcSide(Options options, std::unique_ptr<asio::io_context> io, std::uni
     : options_(std::move(options)), io_(std::move(io)), endpoint_(std::move(endpoint)) {
     setup_ = {.test = options_.test, .device = options_.device, .mtu_bytes = endpoint_->mtu(),
               .async = options_.async, .window = options_.window, .sessions = options_.sessions,
-              .one_way = options_.one_way};
+              .one_way = options_.one_way, .callbacks = options_.callbacks};
     if (auto context = Context::open(options_.device))
         setup_.device = std::string(context->name());
 }
@@ -235,11 +296,11 @@ Result<Figures> run_client(RpcSide& side, std::uint32_t size, std::uint32_t iter
     if (!buffers)
         return std::unexpected(std::move(buffers.error()));
     // warm up: the RTO estimate, Asio's handler memory, the sessions' buffers
+    std::deque<CallbackCaller> kept; // --callbacks: the callers of both runs, till the end
     Run warm(*side.io_, size, o.one_way, o.timeout, o.sessions);
     for (std::uint32_t s = 0; s < o.sessions; ++s)
-        asio::co_spawn(*side.io_,
-                       caller(&side.sessions_[s], &(*buffers)[s * o.window], std::clamp(iters / 10, 5u, 200u), s, &warm),
-                       asio::detached);
+        start_caller(*side.io_, o.callbacks, side.sessions_[s], (*buffers)[s * o.window],
+                     std::clamp(iters / 10, 5u, 200u), s, warm, kept);
     run_until(*side.io_, [&warm] { return warm.callers_left == 0; });
     if (warm.error)
         return std::unexpected(std::move(*warm.error));
@@ -252,9 +313,8 @@ Result<Figures> run_client(RpcSide& side, std::uint32_t size, std::uint32_t iter
     for (std::uint32_t s = 0; s < o.sessions; ++s)
         for (std::uint32_t w = 0; w < o.window; ++w) {
             const std::uint32_t share = iters / o.window + (w < iters % o.window ? 1 : 0);
-            asio::co_spawn(*side.io_,
-                           caller(&side.sessions_[s], &(*buffers)[s * o.window + w], share, s * o.window + w, &run),
-                           asio::detached);
+            start_caller(*side.io_, o.callbacks, side.sessions_[s], (*buffers)[s * o.window + w], share,
+                         s * o.window + w, run, kept);
         }
     run_until(*side.io_, [&run] { return run.callers_left == 0; });
     const auto used = cpu_time() - cpu;

@@ -6,11 +6,12 @@ sends and UCX's active messages, in the same run, alternating, on this machine's
   rpc_compare.py --perf BUILD/bench/rdmaxx-perf [--rounds N (5)] [--size S (32)]
                  [--window W (32)] [--large-rounds N (3)] [--out DIR]
 
-Per round, in this order: ib_send_lat -c UD, ib_send_lat -c RC, rpc_lat, ucp_am_lat,
-ib_send_bw -c UD, ib_send_bw -c RC, rpc_bw -w W, ucp_am_bw (ucx_perftest). Reported,
-each tool's best round, the median of the rounds and the range:
+Per round, in this order: ib_send_lat -c UD, ib_send_lat -c RC, rpc_lat, rpc_lat
+--callbacks, ucp_am_lat, ib_send_bw -c UD, ib_send_bw -c RC, rpc_bw -w W, ucp_am_bw
+(ucx_perftest). Reported, each tool's best round, the median of the rounds and the range:
   round trip: rpc_lat's t_typical (a whole round trip) / (2 x ib_send_lat UD's t_typical,
-              half of one)                                            (target <= 1.3)
+              half of one)                                            (target <= 1.3);
+              the same with the calls in lib/rpc's callback form instead of awaited
   rate:       rpc_bw's calls per second / ib_send_bw UD's message rate  (target >= 0.4)
   UCX:        rpc against ucp_am_lat (2 x its typical: it reports half a round trip, as
               perftest) and ucp_am_bw's message rate                (target: rpc faster)
@@ -203,9 +204,9 @@ def main():
         return rdmaxx_row(out) if out is not None else None
 
     ucx = Ucx(device, args.size)
-    runs = {k: [] for k in ("send_lat_ud_us", "send_lat_rc_us", "rpc_rtt_us", "ucx_am_lat_us",
+    runs = {k: [] for k in ("send_lat_ud_us", "send_lat_rc_us", "rpc_rtt_us", "rpc_rtt_callbacks_us", "ucx_am_lat_us",
                             "send_bw_ud_mpps", "send_bw_rc_mpps", "rpc_mcalls", "ucx_am_bw_mpps")}
-    retransmissions = {"rpc_lat": [], "rpc_bw": []}
+    retransmissions = {"rpc_lat": [], "rpc_lat_callbacks": [], "rpc_bw": []}
     ucx_mean = []  # ucp_am_lat's mean half round trip (its median is in the table)
 
     def add(key, value):
@@ -216,10 +217,12 @@ def main():
         for transport, key in (("UD", "send_lat_ud_us"), ("RC", "send_lat_rc_us")):
             out = perftest("ib_send_lat", transport, lat_iters)
             add(key, perftest_figure(out, True, args.size) if out else None)
-        row = rdmaxx("rpc_lat", lat_iters)
-        if row:
-            add("rpc_rtt_us", row["t_typical"])
-            retransmissions["rpc_lat"].append(row["retransmissions"])
+        for extra, key, test in (([], "rpc_rtt_us", "rpc_lat"),
+                                 (["--callbacks"], "rpc_rtt_callbacks_us", "rpc_lat_callbacks")):
+            row = rdmaxx("rpc_lat", lat_iters, extra)
+            if row:
+                add(key, row["t_typical"])
+                retransmissions[test].append(row["retransmissions"])
         if ucx.tls:
             row = ucx.run("ucp_am_lat", ucx_lat_iters)
             add("ucx_am_lat_us", row["50.0_percentile_lat"])
@@ -253,7 +256,8 @@ def main():
         print(f"rpc_compare: 1 MiB round {r + 1}: " + ", ".join(f"{k} {v[-1]:.4g}" for k, v in large.items() if v),
               flush=True)
 
-    lat = {k: best_median(runs[k], min) for k in ("send_lat_ud_us", "send_lat_rc_us", "rpc_rtt_us", "ucx_am_lat_us")}
+    lat = {k: best_median(runs[k], min) for k in ("send_lat_ud_us", "send_lat_rc_us", "rpc_rtt_us",
+                                                  "rpc_rtt_callbacks_us", "ucx_am_lat_us")}
     rate = {k: best_median(runs[k], max) for k in ("send_bw_ud_mpps", "send_bw_rc_mpps", "rpc_mcalls",
                                                     "ucx_am_bw_mpps")}
 
@@ -263,6 +267,8 @@ def main():
     r_lat, u_lat = lat["rpc_rtt_us"], lat["ucx_am_lat_us"]
     ratios = {
         "rtt_vs_2x_send_lat_ud": [ratio(r_lat, lat["send_lat_ud_us"], i, 2) for i in (0, 1)],
+        "rtt_callbacks_vs_2x_send_lat_ud": [ratio(lat["rpc_rtt_callbacks_us"], lat["send_lat_ud_us"], i, 2)
+                                            for i in (0, 1)],
         "rtt_vs_2x_send_lat_rc": [ratio(r_lat, lat["send_lat_rc_us"], i, 2) for i in (0, 1)],
         "rtt_vs_2x_ucx_am_lat": [ratio(r_lat, u_lat, i, 2) for i in (0, 1)],
         "rate_vs_send_bw_ud": [ratio(rate["rpc_mcalls"], rate["send_bw_ud_mpps"], i) for i in (0, 1)],
@@ -276,30 +282,35 @@ def main():
     ucx_name = ("UCX AM (" + " ".join(f"{k}={v}" for k, v in ucx.env.items() if k != "UCX_NET_DEVICES") + ")"
                 if ucx.tls else "UCX AM")
     ucx_note = "" if ucx.counts() else (" (over TCP: does not count)" if ucx.tls else " (did not run: see below)")
+    # (name, rdmaxx's figures, the other's figures and runs, scale, ratios, target, its test)
     rows = [
-        ("round trip [us]: rpc_lat vs 2 x ib_send_lat UD", lat["send_lat_ud_us"], runs["send_lat_ud_us"], 2,
-         ratios["rtt_vs_2x_send_lat_ud"], "<= 1.3", lambda v: v <= 1.3),
-        ("round trip [us]: rpc_lat vs 2 x ib_send_lat RC", lat["send_lat_rc_us"], runs["send_lat_rc_us"], 2,
-         ratios["rtt_vs_2x_send_lat_rc"], "(reference)", None),
-        (f"round trip [us]: rpc_lat vs 2 x {ucx_name} ucp_am_lat{ucx_note}", u_lat, runs["ucx_am_lat_us"], 2,
-         ratios["rtt_vs_2x_ucx_am_lat"], "< 1", (lambda v: v < 1) if ucx.counts() else None),
-        (f"rate [M/s], window {args.window}: rpc_bw vs ib_send_bw UD", rate["send_bw_ud_mpps"],
+        ("round trip [us]: rpc_lat vs 2 x ib_send_lat UD", "rpc_rtt_us", lat["send_lat_ud_us"],
+         runs["send_lat_ud_us"], 2, ratios["rtt_vs_2x_send_lat_ud"], "<= 1.3", lambda v: v <= 1.3),
+        ("round trip [us]: rpc_lat --callbacks (lib/rpc's callback form) vs 2 x ib_send_lat UD",
+         "rpc_rtt_callbacks_us", lat["send_lat_ud_us"], runs["send_lat_ud_us"], 2,
+         ratios["rtt_callbacks_vs_2x_send_lat_ud"], "<= 1.3", lambda v: v <= 1.3),
+        ("round trip [us]: rpc_lat vs 2 x ib_send_lat RC", "rpc_rtt_us", lat["send_lat_rc_us"],
+         runs["send_lat_rc_us"], 2, ratios["rtt_vs_2x_send_lat_rc"], "(reference)", None),
+        (f"round trip [us]: rpc_lat vs 2 x {ucx_name} ucp_am_lat{ucx_note}", "rpc_rtt_us", u_lat,
+         runs["ucx_am_lat_us"], 2, ratios["rtt_vs_2x_ucx_am_lat"], "< 1", (lambda v: v < 1) if ucx.counts() else None),
+        (f"rate [M/s], window {args.window}: rpc_bw vs ib_send_bw UD", "rpc_mcalls", rate["send_bw_ud_mpps"],
          runs["send_bw_ud_mpps"], 1, ratios["rate_vs_send_bw_ud"], ">= 0.4", lambda v: v >= 0.4),
-        (f"rate [M/s], window {args.window}: rpc_bw vs ib_send_bw RC", rate["send_bw_rc_mpps"],
+        (f"rate [M/s], window {args.window}: rpc_bw vs ib_send_bw RC", "rpc_mcalls", rate["send_bw_rc_mpps"],
          runs["send_bw_rc_mpps"], 1, ratios["rate_vs_send_bw_rc"], "(reference)", None),
-        (f"rate [M/s], window {args.window}: rpc_bw vs {ucx_name} ucp_am_bw{ucx_note}", rate["ucx_am_bw_mpps"],
-         runs["ucx_am_bw_mpps"], 1, ratios["rate_vs_ucx_am_bw"], "> 1", (lambda v: v > 1) if ucx.counts() else None),
+        (f"rate [M/s], window {args.window}: rpc_bw vs {ucx_name} ucp_am_bw{ucx_note}", "rpc_mcalls",
+         rate["ucx_am_bw_mpps"], runs["ucx_am_bw_mpps"], 1, ratios["rate_vs_ucx_am_bw"], "> 1",
+         (lambda v: v > 1) if ucx.counts() else None),
     ]
+    mine_of = {**lat, **rate}
     table = (f"# lib/rpc against perftest and UCX ({device}, {args.size} B, {args.rounds} rounds alternating)\n\n"
              "Each tool's best round / median of the rounds (range); ratio = rdmaxx rpc / other, of the best "
              "rounds (of the medians). Round trips: the other tool's half round trip doubled. Soft-RoCE under "
              "QEMU TCG: only the ratios of one run mean anything.\n\n"
              "| comparison | other: best / median (range) | rdmaxx rpc: best / median (range) | ratio best (median) "
              "| target | verdict |\n| --- | --- | --- | --- | --- | --- |\n")
-    for name, other, other_runs, scale, (best, median), target, ok in rows:
-        latency = scale == 2
-        mine, mine_runs = (r_lat, runs["rpc_rtt_us"]) if latency else (rate["rpc_mcalls"], runs["rpc_mcalls"])
-        digits = 1 if latency else 4
+    for name, mine_key, other, other_runs, scale, (best, median), target, ok in rows:
+        mine, mine_runs = mine_of[mine_key], runs[mine_key]
+        digits = 1 if scale == 2 else 4
         scaled = [v * scale for v in other_runs]
         others = (f"{fmt(other[0] and other[0] * scale, digits)} / {fmt(other[1] and other[1] * scale, digits)} "
                   f"({spread(scaled, digits)})") if other_runs else "-"
@@ -307,6 +318,7 @@ def main():
                   f"({spread(mine_runs, digits)}) | {fmt(best)} ({fmt(median)}) | {target} | "
                   f"{verdict(best, ok) if ok else '-'} |\n")
     table += (f"\nrdmaxx rpc retransmissions per run: rpc_lat {retransmissions['rpc_lat']}, "
+              f"rpc_lat --callbacks {retransmissions['rpc_lat_callbacks']}, "
               f"rpc_bw {retransmissions['rpc_bw']}. Latencies are medians (perftest's and rdmaxx-perf's "
               "t_typical, ucx_perftest's 50th percentile); ucp_am_lat's means (half round trips, us): "
               f"{[round(v, 1) for v in ucx_mean]}. ucp_am_bw's rate is of one-way messages, rpc_bw's of calls "

@@ -102,9 +102,11 @@ for test, extra in [("read_lat", ["-s", "64"]), ("atomic_lat", ["-A", "CMP_AND_S
                 r.get("async") == mode and r.get("cpu_us_per_op", 0) > 0 for r in rows), out.strip())
 
 # lib/rpc's calls: one at a time and windows of them, single- and multi-packet, on
-# several sessions, each side's endpoint in each completion mode
+# several sessions, each side's endpoint in each completion mode; awaited by coroutines,
+# and in the callback form
 for test, extra in [("rpc_lat", ["-s", "32"]), ("rpc_lat", ["-s", "5000"]), ("rpc_bw", ["-s", "32", "-w", "8"]),
-                    ("rpc_bw", ["-s", "3000", "-w", "4", "--sessions", "3"])]:
+                    ("rpc_bw", ["-s", "3000", "-w", "4", "--sessions", "3"]), ("rpc_lat", ["-s", "32", "--callbacks"]),
+                    ("rpc_bw", ["-s", "3000", "-w", "4", "--sessions", "3", "--callbacks"])]:
     for mode in ["busy", "event", "hybrid"] if extra == ["-s", "32"] else ["busy", "event"]:
         name = f"{test} --async {mode} {' '.join(extra)}"
         rc, out, err, src = pair(test, ["--async", mode, "-n", "20", "--json", *extra], server_args=["--async", mode])
@@ -116,8 +118,9 @@ for test, extra in [("rpc_lat", ["-s", "32"]), ("rpc_lat", ["-s", "5000"]), ("rp
         window = int(extra[extra.index("-w") + 1]) if "-w" in extra else 1
         check(f"{name}: one JSON line", [r["size"] for r in rows] == [int(extra[1])], out.strip())
         for r in rows:
-            check(f"{name}: names its test, mode, window and sessions", r["test"] == test and r["async"] == mode and
-                  r["window"] == window and r["sessions"] == sessions and r["retransmissions"] >= 0, json.dumps(r))
+            check(f"{name}: names its test, mode, window, sessions and form", r["test"] == test and
+                  r["async"] == mode and r["window"] == window and r["sessions"] == sessions and
+                  r["callbacks"] == ("--callbacks" in extra) and r["retransmissions"] >= 0, json.dumps(r))
             if test == "rpc_lat":
                 sane = 0 < r["t_min"] <= r["t_typical"] <= r["t_max"] and r["t_typical"] <= r["p99"] <= r["t_max"]
             else:

@@ -117,6 +117,8 @@ TEST_CASE("perf options: the RPC tests take a size, a window and sessions, on li
     CHECK_FALSE(bw.one_way);
     CHECK(must(parse({"rpc_bw"})).window == 32);
     CHECK(must(parse({"rpc_bw", "h", "--one-way", "-s", "1048576"})).one_way);
+    CHECK_FALSE(bw.callbacks);
+    CHECK(must(parse({"rpc_lat", "h", "--callbacks"})).callbacks);
     const Options sweep = must(parse({"rpc_lat", "-a"}));
     CHECK(sweep.sizes.front() == 2);
     CHECK(sweep.sizes.back() == rpc_max_size);
@@ -127,6 +129,7 @@ TEST_CASE("perf options: the RPC tests take a size, a window and sessions, on li
     expect_invalid({"rpc_bw", "h", "-w", "1025"}, "outside 1..1024");
     expect_invalid({"write_bw", "h", "-w", "4"}, "the RPC tests'");
     expect_invalid({"write_bw", "h", "--one-way"}, "the RPC tests'");
+    expect_invalid({"write_lat", "h", "--callbacks"}, "the RPC tests'");
 }
 
 TEST_CASE("perf report: the RPC tests' banner, perftest's columns, their own JSON fields") {
@@ -139,11 +142,15 @@ TEST_CASE("perf report: the RPC tests' banner, perftest's columns, their own JSO
     const std::string json = bandwidth_json(setup, 32, 1000, {.mpps = 0.5, .cpu_us_per_op = 2, .retransmissions = 3});
     CHECK(json.find("\"test\":\"rpc_bw\"") != std::string::npos);
     CHECK(json.find("\"async\":\"busy\",\"cpu_us_per_op\":2.000,\"window\":32,\"sessions\":2,\"one_way\":false,"
-                    "\"retransmissions\":3}") != std::string::npos);
+                    "\"callbacks\":false,\"retransmissions\":3}") != std::string::npos);
     CHECK(head.find("SIZE bytes each way (echo)") != std::string::npos);
+    CHECK(head.find("Completions    : busy, to coroutines") != std::string::npos);
     Setup one_way = setup;
     one_way.one_way = true;
+    one_way.callbacks = true;
     CHECK(table_head(one_way).find("answers empty") != std::string::npos);
+    CHECK(table_head(one_way).find("to callbacks") != std::string::npos);
+    CHECK(bandwidth_json(one_way, 32, 1000, {}).find("\"callbacks\":true") != std::string::npos);
 }
 
 TEST_CASE("perf options: bad input is an error that says what is wrong") {
