@@ -1115,6 +1115,78 @@ TEST_CASE("rpc endpoint: calls allocate nothing once warm, with spans and with M
 
 namespace {
 
+// The same calls in the callback form (as rdmaxx-perf --callbacks): each completion
+// makes the next call, and a failed one ends the chain (as the session's end does to a
+// call in flight); the allocations of calls 200.. are counted.
+struct CountedCallbackCalls {
+    rpc::Session* session;
+    rpc::MessageBuffer* request;
+    rpc::MessageBuffer* response;
+    std::vector<std::byte> bytes = message(4, 3000);
+    std::vector<std::byte> span_response = std::vector<std::byte>(4096);
+    int calls = 0, wrong = 0;
+    long counted = -1;
+
+    void next() {
+        if (calls == 200) {
+            test::allocations = 0;
+            test::counting = true;
+        }
+        if (calls == 2200) {
+            test::counting = false;
+            counted = test::allocations;
+            return;
+        }
+        const std::size_t size = calls % 2 == 0 ? 32 : 3000;
+        const bool spans = calls++ % 4 < 2;
+        auto check_then_next = [this, size, spans](Result<std::size_t> got) {
+            if (!got) {
+                ++wrong;
+                return;
+            }
+            const std::span<const std::byte> echoed_bytes =
+                spans ? std::span<const std::byte>(span_response) : response->bytes();
+            wrong += *got == size && echoed(echoed_bytes, std::span(bytes).first(size)) ? 0 : 1;
+            next();
+        };
+        if (spans) {
+            session->call(echo, std::span(bytes).first(size), span_response, {}, check_then_next);
+        } else {
+            request->resize(size);
+            std::memcpy(request->bytes().data(), bytes.data(), size);
+            session->call(echo, *request, *response, {}, check_then_next);
+        }
+    }
+};
+
+asio::awaitable<void> connect_only(Rig* rig, std::optional<rpc::Session>* session) {
+    co_await connect_into(rig, session);
+}
+
+} // namespace
+
+TEST_CASE("rpc endpoint: calls in the callback form allocate nothing once warm") {
+    CountedCallbackCalls chain{}; // outlives the session: a call it ends completes into the chain
+    Rig rig;
+    std::optional<rpc::Session> session;
+    run(rig.io, connect_only(&rig, &session), 60s);
+    auto request = must(rig.client->alloc_buffer(4096, rpc::BufferUse::request));
+    auto response = must(rig.client->alloc_buffer(4096, rpc::BufferUse::response));
+    chain.session = &*session;
+    chain.request = &request;
+    chain.response = &response;
+    chain.next();
+    const auto deadline = std::chrono::steady_clock::now() + 120s;
+    while (chain.counted < 0 && chain.wrong == 0 && std::chrono::steady_clock::now() < deadline)
+        rig.io.run_for(10ms);
+    CHECK(chain.calls == 2200);
+    CHECK(chain.wrong == 0);
+    CHECK(chain.counted == 0);
+    MESSAGE("allocations in 2,000 calls: ", chain.counted);
+}
+
+namespace {
+
 asio::awaitable<void> timed_calls(rpc::Endpoint* client, std::uint16_t port, int calls, int* wrong,
                                   std::chrono::steady_clock::duration* took) {
     auto session = co_await client->connect("127.0.0.1", port);
