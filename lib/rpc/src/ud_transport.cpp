@@ -21,6 +21,11 @@ constexpr std::size_t repost_batch = 32;
 // the ring at a time: the transport posts as many more than its `ring`.
 constexpr std::uint32_t repost_threshold = 16;
 constexpr std::uint32_t ring_spare = repost_threshold - 1;
+// A packet of up to the QP's max_inline_data bytes is sent inline: the device copies it
+// at the post instead of reading it from registered memory through its keys (on rxe,
+// the kernel's key lookup per SGE for every packet). The largest of these the device
+// takes: QP creation is the only way libibverbs tells its limit.
+constexpr std::uint32_t inline_tries[] = {256, 128, 64, 0};
 
 } // namespace
 
@@ -43,19 +48,26 @@ Result<std::unique_ptr<UdTransport>> UdTransport::create(asio::io_context& io, c
     if (!cq)
         return std::unexpected(std::move(cq.error()));
     t->cq_.emplace(std::move(*cq));
-    auto qp = QueuePair::create(t->pd_, {.type = QpType::ud,
-                                         .send_cq = &t->cq_->get(),
-                                         .recv_cq = &t->cq_->get(),
-                                         .caps = {.max_send_wr = options.send_depth,
-                                                  .max_recv_wr = posted_ring,
-                                                  .max_send_sge = 2}, // header, gathered payload
-                                         .signal_all = true,
-                                         .port = options.port,
-                                         .gid_index = options.gid_index,
-                                         .qkey = options.qkey});
+    const auto create_qp = [&](std::uint32_t inline_bytes) {
+        return QueuePair::create(t->pd_, {.type = QpType::ud,
+                                          .send_cq = &t->cq_->get(),
+                                          .recv_cq = &t->cq_->get(),
+                                          .caps = {.max_send_wr = options.send_depth,
+                                                   .max_recv_wr = posted_ring,
+                                                   .max_send_sge = 2, // header, gathered payload
+                                                   .max_inline_data = inline_bytes},
+                                          .signal_all = true,
+                                          .port = options.port,
+                                          .gid_index = options.gid_index,
+                                          .qkey = options.qkey});
+    };
+    auto qp = create_qp(inline_tries[0]);
+    for (std::size_t i = 1; !qp && i < std::size(inline_tries); ++i)
+        qp = create_qp(inline_tries[i]);
     if (!qp)
         return std::unexpected(std::move(qp.error()));
     t->qp_.emplace(std::move(*qp));
+    t->inline_limit_ = t->qp_->caps().max_inline_data;
     t->mtu_ = mtu_bytes(t->qp_->endpoint().mtu);
     t->ring_ = posted_ring;
     auto ring = MemoryRegion::allocate(t->pd_, std::size_t{posted_ring} * (grh_bytes + t->mtu_), Access::local_write);
@@ -157,9 +169,12 @@ Result<bool> UdTransport::post_send(const AddressHandle& to, const UdAddress& pe
                                     std::span<const LocalSlice> gather, std::source_location where) {
     const std::uint32_t buffer = free_sends_.back();
     std::memcpy(send_mr_->data() + std::size_t{buffer} * mtu_, header.data(), header.size());
+    std::uint32_t bytes = 0;
+    for (const LocalSlice& slice : gather)
+        bytes += slice.size();
     auto posted = SendBatch<1>(*qp_)
                       .send(gather, UdDestination{.ah = &to, .qpn = peer.endpoint.qpn, .qkey = peer.qkey},
-                            {.wr_id = send_bit | buffer})
+                            {.wr_id = send_bit | buffer, .inline_data = bytes <= inline_limit_})
                       .post(where);
     if (!posted)
         return std::unexpected(std::move(posted.error()));

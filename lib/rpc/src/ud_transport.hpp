@@ -131,6 +131,7 @@ private:
     // tenth of a call's instructions)
     std::vector<LocalSlice> ring_slices_, send_slices_;
     std::uint32_t mtu_ = 0, ring_ = 0;
+    std::uint32_t inline_limit_ = 0; // packets of up to this many bytes go inline
     Deliver deliver_;
     void* context_arg_;
     std::vector<std::uint32_t> free_sends_;
