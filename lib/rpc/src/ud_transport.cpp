@@ -17,8 +17,8 @@ constexpr std::uint64_t send_bit = std::uint64_t{1} << 63;
 // Ring buffers posted again per doorbell, at most.
 constexpr std::size_t repost_batch = 32;
 // Taken ring buffers wait until this many can go back in one post (a post per packet
-// was a sixth of a server's instructions per request). So many less one may be out of
-// the ring at a time: the transport posts as many more than its `ring`.
+// cost ~110 instructions per packet on each side on rxe, callgrind). So many less one
+// may be out of the ring at a time: the transport posts as many more than its `ring`.
 constexpr std::uint32_t repost_threshold = 16;
 constexpr std::uint32_t ring_spare = repost_threshold - 1;
 // A packet of up to the QP's max_inline_data bytes is sent inline: the device copies it
