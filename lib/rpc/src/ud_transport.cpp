@@ -147,7 +147,7 @@ Result<bool> UdTransport::send(const AddressHandle& to, const UdAddress& peer, s
         ++copies_;
     }
     const LocalSlice whole = send_slices_[free_sends_.back()].slice(0, bytes);
-    return post_send(to, peer, header, {&whole, 1}, where);
+    return post_send(to, peer, header, {&whole, 1}, bytes, where);
 }
 
 Result<bool> UdTransport::send_gather(const AddressHandle& to, const UdAddress& peer,
@@ -159,19 +159,17 @@ Result<bool> UdTransport::send_gather(const AddressHandle& to, const UdAddress& 
         return false;
     const std::uint32_t buffer = free_sends_.back();
     const std::array<LocalSlice, 2> gather{send_slices_[buffer].slice(0, header.size()), payload};
-    auto posted = post_send(to, peer, header, gather, where);
+    auto posted = post_send(to, peer, header, gather, bytes, where);
     if (posted && *posted)
         gathered_[buffer] = memory;
     return posted;
 }
 
 Result<bool> UdTransport::post_send(const AddressHandle& to, const UdAddress& peer, std::span<const std::byte> header,
-                                    std::span<const LocalSlice> gather, std::source_location where) {
+                                    std::span<const LocalSlice> gather, std::size_t bytes,
+                                    std::source_location where) {
     const std::uint32_t buffer = free_sends_.back();
     std::memcpy(send_mr_->data() + std::size_t{buffer} * mtu_, header.data(), header.size());
-    std::uint32_t bytes = 0;
-    for (const LocalSlice& slice : gather)
-        bytes += slice.size();
     auto posted = SendBatch<1>(*qp_)
                       .send(gather, UdDestination{.ah = &to, .qpn = peer.endpoint.qpn, .qkey = peer.qkey},
                             {.wr_id = send_bit | buffer, .inline_data = bytes <= inline_limit_})

@@ -116,9 +116,10 @@ private:
     static void take(void* self, std::span<const WorkCompletion> completions);
     void take(std::span<const WorkCompletion> completions);
     Result<void> post_receives(std::span<const std::uint32_t> buffers);
-    // A free send buffer with `header` in it, to post as `gather` to `to`.
+    // A free send buffer with `header` in it, to post as `gather` (`bytes` in all: the
+    // caller's count, which decides inline) to `to`.
     Result<bool> post_send(const AddressHandle& to, const UdAddress& peer, std::span<const std::byte> header,
-                           std::span<const LocalSlice> gather, std::source_location where);
+                           std::span<const LocalSlice> gather, std::size_t bytes, std::source_location where);
     std::span<std::byte> ring_buffer(std::uint32_t i) noexcept;
 
     Context context_;
