@@ -27,6 +27,12 @@ constexpr std::uint32_t ring_spare = repost_threshold - 1;
 // takes: QP creation is the only way libibverbs tells its limit.
 constexpr std::uint32_t inline_tries[] = {256, 128, 64, 0};
 
+// Bytes an inline send gathers from where they lie: the post copies them into the WR,
+// and the device reads no local key for them.
+LocalSlice unregistered(std::span<const std::byte> bytes) noexcept {
+    return {const_cast<std::byte*>(bytes.data()), static_cast<std::uint32_t>(bytes.size()), 0};
+}
+
 } // namespace
 
 Result<std::unique_ptr<UdTransport>> UdTransport::create(asio::io_context& io, const UdOptions& options,
@@ -141,13 +147,18 @@ Result<bool> UdTransport::send(const AddressHandle& to, const UdAddress& peer, s
     require(bytes <= mtu_, where, "a {}-byte UD packet on a path MTU of {}", bytes, mtu_);
     if (free_sends_.empty())
         return false;
-    const std::size_t at = std::size_t{free_sends_.back()} * mtu_;
-    if (!payload.empty()) {
-        std::memcpy(send_mr_->data() + at + header.size(), payload.data(), payload.size());
-        ++copies_;
+    if (!payload.empty())
+        ++copies_; // into the send buffer, or into the WR by the post (inline)
+    if (bytes <= inline_limit_) {
+        const std::array<LocalSlice, 2> gather{unregistered(header), unregistered(payload)};
+        return post_send(to, peer, std::span(gather).first(payload.empty() ? 1 : 2), true, where);
     }
+    std::byte* at = send_mr_->data() + std::size_t{free_sends_.back()} * mtu_;
+    std::memcpy(at, header.data(), header.size());
+    if (!payload.empty())
+        std::memcpy(at + header.size(), payload.data(), payload.size());
     const LocalSlice whole = send_slices_[free_sends_.back()].slice(0, bytes);
-    return post_send(to, peer, header, {&whole, 1}, bytes, where);
+    return post_send(to, peer, {&whole, 1}, false, where);
 }
 
 Result<bool> UdTransport::send_gather(const AddressHandle& to, const UdAddress& peer,
@@ -158,21 +169,23 @@ Result<bool> UdTransport::send_gather(const AddressHandle& to, const UdAddress& 
     if (free_sends_.empty())
         return false;
     const std::uint32_t buffer = free_sends_.back();
+    if (bytes <= inline_limit_) // the post copies the payload: nothing to hold
+        return post_send(to, peer, std::array{unregistered(header), payload}, true, where);
+    std::memcpy(send_mr_->data() + std::size_t{buffer} * mtu_, header.data(), header.size());
     const std::array<LocalSlice, 2> gather{send_slices_[buffer].slice(0, header.size()), payload};
-    auto posted = post_send(to, peer, header, gather, bytes, where);
+    auto posted = post_send(to, peer, gather, false, where);
     if (posted && *posted)
         gathered_[buffer] = memory;
     return posted;
 }
 
-Result<bool> UdTransport::post_send(const AddressHandle& to, const UdAddress& peer, std::span<const std::byte> header,
-                                    std::span<const LocalSlice> gather, std::size_t bytes,
+Result<bool> UdTransport::post_send(const AddressHandle& to, const UdAddress& peer,
+                                    std::span<const LocalSlice> gather, bool inline_data,
                                     std::source_location where) {
     const std::uint32_t buffer = free_sends_.back();
-    std::memcpy(send_mr_->data() + std::size_t{buffer} * mtu_, header.data(), header.size());
     auto posted = SendBatch<1>(*qp_)
                       .send(gather, UdDestination{.ah = &to, .qpn = peer.endpoint.qpn, .qkey = peer.qkey},
-                            {.wr_id = send_bit | buffer, .inline_data = bytes <= inline_limit_})
+                            {.wr_id = send_bit | buffer, .inline_data = inline_data})
                       .post(where);
     if (!posted)
         return std::unexpected(std::move(posted.error()));

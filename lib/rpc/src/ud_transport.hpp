@@ -11,9 +11,12 @@
 //    copies the header and the payload into a free one (counted: copies(), when there
 //    is a payload), posts it signaled, and the buffer is free again at its
 //    completion. send_gather() copies the header only and gathers the payload from
-//    registered memory it holds until the completion (a MessageBuffer's). No buffer
-//    free: both answer false and the caller tries again after a completion (a credit
-//    stall).
+//    registered memory it holds until the completion (a MessageBuffer's). A packet of
+//    up to the QP's max_inline_data bytes goes inline instead: gathered from where its
+//    header and payload lie, copied into the WR by the post (the payload's copy is
+//    counted still), so nothing is copied into the send buffer and nothing is held;
+//    it takes a send buffer's place in the queue all the same. No buffer free: both
+//    answer false and the caller tries again after a completion (a credit stall).
 //  * Completions go to a lib/async sink CQ on the endpoint's io_context, in its drive
 //    mode: the transport keeps run() going while it lives.
 //
@@ -116,10 +119,10 @@ private:
     static void take(void* self, std::span<const WorkCompletion> completions);
     void take(std::span<const WorkCompletion> completions);
     Result<void> post_receives(std::span<const std::uint32_t> buffers);
-    // A free send buffer with `header` in it, to post as `gather` (`bytes` in all: the
-    // caller's count, which decides inline) to `to`.
-    Result<bool> post_send(const AddressHandle& to, const UdAddress& peer, std::span<const std::byte> header,
-                           std::span<const LocalSlice> gather, std::size_t bytes, std::source_location where);
+    // Posts `gather` in the last free send buffer's name (its wr_id), `inline_data` as
+    // the caller judged it (at most inline_limit_ bytes).
+    Result<bool> post_send(const AddressHandle& to, const UdAddress& peer, std::span<const LocalSlice> gather,
+                           bool inline_data, std::source_location where);
     std::span<std::byte> ring_buffer(std::uint32_t i) noexcept;
 
     Context context_;

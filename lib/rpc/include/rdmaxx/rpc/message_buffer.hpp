@@ -23,7 +23,8 @@
 ///
 /// Safety: the NIC may still reach a buffer's memory after its call ended: a UD send
 /// of its packets not yet complete, or the server's READ or WRITE for a call that was
-/// abandoned (timed out, cancelled, its session reset). The memory is therefore shared
+/// abandoned (timed out, cancelled, its session reset); a packet small enough to go
+/// inline is copied at its post and holds nothing. The memory is therefore shared
 /// between the MessageBuffer and each transfer that may still touch it, and freed with
 /// the last: destroying a MessageBuffer is always safe. When a call ends without its
 /// response while such a transfer may still come, its buffers get new memory (a
