@@ -2,6 +2,7 @@
 // on both post APIs.
 #include <array>
 #include <cstring>
+#include <vector>
 
 #include <doctest/doctest.h>
 
@@ -164,6 +165,60 @@ TEST_CASE("UD: SEND to an address handle, the payload after the 40-byte GRH") {
         CHECK(std::memcmp(mr.data() + 4096 + ud_grh_bytes, mr.data(), 512) == 0);
         must(wait_for(rig.cq, 2));
     }
+}
+
+TEST_CASE("UD: a send batch built once goes to another buffer and peer each post (set_local, set_destination)") {
+    test::Rig rig;
+    for (const PostApi api : {PostApi::classic, PostApi::extended}) {
+        CAPTURE(static_cast<int>(api));
+        QueuePair a = must(QueuePair::create(rig.pd, {.type = QpType::ud, .send_cq = &rig.cq, .recv_cq = &rig.cq,
+                                                      .caps = {.max_send_sge = 2, .max_inline_data = 64},
+                                                      .post_api = api}));
+        QueuePair b = must(QueuePair::create(rig.pd, {.type = QpType::ud, .send_cq = &rig.cq, .recv_cq = &rig.cq}));
+        QueuePair c = must(QueuePair::create(rig.pd, {.type = QpType::ud, .send_cq = &rig.cq, .recv_cq = &rig.cq}));
+        must(a.activate());
+        must(b.activate());
+        must(c.activate());
+        const AddressHandle to_b = must(AddressHandle::create(a, b.endpoint()));
+        const AddressHandle to_c = must(AddressHandle::create(a, c.endpoint()));
+        MemoryRegion mr = must(MemoryRegion::allocate(rig.pd, 8192, Access::local_write));
+        test::fill(mr.bytes().subspan(0, 1024), 9);
+        must(post_recv(b, mr.slice(4096, ud_grh_bytes + 512), 1));
+        must(post_recv(c, mr.slice(6144, ud_grh_bytes + 512), 2));
+        SendBatch<1> batch(a);
+        batch.send(mr.slice(0, 300), UdDestination{.ah = &to_b, .qpn = b.qpn(), .qkey = b.qkey()}, {.wr_id = 10});
+        must(batch.post());
+        CHECK(must(wait_for(rig.cq, 1)).byte_len() == ud_grh_bytes + 300);
+        CHECK(std::memcmp(mr.data() + 4096 + ud_grh_bytes, mr.data(), 300) == 0);
+        must(wait_for(rig.cq, 10));
+        // two slices, inline (the second from memory of no region: an inline send reads
+        // no key), to the other peer
+        const std::array<std::byte, 8> tail{std::byte{1}, std::byte{2}, std::byte{3}, std::byte{4},
+                                            std::byte{5}, std::byte{6}, std::byte{7}, std::byte{8}};
+        const std::array<LocalSlice, 2> two{mr.slice(500, 40),
+                                            LocalSlice(const_cast<std::byte*>(tail.data()), 8, 0)};
+        batch.set_wr_id(0, 11)
+            .set_local(0, std::span<const LocalSlice>(two), true)
+            .set_destination(0, UdDestination{.ah = &to_c, .qpn = c.qpn(), .qkey = c.qkey()});
+        must(batch.post());
+        CHECK(must(wait_for(rig.cq, 2)).byte_len() == ud_grh_bytes + 48);
+        CHECK(std::memcmp(mr.data() + 6144 + ud_grh_bytes, mr.data() + 500, 40) == 0);
+        CHECK(std::memcmp(mr.data() + 6144 + ud_grh_bytes + 40, tail.data(), 8) == 0);
+        must(wait_for(rig.cq, 11));
+
+        const std::uint32_t too_long = a.caps().max_inline_data + 1; // the device may give more than asked
+        RDMAXX_CHECK_DEATH(batch.set_local(0, mr.slice(0, too_long), true), "bytes inline on a QP with max_inline_data");
+        const std::vector<LocalSlice> too_many(a.caps().max_send_sge + 1, mr.slice(0, 8));
+        RDMAXX_CHECK_DEATH(batch.set_local(0, std::span<const LocalSlice>(too_many), false),
+                           "SGEs on a QP created with max_send_sge");
+        RDMAXX_CHECK_DEATH(batch.set_local(1, mr.slice(0, 8), false), "WR 1 of a batch of 1");
+        RDMAXX_CHECK_DEATH(batch.set_destination(0, UdDestination{.qpn = c.qpn()}), "without an address handle");
+    }
+    test::RcPair p;
+    SendBatch<1> write(p.a);
+    write.write(p.mem_a.slice(0, 8), p.mem_b.remote().slice(0, 8));
+    RDMAXX_CHECK_DEATH(write.set_local(0, p.mem_a.slice(0, 16), false), "which is not a SEND");
+    RDMAXX_CHECK_DEATH(write.set_destination(0, UdDestination{}), "which is not a UD send");
 }
 
 TEST_CASE("receives from a shared receive queue serve several QPs; its limit is armed") {

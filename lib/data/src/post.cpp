@@ -1,6 +1,39 @@
 #include <rdmaxx/data/post.hpp>
 
+#include <array>
+#include <cstring>
+
 namespace rdmaxx::detail {
+
+namespace {
+
+// Inline data of several SGEs, joined into one buffer when it fits: rxe's
+// ibv_wr_set_inline_data_list (rdma-core 44, Debian 12's) copies the buffers but leaves
+// the WQE's length 0, so the peer receives an empty message. Inline data beyond the
+// buffer (no device we know of takes that much) goes as a list.
+void set_inline_list(ibv_qp_ex* qpx, const ibv_send_wr& wr) {
+    constexpr std::size_t joined_capacity = 1024;
+    std::size_t total = 0;
+    for (int i = 0; i < wr.num_sge; ++i)
+        total += wr.sg_list[i].length;
+    if (total <= joined_capacity) {
+        std::array<std::byte, joined_capacity> joined;
+        std::size_t at = 0;
+        for (int i = 0; i < wr.num_sge; ++i) {
+            std::memcpy(joined.data() + at, reinterpret_cast<const void*>(wr.sg_list[i].addr), wr.sg_list[i].length);
+            at += wr.sg_list[i].length;
+        }
+        ibv_wr_set_inline_data(qpx, joined.data(), total);
+        return;
+    }
+    std::array<ibv_data_buf, max_sge> buffers;
+    for (int i = 0; i < wr.num_sge; ++i)
+        buffers[static_cast<std::size_t>(i)] = {.addr = reinterpret_cast<void*>(wr.sg_list[i].addr),
+                                                .length = wr.sg_list[i].length};
+    ibv_wr_set_inline_data_list(qpx, static_cast<std::size_t>(wr.num_sge), buffers.data());
+}
+
+} // namespace
 
 int post_extended(ibv_qp_ex* qpx, const ibv_send_wr* wr) {
     ibv_wr_start(qpx);
@@ -35,11 +68,7 @@ int post_extended(ibv_qp_ex* qpx, const ibv_send_wr* wr) {
         if ((wr->send_flags & IBV_SEND_INLINE) && wr->num_sge == 1) {
             ibv_wr_set_inline_data(qpx, reinterpret_cast<void*>(wr->sg_list[0].addr), wr->sg_list[0].length);
         } else if (wr->send_flags & IBV_SEND_INLINE) {
-            std::array<ibv_data_buf, max_sge> buffers;
-            for (int i = 0; i < wr->num_sge; ++i)
-                buffers[static_cast<std::size_t>(i)] = {.addr = reinterpret_cast<void*>(wr->sg_list[i].addr),
-                                                        .length = wr->sg_list[i].length};
-            ibv_wr_set_inline_data_list(qpx, static_cast<std::size_t>(wr->num_sge), buffers.data());
+            set_inline_list(qpx, *wr);
         } else {
             ibv_wr_set_sge_list(qpx, static_cast<std::size_t>(wr->num_sge), wr->sg_list);
         }

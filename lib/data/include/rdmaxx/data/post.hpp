@@ -83,9 +83,10 @@ struct SendWr {
     std::array<ibv_sge, max_sge> sge;
 };
 
-// The common part of every send WR; returns the payload length.
-inline std::uint64_t build(SendWr& s, const QueuePair& qp, ibv_wr_opcode opcode, Gather local,
-                           const PostOptions& options, std::source_location where) {
+// A send WR's SGEs from `local`, checked against the QP's limits; returns the payload
+// length.
+inline std::uint64_t set_sges(SendWr& s, const QueuePair& qp, Gather local, bool inline_data,
+                              std::source_location where) {
     const auto slices = local.slices();
     require(slices.size() <= qp.caps().max_send_sge && slices.size() <= max_sge, where,
             "{} SGEs on a QP created with max_send_sge {}", slices.size(), qp.caps().max_send_sge);
@@ -94,12 +95,19 @@ inline std::uint64_t build(SendWr& s, const QueuePair& qp, ibv_wr_opcode opcode,
         s.sge[i] = slices[i].sge();
         total += slices[i].size();
     }
-    require(!options.inline_data || total <= qp.caps().max_inline_data, where,
+    require(!inline_data || total <= qp.caps().max_inline_data, where,
             "{} bytes inline on a QP with max_inline_data {}", total, qp.caps().max_inline_data);
+    s.wr.num_sge = static_cast<int>(slices.size());
+    return total;
+}
+
+// The common part of every send WR; returns the payload length.
+inline std::uint64_t build(SendWr& s, const QueuePair& qp, ibv_wr_opcode opcode, Gather local,
+                           const PostOptions& options, std::source_location where) {
+    const std::uint64_t total = set_sges(s, qp, local, options.inline_data, where);
     s.wr.wr_id = options.wr_id;
     s.wr.next = nullptr;
     s.wr.sg_list = s.sge.data();
-    s.wr.num_sge = static_cast<int>(slices.size());
     s.wr.opcode = opcode;
     s.wr.send_flags = (options.signaled ? IBV_SEND_SIGNALED : 0) | (options.inline_data ? IBV_SEND_INLINE : 0) |
                       (options.fence ? IBV_SEND_FENCE : 0) | (options.solicited ? IBV_SEND_SOLICITED : 0);
@@ -279,6 +287,35 @@ public:
                             std::source_location where = std::source_location::current()) {
         ibv_send_wr& wr = at(k, where).wr;
         wr.send_flags = signaled ? wr.send_flags | IBV_SEND_SIGNALED : wr.send_flags & ~unsigned{IBV_SEND_SIGNALED};
+        return *this;
+    }
+    /// A SEND's local data and whether it goes inline, checked as when it was added (the
+    /// QP's max_send_sge and max_inline_data): a batch that sends another buffer each
+    /// post (a transport's packets) is built once. (An RDMA operation or an atomic is
+    /// checked against its remote slice: add it anew.)
+    /// @misuse k past the batch; WR k not a SEND (with or without immediate); the add's
+    /// checks.
+    SendBatch& set_local(std::size_t k, Gather local, bool inline_data,
+                         std::source_location where = std::source_location::current()) {
+        detail::SendWr& s = at(k, where);
+        require(s.wr.opcode == IBV_WR_SEND || s.wr.opcode == IBV_WR_SEND_WITH_IMM, where,
+                "set_local on WR {} of a batch, which is not a SEND", k);
+        detail::set_sges(s, *qp_, local, inline_data, where);
+        s.wr.send_flags = inline_data ? s.wr.send_flags | IBV_SEND_INLINE : s.wr.send_flags & ~unsigned{IBV_SEND_INLINE};
+        return *this;
+    }
+    /// WR k's destination: another peer for a UD send added with send(local, to).
+    /// @misuse k past the batch; WR k not a UD send; a destination without an address
+    /// handle.
+    SendBatch& set_destination(std::size_t k, const UdDestination& to,
+                               std::source_location where = std::source_location::current()) {
+        ibv_send_wr& wr = at(k, where).wr;
+        require(qp_->type() == QpType::ud && wr.opcode == IBV_WR_SEND, where,
+                "set_destination on WR {} of a batch, which is not a UD send", k);
+        require(to.ah != nullptr, where, "a UdDestination without an address handle");
+        wr.wr.ud.ah = to.ah->get(where);
+        wr.wr.ud.remote_qpn = to.qpn;
+        wr.wr.ud.remote_qkey = to.qkey;
         return *this;
     }
     /// WR k's immediate: `imm` in host order, as in write_with_imm().
