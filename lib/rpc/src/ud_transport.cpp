@@ -74,6 +74,7 @@ Result<std::unique_ptr<UdTransport>> UdTransport::create(asio::io_context& io, c
         return std::unexpected(std::move(qp.error()));
     t->qp_.emplace(std::move(*qp));
     t->inline_limit_ = t->qp_->caps().max_inline_data;
+    t->sender_.emplace(*t->qp_);
     t->mtu_ = mtu_bytes(t->qp_->endpoint().mtu);
     t->ring_ = posted_ring;
     auto ring = MemoryRegion::allocate(t->pd_, std::size_t{posted_ring} * (grh_bytes + t->mtu_), Access::local_write);
@@ -183,10 +184,14 @@ Result<bool> UdTransport::post_send(const AddressHandle& to, const UdAddress& pe
                                     std::span<const LocalSlice> gather, bool inline_data,
                                     std::source_location where) {
     const std::uint32_t buffer = free_sends_.back();
-    auto posted = SendBatch<1>(*qp_)
-                      .send(gather, UdDestination{.ah = &to, .qpn = peer.endpoint.qpn, .qkey = peer.qkey},
-                            {.wr_id = send_bit | buffer, .inline_data = inline_data})
-                      .post(where);
+    const UdDestination destination{.ah = &to, .qpn = peer.endpoint.qpn, .qkey = peer.qkey};
+    if (sender_->size() == 0) // the first packet builds the WR, the next ones change it
+        sender_->send(gather, destination, {.wr_id = send_bit | buffer, .inline_data = inline_data}, where);
+    else
+        sender_->set_wr_id(0, send_bit | buffer, where)
+            .set_local(0, gather, inline_data, where)
+            .set_destination(0, destination, where);
+    auto posted = sender_->post(where);
     if (!posted)
         return std::unexpected(std::move(posted.error()));
     free_sends_.pop_back();
