@@ -1,10 +1,11 @@
-// Shared by examples/server and examples/client: the tutorial's five scenarios, each
-// side asserting what it got.
+// Shared by the examples: the tutorial's five scenarios (examples/server and
+// examples/client, each side asserting what it got), and what every example needs.
 #pragma once
 
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <string_view>
 
 #include <fmt/format.h>
@@ -26,6 +27,14 @@ T must(rdmaxx::Result<T> result, std::string_view what) {
     }
     if constexpr (!std::is_void_v<T>)
         return std::move(*result);
+}
+
+// co_spawn's completion: a coroutine's exception (a socket's error, as use_awaitable
+// throws it) leaves run() and ends the program with its message; asio::detached would
+// swallow it.
+inline void rethrow(std::exception_ptr thrown) {
+    if (thrown)
+        std::rethrow_exception(thrown);
 }
 
 inline void expect(bool ok, std::string_view what) {

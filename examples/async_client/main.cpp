@@ -68,10 +68,7 @@ asio::awaitable<void> run(asio::any_io_executor executor, tutorial::Address addr
 int main(int argc, char** argv) {
     const auto address = tutorial::parse_address(argc, argv);
     asio::io_context io;
-    asio::co_spawn(io, run(io.get_executor(), address), [](std::exception_ptr thrown) {
-        if (thrown) // out of run(), not swallowed (as asio::detached would)
-            std::rethrow_exception(thrown);
-    });
+    asio::co_spawn(io, run(io.get_executor(), address), tutorial::rethrow);
     io.run(); // returns once nothing is left to do
     return 0;
 }

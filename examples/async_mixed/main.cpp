@@ -31,6 +31,8 @@
 #include <rdmaxx/async/queue_pair.hpp>
 #include <rdmaxx/wrap.hpp>
 
+#include "../tutorial.hpp"
+
 using namespace rdmaxx;
 using asio::ip::tcp;
 
@@ -104,14 +106,6 @@ asio::awaitable<void> ticker(Progress& progress) {
     }
 }
 
-// co_spawn's completion: a coroutine's exception (a socket's error, as use_awaitable
-// throws it) leaves run() and ends the program with its message; asio::detached would
-// swallow it.
-void rethrow(std::exception_ptr thrown) {
-    if (thrown)
-        std::rethrow_exception(thrown);
-}
-
 int run(async::CompletionMode mode, std::size_t rounds) {
     std::error_code ignored;
     if (std::filesystem::directory_iterator("/sys/class/infiniband", ignored) == std::filesystem::directory_iterator()) {
@@ -159,12 +153,12 @@ int run(async::CompletionMode mode, std::size_t rounds) {
             ++progress.running;
             asio::co_spawn(io, rdma_worker(qps[q], *memory, remote.slice(local_bytes, workers * bytes), slot, rounds,
                                            progress),
-                           rethrow);
+                           tutorial::rethrow);
         }
     tcp::acceptor acceptor(io, tcp::endpoint(asio::ip::address_v4::loopback(), 0));
-    asio::co_spawn(io, echo_server(acceptor), rethrow);
-    asio::co_spawn(io, echo_client(acceptor.local_endpoint(), progress), rethrow);
-    asio::co_spawn(io, ticker(progress), rethrow);
+    asio::co_spawn(io, echo_server(acceptor), tutorial::rethrow);
+    asio::co_spawn(io, echo_client(acceptor.local_endpoint(), progress), tutorial::rethrow);
+    asio::co_spawn(io, ticker(progress), tutorial::rethrow);
     io.run();
     // the socket and the timer made progress while the RDMA workers ran (the client
     // sends 3 lines after they ended): a CQ that never runs dry did not starve them

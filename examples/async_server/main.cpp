@@ -73,8 +73,7 @@ int main(int argc, char** argv) {
     fmt::print("async_server: listening on {}:{}\n", address.host, listener.port());
     std::fflush(stdout);
     asio::co_spawn(io, serve(listener), [&io](std::exception_ptr thrown) {
-        if (thrown) // out of run(), not swallowed (as asio::detached would)
-            std::rethrow_exception(thrown);
+        tutorial::rethrow(thrown);
         io.stop(); // a live Listener would keep run() going
     });
     io.run();

@@ -43,7 +43,6 @@
 #include <unistd.h>
 
 #include <asio/co_spawn.hpp>
-#include <asio/detached.hpp>
 #include <asio/io_context.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
@@ -53,6 +52,8 @@
 
 #include <rdmaxx/async/connection.hpp>
 #include <rdmaxx/rpc/endpoint.hpp>
+
+#include "../tutorial.hpp"
 
 // g++ 12 sees Asio's coroutine-frame operator delete as mismatched with its operator
 // new once it inlines both into a coroutine (a false positive: the frame's allocator
@@ -269,7 +270,7 @@ int serve(const Args& a) {
         return 1;
     }
     std::list<async::Connection> readers;
-    asio::co_spawn(io, lend_mirror(&*listener, mirror, &readers), asio::detached);
+    asio::co_spawn(io, lend_mirror(&*listener, mirror, &readers), tutorial::rethrow);
     // a request from the network is checked like any: a malformed one is answered with
     // nothing (the caller's error), never trusted
     (*server)->set_handler(put_call, [&table, &mirror](rpc::Request request, rpc::Responder responder) {
@@ -297,7 +298,7 @@ int serve(const Args& a) {
     fmt::print(stderr, "kv: serving on port {} ({}-byte packets), the table's mirror on port {}\n", a.port,
                (*server)->mtu(), a.port + 1);
     if (a.once)
-        asio::co_spawn(io, stop_when_served(&io, server->get()), asio::detached);
+        asio::co_spawn(io, stop_when_served(&io, server->get()), tutorial::rethrow);
     io.run(); // for good, unless --once
     fmt::print(stderr, "kv: {} keys stored, {} calls handled\n", table.size(), (*server)->counters().handled);
     return 0;
@@ -447,7 +448,14 @@ asio::awaitable<void> generate(rpc::Endpoint* client, const Args* a, Load* load)
     load->workers_left = a->concurrent;
     for (std::uint32_t w = 0; w < a->concurrent; ++w) {
         const std::uint32_t share = a->ops / a->concurrent + (w < a->ops % a->concurrent ? 1 : 0);
-        asio::co_spawn(executor, worker(&*session, reader ? &*reader : nullptr, a, share, w, load), asio::detached);
+        asio::co_spawn(executor, worker(&*session, reader ? &*reader : nullptr, a, share, w, load),
+                       [load](std::exception_ptr e) {
+                           if (e) { // counted, and the generator stops waiting for it
+                               fmt::print(stderr, "kv: a worker ended by an exception\n");
+                               ++load->failed;
+                               --load->workers_left;
+                           }
+                       });
     }
     const auto start = Clock::now();
     while (load->workers_left > 0) {
