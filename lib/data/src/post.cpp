@@ -10,7 +10,8 @@ namespace {
 // Inline data of several SGEs, joined into one buffer when it fits: rxe's
 // ibv_wr_set_inline_data_list (rdma-core 44, Debian 12's) copies the buffers but leaves
 // the WQE's length 0, so the peer receives an empty message. Inline data beyond the
-// buffer (no device we know of takes that much) goes as a list.
+// buffer goes as a list, as before: rxe takes at most 512 inline bytes (400 in older
+// kernels), so no rxe QP posts that much.
 void set_inline_list(ibv_qp_ex* qpx, const ibv_send_wr& wr) {
     constexpr std::size_t joined_capacity = 1024;
     std::size_t total = 0;
