@@ -11,6 +11,8 @@
 #include <optional>
 #include <vector>
 
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/cancellation_signal.hpp>
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
 #include <asio/use_awaitable.hpp>
@@ -426,6 +428,49 @@ TEST_CASE("rpc large: an abandoned call's MessageBuffers get new memory; its lat
     CHECK(out.kept);
     CHECK(rig.client->counters().buffers_renewed == 4);
     CHECK(rig.client->sessions() == 1);
+}
+
+namespace {
+
+struct CancelledAtOnce {
+    std::uint64_t renewed[2] = {};
+    int not_cancelled = 0;
+};
+
+// Two calls with MessageBuffers cancelled as soon as they are sent, before any poll: a
+// 64-byte request goes inline, copied into the WR at its post, so nothing may still read
+// its buffer and it keeps its memory; a 500-byte one is gathered by a UD send still
+// queued, so its buffer gets new memory.
+asio::awaitable<void> cancel_at_once(Rig* rig, std::optional<rpc::Session>* session, CancelledAtOnce* out) {
+    co_await connect_into(rig, session);
+    rpc::Session& s = **session;
+    constexpr std::size_t sizes[] = {64, 500};
+    for (std::uint32_t k = 0; k < 2; ++k) {
+        Buffers b = buffers_for(*rig->client, k, sizes[k], 16, 64); // by UD: no RC offer first
+        const std::uint64_t before = rig->client->counters().buffers_renewed;
+        asio::cancellation_signal signal;
+        std::optional<Result<std::size_t>> got;
+        s.call(sized, b.request, b.response, {.timeout = 30s},
+               asio::bind_cancellation_slot(signal.slot(), [&got](Result<std::size_t> r) { got = std::move(r); }));
+        signal.emit(asio::cancellation_type::terminal);
+        co_await until([&got] { return got.has_value(); });
+        if (*got || !got->error().is_cancelled())
+            ++out->not_cancelled;
+        out->renewed[k] = rig->client->counters().buffers_renewed - before;
+    }
+}
+
+} // namespace
+
+TEST_CASE("rpc large: a call cancelled as it is sent renews its request buffer only if a UD send still reads it") {
+    Rig rig(large, large);
+    add_sized(rig);
+    std::optional<rpc::Session> session;
+    CancelledAtOnce out;
+    run(rig.io, cancel_at_once(&rig, &session, &out), 60s);
+    CHECK(out.not_cancelled == 0);
+    CHECK(out.renewed[0] == 0); // inline: held by nothing after its post
+    CHECK(out.renewed[1] == 1);
 }
 
 namespace {
