@@ -7,14 +7,16 @@ sends and UCX's active messages, in the same run, alternating, on this machine's
                  [--window W (32)] [--large-rounds N (3)] [--out DIR]
 
 Per round, in this order: ib_send_lat -c UD, ib_send_lat -c RC, rpc_lat, rpc_lat
---callbacks, ucp_am_lat, ib_send_bw -c UD, ib_send_bw -c RC, rpc_bw -w W, ucp_am_bw
-(ucx_perftest). Reported, each tool's best round, the median of the rounds and the range:
+--callbacks, ucp_am_lat, ucp_am_lat on UD alone, ib_send_bw -c UD, ib_send_bw -c RC,
+rpc_bw -w W, ucp_am_bw, ucp_am_bw on UD alone (ucx_perftest). Reported, each tool's best round, the median of the rounds and the range:
   round trip: rpc_lat's t_typical (a whole round trip) / (2 x ib_send_lat UD's t_typical,
               half of one)                                            (target <= 1.3);
               the same with the calls in lib/rpc's callback form instead of awaited
   rate:       rpc_bw's calls per second / ib_send_bw UD's message rate  (target >= 0.4)
   UCX:        rpc against ucp_am_lat (2 x its typical: it reports half a round trip, as
-              perftest) and ucp_am_bw's message rate                (target: rpc faster)
+              perftest) and ucp_am_bw's message rate                (target: rpc faster);
+              and, for reference, UCX restricted to UD (UCX_TLS=ud_v), the transport
+              lib/rpc's small messages take, where UCX itself picks RC
 Then per large round, 1 MiB: ib_read_bw, rpc_bw --one-way (1 MiB requests READ by the
 server, empty responses: window 4), rpc_bw echo (1 MiB each way: window 1), ucp_am_bw;
 the RPC tests in event mode (busy polling on the VM's 2 vCPUs takes the CPU rxe's
@@ -37,6 +39,21 @@ import compare
 from compare import perftest_figure, run_pair
 
 UCX_VERBS = ["rc_verbs", "ud_verbs", "rc_v,ud_v"]
+
+
+def ucx_configs(device):
+    """The configurations UCX is tried in, the first that runs counting: its verbs
+    transports, then TCP (reported apart). UCX's UD drops every packet rxe delivers
+    unless its Ethernet DGID check is off."""
+    verbs = {"UCX_NET_DEVICES": f"{device}:1"}
+    configs = [{"UCX_TLS": tls} | verbs for tls in UCX_VERBS]
+    return configs + [{"UCX_TLS": "rc_v,ud_v", "UCX_UD_VERBS_ETH_DGID_CHECK": "n"} | verbs, {"UCX_TLS": "tcp"}]
+
+
+def ucx_ud_config(device):
+    """UCX on UD alone, as lib/rpc's small messages travel: a like-for-like reference
+    where UCX itself picks RC for active messages."""
+    return {"UCX_TLS": "ud_v", "UCX_UD_VERBS_ETH_DGID_CHECK": "n", "UCX_NET_DEVICES": f"{device}:1"}
 
 
 def perftest_rate(output):
@@ -102,16 +119,12 @@ class Ucx:
     """ucx_perftest on the first configuration that works on the device, found once; each
     failed attempt's error kept (probed with UCX's debug log, its telling lines kept)."""
 
-    def __init__(self, device, size):
+    def __init__(self, size, configs):
         self.size, self.tls, self.env, self.attempts = size, None, {}, []
         if not shutil.which("ucx_perftest"):
             self.attempts.append({"config": "-", "error": "ucx_perftest not installed (Debian's ucx-utils: "
                                   "scripts/install-deps.sh)"})
             return
-        verbs = {"UCX_NET_DEVICES": f"{device}:1"}
-        configs = [{"UCX_TLS": tls} | verbs for tls in UCX_VERBS]
-        # UCX's UD drops every packet rxe delivers unless its Ethernet DGID check is off
-        configs += [{"UCX_TLS": "rc_v,ud_v", "UCX_UD_VERBS_ETH_DGID_CHECK": "n"} | verbs, {"UCX_TLS": "tcp"}]
         for env in configs:
             name = " ".join(f"{k}={v}" for k, v in env.items())
             try:
@@ -203,9 +216,11 @@ def main():
         out = run_pair(mine, mine[:2] + [host] + mine[2:] + ["--json"])
         return rdmaxx_row(out) if out is not None else None
 
-    ucx = Ucx(device, args.size)
+    ucx = Ucx(args.size, ucx_configs(device))
+    ucx_ud = Ucx(args.size, [ucx_ud_config(device)])
     runs = {k: [] for k in ("send_lat_ud_us", "send_lat_rc_us", "rpc_rtt_us", "rpc_rtt_callbacks_us", "ucx_am_lat_us",
-                            "send_bw_ud_mpps", "send_bw_rc_mpps", "rpc_mcalls", "ucx_am_bw_mpps")}
+                            "ucx_ud_am_lat_us", "send_bw_ud_mpps", "send_bw_rc_mpps", "rpc_mcalls",
+                            "ucx_am_bw_mpps", "ucx_ud_am_bw_mpps")}
     retransmissions = {"rpc_lat": [], "rpc_lat_callbacks": [], "rpc_bw": []}
     ucx_mean = []  # ucp_am_lat's mean half round trip (its median is in the table)
 
@@ -227,6 +242,8 @@ def main():
             row = ucx.run("ucp_am_lat", ucx_lat_iters)
             add("ucx_am_lat_us", row["50.0_percentile_lat"])
             ucx_mean.append(row["overall_lat"])
+        if ucx_ud.tls:
+            add("ucx_ud_am_lat_us", ucx_ud.run("ucp_am_lat", ucx_lat_iters)["50.0_percentile_lat"])
         for transport, key in (("UD", "send_bw_ud_mpps"), ("RC", "send_bw_rc_mpps")):
             out = perftest("ib_send_bw", transport, bw_iters)
             add(key, perftest_rate(out) if out else None)
@@ -236,6 +253,8 @@ def main():
             retransmissions["rpc_bw"].append(row["retransmissions"])
         if ucx.tls:
             add("ucx_am_bw_mpps", ucx.run("ucp_am_bw", ucx_bw_iters)["overall_mr"] / 1e6)
+        if ucx_ud.tls:
+            add("ucx_ud_am_bw_mpps", ucx_ud.run("ucp_am_bw", ucx_bw_iters)["overall_mr"] / 1e6)
         print(f"rpc_compare: round {r + 1}: " + ", ".join(f"{k} {v[-1]:.4g}" for k, v in runs.items() if v),
               flush=True)
 
@@ -257,9 +276,9 @@ def main():
               flush=True)
 
     lat = {k: best_median(runs[k], min) for k in ("send_lat_ud_us", "send_lat_rc_us", "rpc_rtt_us",
-                                                  "rpc_rtt_callbacks_us", "ucx_am_lat_us")}
+                                                  "rpc_rtt_callbacks_us", "ucx_am_lat_us", "ucx_ud_am_lat_us")}
     rate = {k: best_median(runs[k], max) for k in ("send_bw_ud_mpps", "send_bw_rc_mpps", "rpc_mcalls",
-                                                    "ucx_am_bw_mpps")}
+                                                    "ucx_am_bw_mpps", "ucx_ud_am_bw_mpps")}
 
     def ratio(a, b, i, scale=1.0):
         return a[i] / (scale * b[i]) if a[i] is not None and b[i] is not None else None
@@ -274,6 +293,8 @@ def main():
         "rate_vs_send_bw_ud": [ratio(rate["rpc_mcalls"], rate["send_bw_ud_mpps"], i) for i in (0, 1)],
         "rate_vs_send_bw_rc": [ratio(rate["rpc_mcalls"], rate["send_bw_rc_mpps"], i) for i in (0, 1)],
         "rate_vs_ucx_am_bw": [ratio(rate["rpc_mcalls"], rate["ucx_am_bw_mpps"], i) for i in (0, 1)],
+        "rtt_vs_2x_ucx_ud_am_lat": [ratio(r_lat, lat["ucx_ud_am_lat_us"], i, 2) for i in (0, 1)],
+        "rate_vs_ucx_ud_am_bw": [ratio(rate["rpc_mcalls"], rate["ucx_ud_am_bw_mpps"], i) for i in (0, 1)],
     }
 
     def verdict(value, ok):
@@ -301,6 +322,15 @@ def main():
          rate["ucx_am_bw_mpps"], runs["ucx_am_bw_mpps"], 1, ratios["rate_vs_ucx_am_bw"], "> 1",
          (lambda v: v > 1) if ucx.counts() else None),
     ]
+    if ucx_ud.tls:
+        ud_name = "UCX AM on UD alone (UCX_TLS=ud_v UCX_UD_VERBS_ETH_DGID_CHECK=n)"
+        rows += [
+            (f"round trip [us]: rpc_lat vs 2 x {ud_name} ucp_am_lat", "rpc_rtt_us", lat["ucx_ud_am_lat_us"],
+             runs["ucx_ud_am_lat_us"], 2, ratios["rtt_vs_2x_ucx_ud_am_lat"], "(reference)", None),
+            (f"rate [M/s], window {args.window}: rpc_bw vs {ud_name} ucp_am_bw", "rpc_mcalls",
+             rate["ucx_ud_am_bw_mpps"], runs["ucx_ud_am_bw_mpps"], 1, ratios["rate_vs_ucx_ud_am_bw"], "(reference)",
+             None),
+        ]
     mine_of = {**lat, **rate}
     table = (f"# lib/rpc against perftest and UCX ({device}, {args.size} B, {args.rounds} rounds alternating)\n\n"
              "Each tool's best round / median of the rounds (range); ratio = rdmaxx rpc / other, of the best "
@@ -317,12 +347,16 @@ def main():
         table += (f"| {name} | {others} | {fmt(mine[0], digits)} / {fmt(mine[1], digits)} "
                   f"({spread(mine_runs, digits)}) | {fmt(best)} ({fmt(median)}) | {target} | "
                   f"{verdict(best, ok) if ok else '-'} |\n")
+    per_message = ""
+    if rate["rpc_mcalls"][0] and rate["ucx_am_bw_mpps"][0]:
+        per_message = (f": counted per message, rpc_bw's best round is "
+                       f"{fmt(2 * rate['rpc_mcalls'][0] / rate['ucx_am_bw_mpps'][0])}x ucp_am_bw's")
     table += (f"\nrdmaxx rpc retransmissions per run: rpc_lat {retransmissions['rpc_lat']}, "
               f"rpc_lat --callbacks {retransmissions['rpc_lat_callbacks']}, "
               f"rpc_bw {retransmissions['rpc_bw']}. Latencies are medians (perftest's and rdmaxx-perf's "
               "t_typical, ucx_perftest's 50th percentile); ucp_am_lat's means (half round trips, us): "
               f"{[round(v, 1) for v in ucx_mean]}. ucp_am_bw's rate is of one-way messages, rpc_bw's of calls "
-              "(a request and its response).\n")
+              f"(a request and its response){per_message}.\n")
     big = {k: best_median(v, max) for k, v in large.items()}
     ratios["mib_one_way_vs_read_bw"] = [ratio(big["rpc_one_way"], big["read_bw"], i) for i in (0, 1)]
     ratios["mib_echo_both_vs_read_bw"] = [ratio(big["rpc_echo_both"], big["read_bw"], i) for i in (0, 1)]
@@ -342,7 +376,7 @@ def main():
                   f"{fmt(big[mine][0], 1)} / {fmt(big[mine][1], 1)} ({spread(large[mine], 1)}) | "
                   f"{fmt(best)} ({fmt(median)}) | {target} | {verdict(best, ok) if ok else '-'} |\n")
     table += "\n## UCX on this device\n\n"
-    for a in ucx.attempts:
+    for a in ucx.attempts + ucx_ud.attempts:
         if a["error"] is None:
             table += f"- `{a['config']}`: ran ({'; '.join(a['lanes']) or 'lanes not logged'}).\n"
         else:
@@ -354,7 +388,8 @@ def main():
     with open(os.path.join(args.out, "rpc.json"), "w") as f:
         json.dump({"device": device, "size": args.size, "window": args.window, "rounds": args.rounds,
                    "runs": runs, "large_runs_mib_per_s": large, "retransmissions": retransmissions, "ucx_am_lat_mean_us": ucx_mean, "ratios_best_median": ratios,
-                   "ucx": {"tls": ucx.tls, "counts": ucx.counts(), "attempts": ucx.attempts}}, f, indent=1)
+                   "ucx": {"tls": ucx.tls, "counts": ucx.counts(), "attempts": ucx.attempts},
+                   "ucx_ud_alone": {"tls": ucx_ud.tls, "attempts": ucx_ud.attempts}}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -169,9 +169,9 @@ Result<bool> UdTransport::send_gather(const AddressHandle& to, const UdAddress& 
     require(bytes <= mtu_, where, "a {}-byte UD packet on a path MTU of {}", bytes, mtu_);
     if (free_sends_.empty())
         return false;
-    const std::uint32_t buffer = free_sends_.back();
     if (bytes <= inline_limit_) // the post copies the payload: nothing to hold
         return post_send(to, peer, std::array{unregistered(header), payload}, true, where);
+    const std::uint32_t buffer = free_sends_.back();
     std::memcpy(send_mr_->data() + std::size_t{buffer} * mtu_, header.data(), header.size());
     const std::array<LocalSlice, 2> gather{send_slices_[buffer].slice(0, header.size()), payload};
     auto posted = post_send(to, peer, gather, false, where);
