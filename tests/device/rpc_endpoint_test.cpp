@@ -1067,6 +1067,212 @@ TEST_CASE("rpc endpoint: a coroutine handler co_awaits before it answers, 8 at o
 }
 
 // ---------------------------------------------------------------------------------
+// Session::close(): graceful, bounded
+
+namespace {
+
+constexpr std::uint8_t slow = 6; // answered 20 ms later (a coroutine handler)
+
+asio::awaitable<void> answer_slowly(rpc::Request request, rpc::Responder responder) {
+    co_await pause(20ms);
+    responder.respond(request.bytes());
+}
+
+struct Closing {
+    int answered = 0, wrong = 0;
+    std::optional<Result<std::size_t>> during, after;
+    std::optional<Result<void>> closed, closed_again;
+};
+
+// Five slow calls on a window of 2 (three queued), then close(): each finishes with its
+// response; a call made while the session closes, and one after, are refused.
+asio::awaitable<void> close_with_calls(Rig* rig, std::optional<rpc::Session>* session, Closing* out) {
+    co_await connect_into(rig, session);
+    std::vector<std::vector<std::byte>> requests, responses(5, std::vector<std::byte>(2000));
+    for (std::uint32_t n = 0; n < 5; ++n) {
+        requests.push_back(message(n, 100 + n * 300));
+        (*session)->call(slow, requests[n], responses[n], {.timeout = 10s},
+                         [out, n, &requests, &responses](Result<std::size_t> got) {
+                             if (got && *got == requests[n].size() && echoed(responses[n], requests[n]))
+                                 ++out->answered;
+                             else
+                                 ++out->wrong;
+                         });
+    }
+    std::vector<std::byte> response(64);
+    const auto executor = co_await asio::this_coro::executor;
+    asio::co_spawn(executor, (*session)->close(10s), [out](std::exception_ptr, Result<void> r) { out->closed = r; });
+    co_await pause(1ms); // close() begins (co_spawn posts its start)
+    out->during = co_await (*session)->call(echo, message(9, 10), response);
+    co_await until([out] { return out->closed.has_value(); });
+    out->after = co_await (*session)->call(echo, message(9, 10), response);
+    out->closed_again = co_await (*session)->close(10s);
+}
+
+} // namespace
+
+TEST_CASE("rpc endpoint: close() lets the calls begun and queued finish, then ends the session at both ends") {
+    Rig rig({}, {.window = 2});
+    rig.server->set_coroutine_handler(slow, answer_slowly);
+    std::optional<rpc::Session> session;
+    Closing out;
+    run(rig.io, close_with_calls(&rig, &session, &out), 60s);
+    CHECK(out.answered == 5);
+    CHECK(out.wrong == 0);
+    REQUIRE(out.closed);
+    CHECK_MESSAGE(out.closed->has_value(), (*out.closed ? "" : out.closed->error().message()));
+    REQUIRE(out.during);
+    REQUIRE(!*out.during);
+    CHECK(out.during->error().is_errno(ECONNRESET));
+    CHECK(out.during->error().message().find("closing") != std::string::npos);
+    REQUIRE(out.after);
+    REQUIRE(!*out.after);
+    CHECK(out.after->error().is_errno(ECONNRESET));
+    REQUIRE(out.closed_again);
+    CHECK(out.closed_again->has_value()); // ended already: nothing to do
+    CHECK(rig.client->sessions() == 0);
+    CHECK(rig.server->sessions() == 0); // it ended the session before the client's close() returned
+    CHECK(rig.server->counters().handled == 5);
+}
+
+namespace {
+
+struct HeldClose {
+    std::optional<Result<std::size_t>> held;
+    std::optional<Result<void>> closed, right_away, cancelled;
+    std::chrono::steady_clock::duration right_away_took{};
+};
+
+// A call the server holds keeps close() from finishing: its timeout ends the session.
+// Then: close() right after connect (before the session's watcher has begun), and a
+// close() cancelled while a held call keeps it waiting.
+asio::awaitable<void> close_held(Rig* rig, HeldClose* out) {
+    std::optional<rpc::Session> session;
+    co_await connect_into(rig, &session);
+    std::vector<std::byte> response(64);
+    const auto request = message(1, 10);
+    session->call(hold_it, request, response, {.timeout = 10s},
+                  [out](Result<std::size_t> got) { out->held = std::move(got); });
+    co_await until([rig] { return rig->held.size() == 1; });
+    out->closed = co_await session->close(300ms);
+    co_await until([out] { return out->held.has_value(); });
+    co_await until([rig] { return rig->server->sessions() == 0; });
+
+    std::optional<rpc::Session> fresh;
+    co_await connect_into(rig, &fresh);
+    const auto began = std::chrono::steady_clock::now();
+    out->right_away = co_await fresh->close(10s);
+    out->right_away_took = std::chrono::steady_clock::now() - began;
+
+    std::optional<rpc::Session> third;
+    co_await connect_into(rig, &third);
+    third->call(hold_it, request, response, {.timeout = 10s}, [](Result<std::size_t>) {});
+    co_await until([rig] { return rig->held.size() == 2; });
+    asio::cancellation_signal cancel;
+    asio::co_spawn(co_await asio::this_coro::executor, third->close(10s),
+                   asio::bind_cancellation_slot(cancel.slot(),
+                                                [out](std::exception_ptr, Result<void> r) { out->cancelled = r; }));
+    co_await pause(50ms);
+    cancel.emit(asio::cancellation_type::terminal);
+    co_await until([out] { return out->cancelled.has_value(); });
+}
+
+} // namespace
+
+TEST_CASE("rpc endpoint: close() times out on a call the server holds, is cancellable, and works right after connect") {
+    Rig rig;
+    HeldClose out;
+    run(rig.io, close_held(&rig, &out), 60s);
+    REQUIRE(out.closed);
+    REQUIRE(!*out.closed);
+    CHECK(out.closed->error().is_timeout());
+    REQUIRE(out.held);
+    REQUIRE(!*out.held);
+    CHECK(out.held->error().is_errno(ECONNRESET)); // as a destroyed Session's calls
+    REQUIRE(out.right_away);
+    CHECK_MESSAGE(out.right_away->has_value(), (*out.right_away ? "" : out.right_away->error().message()));
+    CHECK(out.right_away_took < 5s); // not the timeout: the goodbye went out once the watcher began
+    REQUIRE(out.cancelled);
+    REQUIRE(!*out.cancelled);
+    CHECK(out.cancelled->error().is_cancelled());
+    CHECK(rig.client->sessions() == 0);
+}
+
+namespace {
+
+struct PeerFinishes {
+    int answered = 0, wrong = 0, echoed_before = 0;
+    std::vector<std::pair<rpc::Request, rpc::Responder>> held; // at the client
+    std::optional<Result<void>> closed;
+    std::optional<Error> refused;
+};
+
+// On a both-ways session the server calls the client, which holds the calls; the client
+// closes meanwhile. The server calls on until one is refused (the goodbye has come),
+// then the client answers the held calls: they finish, and only then the session ends.
+asio::awaitable<void> close_while_called(Rig* rig, std::optional<rpc::Session>* session,
+                                         std::vector<rpc::Session>* accepted, PeerFinishes* out) {
+    co_await connect_into(rig, session);
+    co_await until([accepted] { return accepted->size() == 1; });
+    std::vector<std::vector<std::byte>> requests, responses(4, std::vector<std::byte>(2000));
+    for (std::uint32_t n = 0; n < 4; ++n) {
+        requests.push_back(message(n, 50 + n * 400));
+        accepted->front().call(hold_it, requests[n], responses[n], {.timeout = 20s},
+                               [out, n, &requests, &responses](Result<std::size_t> got) {
+                                   if (got && *got == requests[n].size() && echoed(responses[n], requests[n]))
+                                       ++out->answered;
+                                   else
+                                       ++out->wrong;
+                               });
+    }
+    co_await until([out] { return out->held.size() == 4; });
+    const auto executor = co_await asio::this_coro::executor;
+    asio::co_spawn(executor, (*session)->close(20s), [out](std::exception_ptr, Result<void> r) { out->closed = r; });
+    std::vector<std::byte> response(64);
+    const auto request = message(7, 10);
+    while (!out->refused) { // answered until the goodbye comes (the client serves on while it closes)
+        const auto got = co_await accepted->front().call(echo, request, response, {.timeout = 10s});
+        if (got)
+            ++out->echoed_before;
+        else
+            out->refused = got.error();
+    }
+    CHECK(!out->closed); // the held calls keep the session
+    for (auto& [held_request, responder] : out->held)
+        responder.respond(held_request.bytes());
+    out->held.clear();
+    co_await until([out] { return out->closed.has_value(); });
+}
+
+} // namespace
+
+TEST_CASE("rpc endpoint: close() at one end of a both-ways session lets the other end's calls finish") {
+    Rig rig;
+    std::vector<rpc::Session> accepted;
+    PeerFinishes out;
+    rig.server->set_accept_handler([&accepted](rpc::Session session) { accepted.push_back(std::move(session)); });
+    rig.client->set_handler(hold_it, [&out](rpc::Request request, rpc::Responder responder) {
+        out.held.emplace_back(std::move(request), std::move(responder));
+    });
+    rig.client->set_handler(echo, [](rpc::Request request, rpc::Responder responder) {
+        responder.respond(request.bytes());
+    });
+    std::optional<rpc::Session> session;
+    run(rig.io, close_while_called(&rig, &session, &accepted, &out), 60s);
+    CHECK(out.answered == 4);
+    CHECK(out.wrong == 0);
+    REQUIRE(out.closed);
+    CHECK_MESSAGE(out.closed->has_value(), (*out.closed ? "" : out.closed->error().message()));
+    REQUIRE(out.refused);
+    CHECK(out.refused->is_errno(ECONNRESET));
+    CHECK(out.refused->message().find("the peer is closing") != std::string::npos);
+    MESSAGE("echo calls answered before the goodbye came: ", out.echoed_before);
+    CHECK(rig.server->sessions() == 0);
+    CHECK(rig.client->sessions() == 0);
+    accepted.clear();
+}
+
+// ---------------------------------------------------------------------------------
 // Allocations per call: none once warm (operator new and aligned_alloc counted:
 // support/allocations.cpp)
 

@@ -40,9 +40,9 @@ std::vector<std::byte> bytes_of(const RcMessage& m) {
 
 } // namespace
 
-TEST_CASE("rpc rc codec: the setup messages round-trip through their 40 bytes") {
+TEST_CASE("rpc rc codec: the setup messages and the goodbye round-trip through their 40 bytes") {
     for (const RcMessage& m : {offer, RcMessage{.kind = RcMessage::Kind::answer, .available = true, .qp = qp_endpoint()},
-                               unavailable}) {
+                               unavailable, RcMessage{.kind = RcMessage::Kind::goodbye, .available = false, .qp = {}}}) {
         const auto bytes = bytes_of(m);
         CHECK(must(decode_rc_prefix(std::span(bytes).first<rc_prefix_bytes>())) == rc_message_bytes);
         CHECK(must(decode_rc(bytes)) == m);
@@ -65,7 +65,9 @@ TEST_CASE("rpc rc codec: each malformed setup message is a protocol Error that s
     check_protocol_error(decode_rc(with_byte(0, 'Q')), "wrong magic");
     check_protocol_error(decode_rc(with_byte(5, 2)), "version 2");
     check_protocol_error(decode_rc(with_byte(7, 41)), "length 41");
-    check_protocol_error(decode_rc(with_byte(8, 3)), "kind 3 is unknown");
+    check_protocol_error(decode_rc(with_byte(8, 0)), "kind 0 is unknown");
+    check_protocol_error(decode_rc(with_byte(8, 4)), "kind 4 is unknown");
+    check_protocol_error(decode_rc(with_byte(8, 3)), "a goodbye with more than its kind"); // an offer's QP
     check_protocol_error(decode_rc(with_byte(9, 1)), "status 1 for kind 1"); // an offer is never unavailable
     check_protocol_error(decode_rc(with_byte(10, 1)), "reserved");
     check_protocol_error(decode_rc(with_byte(39, 1)), "reserved");
@@ -77,6 +79,12 @@ TEST_CASE("rpc rc codec: each malformed setup message is a protocol Error that s
     auto answer = bytes_of(unavailable);
     answer[20] = std::byte{1};
     check_protocol_error(decode_rc(answer), "an unavailable answer with a QP");
+    const auto goodbye = bytes_of(RcMessage{.kind = RcMessage::Kind::goodbye, .available = false, .qp = {}});
+    for (const std::size_t offset : {9, 10, 39}) {
+        auto bad = goodbye;
+        bad[offset] = std::byte{1};
+        check_protocol_error(decode_rc(bad), "a goodbye with more than its kind");
+    }
 }
 
 TEST_CASE("rpc rc codec: random corruption of a setup message is refused or re-encodes the same") {

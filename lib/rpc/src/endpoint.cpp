@@ -17,6 +17,7 @@
 #include <asio/ip/tcp.hpp>
 #include <asio/read.hpp>
 #include <asio/steady_timer.hpp>
+#include <asio/this_coro.hpp>
 #include <asio/write.hpp>
 
 #include <fmt/format.h>
@@ -210,6 +211,10 @@ struct SessionState {
     std::uint32_t in_flight = 0;    // client: busy entries of `calls`
     bool active = false;            // client: on the core's active list
     tcp::socket* socket = nullptr;
+    // Session::close() at this end: its timer, cancelled to wake it (its calls have
+    // finished, or the session ended); while set, no call begins
+    asio::steady_timer* closer = nullptr;
+    bool peer_closing = false; // the peer said goodbye: no call begins, the session ends once they finish
     std::unique_ptr<CongestionControl> congestion; // client: its window's, if the endpoint has them
     RcPath rc;
 };
@@ -303,6 +308,11 @@ struct EndpointCore {
     SessionState& attach(SessionId local, const SessionId& remote, const UdAddress& peer, AddressHandle ah,
                          const SessionLimits& limits, bool initiator, bool both_ways);
     void end_session(SessionId id, std::string_view why);
+    // A closing session's calls have all finished: its close() goes on, or (the peer
+    // said goodbye) it ends. False: it ended (`s` is gone).
+    bool calls_finished(SessionState& s);
+    static asio::awaitable<Result<void>> close(Anchor anchor, SessionId id, std::chrono::milliseconds timeout,
+                                               std::source_location where);
 
     static asio::awaitable<void> accept_loop(Anchor anchor, tcp::acceptor* acceptor);
     static asio::awaitable<void> serve_setup(Anchor anchor, tcp::socket socket);
@@ -447,6 +457,9 @@ void EndpointCore::start(SessionId id, std::uint8_t type, std::span<const std::b
     SessionState* s = table.lookup(id);
     if (s == nullptr)
         return fail(std::move(handler), call_error(ECONNRESET, "the session has ended"));
+    if (s->closer != nullptr || s->peer_closing)
+        return fail(std::move(handler), call_error(ECONNRESET, s->closer != nullptr ? "the session is closing"
+                                                                                    : "the peer is closing the session"));
     if (request.size() > s->limits.max_request)
         return fail(std::move(handler), call_error(EMSGSIZE, fmt::format("a {}-byte request, the session's most is {}",
                                                                          request.size(), s->limits.max_request)));
@@ -715,6 +728,8 @@ void EndpointCore::tick() {
         pump(*s, now);
         if (s->in_flight == 0 && s->queued.empty()) {
             s->active = false;
+            if (s->closer != nullptr || s->peer_closing)
+                calls_finished(*s);
             continue;
         }
         active[kept++] = active[i];
@@ -1195,8 +1210,76 @@ void EndpointCore::end_session(SessionId id, std::string_view why) {
         std::error_code ignored;
         s->socket->close(ignored);
     }
+    if (s->closer != nullptr)
+        s->closer->cancel();
     rc_in_flight -= s->rc.transfers; // their completions, if they come, are a dead QP's
     table.release(id);
+}
+
+bool EndpointCore::calls_finished(SessionState& s) {
+    if (s.peer_closing) {
+        end_session(s.local, "the peer closed the session");
+        return false;
+    }
+    s.closer->cancel();
+    return true;
+}
+
+// Session::close(): no call begins from now on; once those begun or queued have
+// finished (each with its own result), a goodbye tells the peer, which finishes its own
+// calls through the session and closes the TCP connection: the session ends. What is
+// left at the deadline ends as a destroyed Session's would.
+asio::awaitable<Result<void>> EndpointCore::close(Anchor anchor, SessionId id, std::chrono::milliseconds timeout,
+                                                  std::source_location where) {
+    constexpr const char* call = "rpc::Session::close";
+    EndpointCore* core = *anchor;
+    SessionState* s = core->table.lookup(id);
+    if (s == nullptr)
+        co_return Result<void>{}; // ended already
+    require(s->closer == nullptr, where, "Session::close while another close() of the session is in progress");
+    asio::steady_timer timer(core->executor, timeout);
+    s->closer = &timer;
+    struct Unregister { // the frame may be destroyed at a suspension (the io_context's end)
+        const Anchor& anchor;
+        SessionId id;
+        ~Unregister() {
+            if (EndpointCore* core = *anchor)
+                if (SessionState* s = core->table.lookup(id))
+                    s->closer = nullptr;
+        }
+    } unregister{anchor, id};
+    bool goodbye_sent = false;
+    for (;;) {
+        // here nothing has suspended since `s` was found
+        if (s->in_flight == 0 && s->queued.empty() && !goodbye_sent) {
+            if (s->socket == nullptr) { // a session just set up: its watcher begins a turn later
+                co_await asio::post(core->executor, asio::use_awaitable);
+            } else {
+                goodbye_sent = true;
+                const RcMessage goodbye{.kind = RcMessage::Kind::goodbye, .available = false, .qp = {}};
+                co_await send_rc(anchor, id, encode(goodbye));
+            }
+        } else {
+            const auto [ec] = co_await timer.async_wait(no_throw);
+            const auto cancelled = (co_await asio::this_coro::cancellation_state).cancelled();
+            if ((core = *anchor) == nullptr)
+                co_return std::unexpected(Error::cancelled(call, "the endpoint was destroyed"));
+            if (cancelled != asio::cancellation_type::none) {
+                core->end_session(id, "its close() was cancelled");
+                co_return std::unexpected(Error::cancelled(call));
+            }
+            if (!ec) {
+                core->end_session(id, fmt::format("it was closed, and {} ms passed before {}", timeout.count(),
+                                                  goodbye_sent ? "the peer's end" : "its calls finished"));
+                co_return std::unexpected(Error::timeout(
+                    call, goodbye_sent ? "the peer did not end the session in time" : "its calls did not finish in time"));
+            }
+        }
+        if ((core = *anchor) == nullptr)
+            co_return std::unexpected(Error::cancelled(call, "the endpoint was destroyed"));
+        if ((s = core->table.lookup(id)) == nullptr)
+            co_return Result<void>{};
+    }
 }
 
 namespace {
@@ -1285,6 +1368,15 @@ asio::awaitable<void> EndpointCore::watch(Anchor anchor, SessionId id, tcp::sock
         if (!message) {
             why = fmt::format("the peer broke the session's protocol: {}", message.error().message());
             break;
+        }
+        if (message->kind == RcMessage::Kind::goodbye) {
+            // its calls have finished; this end's finish first (tick() ends the session)
+            s->peer_closing = true;
+            if (s->in_flight == 0 && s->queued.empty()) {
+                why = "the peer closed the session";
+                break;
+            }
+            continue;
         }
         const auto answer = core->take_rc(*s, *message);
         if (!answer) {
@@ -1499,6 +1591,12 @@ void Session::start(std::uint8_t type, MessageBuffer& request, MessageBuffer& re
     core_->start({.number = number_, .generation = generation_}, type, request.bytes(where),
                  response.hold_.get()->region.bytes(), {.request = &request, .response = &response}, options,
                  std::move(handler));
+}
+
+asio::awaitable<Result<void>> Session::close(std::chrono::milliseconds timeout, std::source_location where) {
+    require(core_ != nullptr, where, "Session::close on a moved-from Session");
+    core_->check_thread(where);
+    return detail::EndpointCore::close(core_->anchor, {.number = number_, .generation = generation_}, timeout, where);
 }
 
 detail::CallSite Session::call_site(std::source_location where) const {

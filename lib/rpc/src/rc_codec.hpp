@@ -1,19 +1,23 @@
-// The wire formats of a session's RC path, for messages above the endpoint's
-// rdma_threshold: the two messages that connect a session's RC QPs over its TCP
-// connection, and the descriptors that travel in place of a large message's bytes in
-// UD packets with the rdma flag (packet.hpp).
+// The wire formats of what follows a session's setup: the messages its TCP connection
+// carries (the two that connect a session's RC QPs, for messages above the endpoint's
+// rdma_threshold, and the goodbye of a graceful close), and the descriptors that
+// travel in place of a large message's bytes in UD packets with the rdma flag
+// (packet.hpp).
 //
 // RC setup. A client that first needs the RC path sends an RcOffer over the session's
 // TCP connection (the one kept open for the session's life); the server answers with
-// an RcAnswer, then nothing more is said on it. Both are 40 bytes, big-endian:
+// an RcAnswer. Goodbye: an end whose Session::close() found its calls finished says so
+// (the peer finishes its own calls through the session, then closes the connection).
+// All are 40 bytes, big-endian:
 //
 //   offset  size  field
 //        0     4  magic "RXRC"
 //        4     2  version (1)
 //        6     2  length (40)
-//        8     1  kind: 1 offer (client), 2 answer (server)
-//        9     1  status: 0 a QP follows; 1 unavailable (answer only: the server has
-//                 no RC QP for the session; the client keeps to UD)
+//        8     1  kind: 1 offer (client), 2 answer (server), 3 goodbye (either end)
+//        9     1  status: 0 a QP follows (goodbye: 0, and no QP); 1 unavailable
+//                 (answer only: the server has no RC QP for the session; the client
+//                 keeps to UD)
 //       10     2  reserved, 0
 //       12     4  QPN of the sender's RC QP (24 bits)
 //       16     4  its first PSN (24 bits)
@@ -21,7 +25,7 @@
 //       36     2  LID of its port
 //       38     1  MTU of its port, an ibv_mtu (1..5)
 //       39     1  reserved, 0
-// An unavailable answer's bytes 12..40 are 0.
+// An unavailable answer's bytes 12..40 are 0, and a goodbye's bytes 9..40.
 //
 // A request descriptor (the message of a request with the rdma flag), 40 bytes and
 // maybe the request itself:
@@ -60,9 +64,9 @@ inline constexpr std::size_t request_descriptor_bytes = 40;
 inline constexpr std::size_t response_descriptor_bytes = 4;
 
 struct RcMessage {
-    enum class Kind : std::uint8_t { offer = 1, answer = 2 };
+    enum class Kind : std::uint8_t { offer = 1, answer = 2, goodbye = 3 };
     Kind kind = Kind::offer;
-    bool available = true;    // false: an answer without a QP
+    bool available = true;    // false: an answer without a QP (and every goodbye)
     rdmaxx::Endpoint qp = {}; // when available
     friend bool operator==(const RcMessage&, const RcMessage&) = default;
 };

@@ -31,8 +31,9 @@
 ///   peer unreachable         the retry cap: RtoConfig::max_timeouts retransmission
 ///                            timeouts in a row without progress (errno EHOSTUNREACH)
 ///   session reset            the session ended: its TCP connection closed (the peer
-///                            closed it or died), or the Session handle was destroyed
-///                            (errno ECONNRESET)
+///                            closed it or died), or the Session handle was destroyed;
+///                            or it is closing (Session::close at either end: no call
+///                            begins) (errno ECONNRESET)
 ///   no handler               the server has no handler for the type (errno ENOENT)
 ///   message too large        a request above the session's agreed max_request, or a
 ///                            response the server could not send in its max_response
@@ -363,8 +364,9 @@ struct SessionInfo {
 /// A session's handle at either end: at the client, from Endpoint::connect; at a server
 /// with an accept handler, given to it for each session a client set up (the session is
 /// then both ways: the server calls the client through it, with the same limits). An
-/// RAII handle: destroying it ends the session (its calls in flight end with "session
-/// reset", the peer hears of it through the TCP connection). A server without an accept
+/// RAII handle: destroying it ends the session at once (its calls in flight end with
+/// "session reset", the peer hears of it through the TCP connection); close() ends it
+/// gracefully, letting both ends' calls finish first. A server without an accept
 /// handler keeps no handle: its sessions end when their clients end them.
 /// @threadsafety One thread, the endpoint's: call() checks it and aborts on another,
 /// naming the caller's line; destroying it on another thread aborts too.
@@ -410,6 +412,23 @@ public:
     template <class Token = asio::use_awaitable_t<>>
     auto call(std::uint8_t type, MessageBuffer& request, MessageBuffer& response, CallOptions options = {},
               Token&& token = {}, std::source_location where = std::source_location::current());
+
+    /// Ends the session gracefully, within `timeout`: from now on no call begins at
+    /// either end (a call made through the session ends with "session reset"), the calls
+    /// begun or queued at this end finish, each with its own result; then the peer is
+    /// told, finishes its own calls through the session (on a both-ways session) and
+    /// ends it, and the session ends here: the result is success. Closing a session that
+    /// has ended already (the peer closed it, its process died) also succeeds, at once.
+    /// The handle stays, ended: destroy it as any other.
+    /// @errors timeout: calls still in flight at either end, or a peer that does not end
+    /// the session, when `timeout` passes: the session ends there and then, as the
+    /// destructor ends it (this end's calls: session reset); cancelled (a terminal Asio
+    /// cancellation of the awaiting coroutine, which ends the session likewise, or the
+    /// endpoint destroyed meanwhile).
+    /// @misuse A moved-from Session; not the endpoint's thread; a second close() of the
+    /// session while one is in progress.
+    asio::awaitable<Result<void>> close(std::chrono::milliseconds timeout = std::chrono::milliseconds{1000},
+                                        std::source_location where = std::source_location::current());
 
     /// What the server agreed to (all zero once the session has ended).
     /// @misuse A moved-from Session.
