@@ -211,6 +211,8 @@ struct SessionState {
     std::uint32_t in_flight = 0;    // client: busy entries of `calls`
     bool active = false;            // client: on the core's active list
     tcp::socket* socket = nullptr;
+    std::deque<std::array<std::byte, rc_message_bytes>> outbox; // to write on `socket`, in order
+    bool writing = false;                                       // a write_messages() runs
     // Session::close() at this end: its timer, cancelled to wake it (its calls have
     // finished, or the session ended); while set, no call begins
     asio::steady_timer* closer = nullptr;
@@ -295,7 +297,6 @@ struct EndpointCore {
     }
     void transfer_done(const WorkCompletion& completion);
     void post_waiting();
-    static asio::awaitable<void> send_rc(Anchor anchor, SessionId id, std::array<std::byte, rc_message_bytes> bytes);
 
     // sessions
     SessionLimits most() const noexcept {
@@ -308,6 +309,12 @@ struct EndpointCore {
     SessionState& attach(SessionId local, const SessionId& remote, const UdAddress& peer, AddressHandle ah,
                          const SessionLimits& limits, bool initiator, bool both_ways);
     void end_session(SessionId id, std::string_view why);
+    // Sends `message` on the session's TCP connection, after those before it: one write
+    // at a time (Asio's rule for a stream), from the outbox, once the session's watcher
+    // has the socket.
+    void send_message(SessionState& s, const std::array<std::byte, rc_message_bytes>& message);
+    void start_writer(SessionState& s);
+    static asio::awaitable<void> write_messages(Anchor anchor, SessionId id);
     // A closing session's calls have all finished: its close() goes on, or (the peer
     // said goodbye) it ends. False: it ended (`s` is gone).
     bool calls_finished(SessionState& s);
@@ -996,18 +1003,38 @@ void EndpointCore::offer_rc(SessionState& s) {
     s.rc.state = RcPath::State::offered;
     s.rc.offered_at = Clock::now();
     const RcMessage offer{.kind = RcMessage::Kind::offer, .available = true, .qp = s.rc.qp->endpoint()};
-    asio::co_spawn(executor, send_rc(anchor, s.local, encode(offer)), RethrowOutOfRun{});
+    send_message(s, encode(offer));
 }
 
-asio::awaitable<void> EndpointCore::send_rc(Anchor anchor, SessionId id, std::array<std::byte, rc_message_bytes> bytes) {
-    EndpointCore* core = *anchor;
-    if (core == nullptr)
-        co_return;
-    SessionState* s = core->table.lookup(id);
-    if (s == nullptr || s->socket == nullptr)
-        co_return; // ended (or its watcher not yet begun: the offer times out)
-    // a failed write ends the session through its watcher's read
-    co_await asio::async_write(*s->socket, asio::buffer(bytes), no_throw);
+void EndpointCore::send_message(SessionState& s, const std::array<std::byte, rc_message_bytes>& message) {
+    s.outbox.push_back(message);
+    if (s.socket != nullptr)
+        start_writer(s);
+}
+
+void EndpointCore::start_writer(SessionState& s) {
+    if (s.writing || s.outbox.empty())
+        return;
+    s.writing = true;
+    asio::co_spawn(executor, write_messages(anchor, s.local), RethrowOutOfRun{});
+}
+
+asio::awaitable<void> EndpointCore::write_messages(Anchor anchor, SessionId id) {
+    for (;;) {
+        EndpointCore* core = *anchor;
+        SessionState* s = core == nullptr ? nullptr : core->table.lookup(id);
+        if (s == nullptr)
+            co_return;
+        if (s->outbox.empty() || s->socket == nullptr) {
+            s->writing = false;
+            co_return;
+        }
+        const auto message = s->outbox.front();
+        s->outbox.pop_front();
+        // a failed write ends the session through its watcher's read
+        if (auto [ec, n] = co_await asio::async_write(*s->socket, asio::buffer(message), no_throw); ec)
+            co_return;
+    }
 }
 
 // An RC setup message from the peer: what to answer, or an Error: the peer broke the
@@ -1174,6 +1201,10 @@ SessionState& EndpointCore::attach(SessionId local, const SessionId& remote, con
                        .in_flight = 0,
                        .active = false,
                        .socket = nullptr,
+                       .outbox = {},
+                       .writing = false,
+                       .closer = nullptr,
+                       .peer_closing = false,
                        .congestion = {},
                        .rc = {}};
     if (initiator || both_ways) {
@@ -1250,33 +1281,26 @@ asio::awaitable<Result<void>> EndpointCore::close(Anchor anchor, SessionId id, s
     } unregister{anchor, id};
     bool goodbye_sent = false;
     for (;;) {
-        // here nothing has suspended since `s` was found
+        // nothing has suspended since `s` was found
         if (s->in_flight == 0 && s->queued.empty() && !goodbye_sent) {
-            if (s->socket == nullptr) { // a session just set up: its watcher begins a turn later
-                co_await asio::post(core->executor, asio::use_awaitable);
-            } else {
-                goodbye_sent = true;
-                const RcMessage goodbye{.kind = RcMessage::Kind::goodbye, .available = false, .qp = {}};
-                co_await send_rc(anchor, id, encode(goodbye));
-            }
-        } else {
-            const auto [ec] = co_await timer.async_wait(no_throw);
-            const auto cancelled = (co_await asio::this_coro::cancellation_state).cancelled();
-            if ((core = *anchor) == nullptr)
-                co_return std::unexpected(Error::cancelled(call, "the endpoint was destroyed"));
-            if (cancelled != asio::cancellation_type::none) {
-                core->end_session(id, "its close() was cancelled");
-                co_return std::unexpected(Error::cancelled(call));
-            }
-            if (!ec) {
-                core->end_session(id, fmt::format("it was closed, and {} ms passed before {}", timeout.count(),
-                                                  goodbye_sent ? "the peer's end" : "its calls finished"));
-                co_return std::unexpected(Error::timeout(
-                    call, goodbye_sent ? "the peer did not end the session in time" : "its calls did not finish in time"));
-            }
+            goodbye_sent = true;
+            const RcMessage goodbye{.kind = RcMessage::Kind::goodbye, .available = false, .qp = {}};
+            core->send_message(*s, encode(goodbye));
         }
+        const auto [ec] = co_await timer.async_wait(no_throw); // cancelled: a wake (or a cancellation)
+        const auto cancelled = (co_await asio::this_coro::cancellation_state).cancelled();
         if ((core = *anchor) == nullptr)
             co_return std::unexpected(Error::cancelled(call, "the endpoint was destroyed"));
+        if (cancelled != asio::cancellation_type::none) {
+            core->end_session(id, "its close() was cancelled");
+            co_return std::unexpected(Error::cancelled(call));
+        }
+        if (!ec) {
+            core->end_session(id, fmt::format("it was closed, and {} ms passed before {}", timeout.count(),
+                                              goodbye_sent ? "the peer's end" : "its calls finished"));
+            co_return std::unexpected(Error::timeout(
+                call, goodbye_sent ? "the peer did not end the session in time" : "its calls did not finish in time"));
+        }
         if ((s = core->table.lookup(id)) == nullptr)
             co_return Result<void>{};
     }
@@ -1295,6 +1319,7 @@ struct SocketRegistration {
             if (SessionState* s = core->table.lookup(id)) {
                 s->socket = socket;
                 registered = true;
+                core->start_writer(*s); // what was sent before the watcher began
             }
     }
     SocketRegistration(const SocketRegistration&) = delete;
@@ -1384,8 +1409,8 @@ asio::awaitable<void> EndpointCore::watch(Anchor anchor, SessionId id, tcp::sock
             break;
         }
         if (*answer)
-            if (auto [ec, n] = co_await asio::async_write(socket, asio::buffer(**answer), no_throw); ec)
-                break;
+            if (SessionState* still = core->table.lookup(id)) // take_rc may have ended it
+                core->send_message(*still, **answer);
     }
     EndpointCore* core = *anchor;
     if (core == nullptr)
