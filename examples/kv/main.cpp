@@ -485,6 +485,11 @@ asio::awaitable<void> generate(rpc::Endpoint* client, const Args* a, Load* load)
         if (auto closed = co_await reader->connection.close(); !closed)
             fmt::print(stderr, "kv: closing the mirror's connection: {}\n", closed.error());
     }
+    // every call has ended: the server hears the goodbye and ends its side first
+    if (auto closed = co_await session->close(std::chrono::seconds(5)); !closed) {
+        fmt::print(stderr, "kv: closing the session: {}\n", closed.error());
+        ++load->failed;
+    }
 }
 
 int generate_load(const Args& a) {
