@@ -1272,6 +1272,81 @@ TEST_CASE("rpc endpoint: close() at one end of a both-ways session lets the othe
     accepted.clear();
 }
 
+namespace {
+
+struct ShutDown {
+    int answered = 0, wrong = 0, echoed_before = 0;
+    std::optional<Result<void>> shut;
+    std::optional<Error> refused_call, refused_setup, after;
+};
+
+// Three sessions with two calls the server holds on each; the server shuts down. A
+// client calls on until one call is refused (the goodbye has come); a new setup is
+// refused; then the held calls are answered: they finish, and the shutdown with them.
+asio::awaitable<void> shut_down_server(Rig* rig, ShutDown* out) {
+    std::vector<rpc::Session> sessions;
+    for (int i = 0; i < 3; ++i) {
+        auto session = co_await rig->client->connect("127.0.0.1", rig->port);
+        REQUIRE_MESSAGE(session.has_value(), (session ? "" : session.error().message()));
+        sessions.push_back(std::move(*session));
+    }
+    std::vector<std::vector<std::byte>> responses(6, std::vector<std::byte>(64));
+    const auto request = message(3, 100);
+    for (std::size_t n = 0; n < 6; ++n)
+        sessions[n % 3].call(hold_it, request, responses[n], {.timeout = 20s}, [out](Result<std::size_t> got) {
+            if (got && *got == 0)
+                ++out->answered;
+            else
+                ++out->wrong;
+        });
+    co_await until([rig] { return rig->held.size() == 6; });
+    const auto executor = co_await asio::this_coro::executor;
+    asio::co_spawn(executor, rig->server->shutdown(20s), [out](std::exception_ptr, Result<void> r) { out->shut = r; });
+    std::vector<std::byte> response(request.size());
+    while (!out->refused_call) {
+        const auto got = co_await sessions[0].call(echo, request, response, {.timeout = 10s});
+        if (got)
+            ++out->echoed_before;
+        else
+            out->refused_call = got.error();
+    }
+    if (auto extra = co_await rig->client->connect("127.0.0.1", rig->port); !extra)
+        out->refused_setup = extra.error();
+    CHECK(!out->shut); // the held calls keep their sessions
+    for (rpc::Responder& responder : rig->held)
+        responder.respond({});
+    rig->held.clear();
+    co_await until([out] { return out->shut.has_value(); });
+    if (auto later = co_await rig->client->connect("127.0.0.1", rig->port); !later)
+        out->after = later.error();
+}
+
+} // namespace
+
+TEST_CASE("rpc endpoint: a server's shutdown() lets its clients finish their calls, refuses setups, then stops "
+          "listening") {
+    Rig rig;
+    ShutDown out;
+    run(rig.io, shut_down_server(&rig, &out), 60s);
+    CHECK(out.answered == 6);
+    CHECK(out.wrong == 0);
+    REQUIRE(out.shut);
+    CHECK_MESSAGE(out.shut->has_value(), (*out.shut ? "" : out.shut->error().message()));
+    REQUIRE(out.refused_call);
+    CHECK_MESSAGE(out.refused_call->is_errno(ECONNRESET), out.refused_call->message());
+    CHECK(out.refused_call->message().find("the peer is closing") != std::string::npos);
+    REQUIRE(out.refused_setup);
+    CHECK(out.refused_setup->is_errno(ECONNREFUSED));
+    CHECK(out.refused_setup->message().find("shutting down") != std::string::npos);
+    MESSAGE("echo calls answered before the goodbye came: ", out.echoed_before);
+    REQUIRE(out.after); // nothing listens
+    CHECK(out.after->is_errno(ECONNREFUSED));
+    CHECK(rig.server->listen_port() == 0);
+    CHECK(rig.server->sessions() == 0);
+    CHECK(rig.client->sessions() == 0);
+    CHECK(rig.server->counters().sessions_refused == 1);
+}
+
 // ---------------------------------------------------------------------------------
 // Allocations per call: none once warm (operator new and aligned_alloc counted:
 // support/allocations.cpp)

@@ -320,6 +320,8 @@ struct EndpointCore {
     bool calls_finished(SessionState& s);
     static asio::awaitable<Result<void>> close(Anchor anchor, SessionId id, std::chrono::milliseconds timeout,
                                                std::source_location where);
+    static asio::awaitable<Result<void>> shutdown(Anchor anchor, std::chrono::milliseconds timeout,
+                                                  std::source_location where);
 
     static asio::awaitable<void> accept_loop(Anchor anchor, tcp::acceptor* acceptor);
     static asio::awaitable<void> serve_setup(Anchor anchor, tcp::socket socket);
@@ -341,6 +343,7 @@ struct EndpointCore {
     AcceptHandler accept_handler; // set: sessions are both ways
     Counters counters;
     std::optional<tcp::acceptor> acceptor;
+    bool shutting_down = false; // Endpoint::shutdown(): setups are refused, then the listener closes
     asio::steady_timer ticker;
     bool ticking = false;
     std::vector<SessionId> active; // client sessions with calls in flight or queued
@@ -1306,6 +1309,54 @@ asio::awaitable<Result<void>> EndpointCore::close(Anchor anchor, SessionId id, s
     }
 }
 
+// Endpoint::shutdown(): every live session closes at once, each as Session::close (a
+// session already closing is left to its own close()); the listener refuses setups
+// meanwhile, then closes.
+asio::awaitable<Result<void>> EndpointCore::shutdown(Anchor anchor, std::chrono::milliseconds timeout,
+                                                     std::source_location where) {
+    struct Closes {
+        std::size_t left = 0;
+        std::optional<Error> first_error;
+        asio::steady_timer* waiter = nullptr;
+    };
+    EndpointCore* core = *anchor;
+    core->shutting_down = true;
+    const auto closes = std::make_shared<Closes>();
+    for (const SessionId id : core->table.live()) {
+        if (core->table.lookup(id)->closer != nullptr)
+            continue;
+        ++closes->left;
+        asio::co_spawn(core->executor, close(anchor, id, timeout, where),
+                       [closes](std::exception_ptr e, Result<void> closed) {
+                           if (e)
+                               std::rethrow_exception(e); // out of run(), as RethrowOutOfRun
+                           if (!closed && !closes->first_error)
+                               closes->first_error = std::move(closed.error());
+                           if (--closes->left == 0 && closes->waiter != nullptr)
+                               closes->waiter->cancel();
+                       });
+    }
+    if (closes->left > 0) { // each close() ends within `timeout`: this wait with it
+        asio::steady_timer waiter(core->executor, asio::steady_timer::time_point::max());
+        closes->waiter = &waiter;
+        co_await waiter.async_wait(no_throw);
+        closes->waiter = nullptr;
+        if ((co_await asio::this_coro::cancellation_state).cancelled() != asio::cancellation_type::none) {
+            if ((core = *anchor) != nullptr) // the closes end at once, and so does this
+                for (const SessionId id : core->table.live())
+                    core->end_session(id, "the endpoint's shutdown() was cancelled");
+            co_return std::unexpected(Error::cancelled("rpc::Endpoint::shutdown"));
+        }
+    }
+    if ((core = *anchor) != nullptr && core->acceptor) {
+        std::error_code ignored;
+        core->acceptor->close(ignored);
+    }
+    if (closes->first_error)
+        co_return std::unexpected(std::move(*closes->first_error));
+    co_return Result<void>{};
+}
+
 namespace {
 
 // The socket a session's watcher owns, known to the session while both live.
@@ -1423,7 +1474,7 @@ asio::awaitable<void> EndpointCore::accept_loop(Anchor anchor, tcp::acceptor* ac
     for (;;) {
         auto [ec, socket] = co_await acceptor->async_accept(no_throw);
         EndpointCore* core = *anchor;
-        if (core == nullptr || ec == asio::error::operation_aborted)
+        if (core == nullptr || ec == asio::error::operation_aborted || !acceptor->is_open())
             co_return;
         if (ec) {
             logger()->warn("rdmaxx rpc: accepting a session: {}", ec.message());
@@ -1449,7 +1500,9 @@ asio::awaitable<void> EndpointCore::serve_setup(Anchor anchor, tcp::socket socke
         if (!request)
             co_return;
         const bool both_ways = static_cast<bool>(core->accept_handler);
-        const auto admission = core->table.admit(*request, core->most(), both_ways);
+        const auto admission = core->shutting_down
+                                   ? std::expected<Admitted, Refusal>(std::unexpected(Refusal::shutting_down))
+                                   : core->table.admit(*request, core->most(), both_ways);
         if (!admission) {
             reply = SessionReply::refused(admission.error());
         } else if (auto ah = core->transport->handle_to(request->client); !ah) {
@@ -1756,12 +1809,19 @@ void Endpoint::set_accept_handler(AcceptHandler handler, std::source_location wh
     core_->accept_handler = std::move(handler);
 }
 
+asio::awaitable<Result<void>> Endpoint::shutdown(std::chrono::milliseconds timeout, std::source_location where) {
+    core_->check_thread(where);
+    return detail::EndpointCore::shutdown(core_->anchor, timeout, where);
+}
+
 asio::awaitable<Result<Session>> Endpoint::connect(std::string host, std::uint16_t port, std::source_location where) {
     core_->check_thread(where);
     return detail::EndpointCore::connect(core_->anchor, std::move(host), port);
 }
 
-std::uint16_t Endpoint::listen_port() const noexcept { return core_->acceptor ? core_->options.listen_port : 0; }
+std::uint16_t Endpoint::listen_port() const noexcept {
+    return core_->acceptor && core_->acceptor->is_open() ? core_->options.listen_port : 0;
+}
 std::uint32_t Endpoint::mtu() const noexcept { return core_->transport->mtu(); }
 const Counters& Endpoint::counters() const noexcept {
     core_->counters.copies = core_->transport->copies();

@@ -498,6 +498,19 @@ public:
     asio::awaitable<Result<Session>> connect(std::string host, std::uint16_t port,
                                              std::source_location where = std::source_location::current());
 
+    /// Closes every session now live gracefully, as Session::close(timeout) each, at
+    /// once: at a server, each client finishes its calls (the server serves them) and
+    /// ends its session; the listener answers new setups with a refusal ("shutting
+    /// down", errno ECONNREFUSED at the client) meanwhile, then closes (listen_port() is
+    /// then 0). A session whose own close() runs already is left to it. The endpoint
+    /// stays usable as a client.
+    /// @errors The first close()'s Error (timeout: a session whose calls or peer did not
+    /// finish within `timeout`, ended there and then); cancelled (a terminal Asio
+    /// cancellation ends every session at once).
+    /// @misuse Not the endpoint's thread.
+    asio::awaitable<Result<void>> shutdown(std::chrono::milliseconds timeout = std::chrono::milliseconds{1000},
+                                           std::source_location where = std::source_location::current());
+
     /// A registered buffer of `capacity` bytes for calls' requests or responses, with
     /// the rights `use` needs (message_buffer.hpp).
     /// @errors Allocating or registering it.
