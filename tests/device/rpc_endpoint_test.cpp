@@ -1081,7 +1081,7 @@ asio::awaitable<void> answer_slowly(rpc::Request request, rpc::Responder respond
 struct Closing {
     int answered = 0, wrong = 0;
     std::optional<Result<std::size_t>> during, after;
-    std::optional<Result<void>> closed, closed_again;
+    std::optional<Result<void>> closed, joined, closed_again;
 };
 
 // Five slow calls on a window of 2 (three queued), then close(): each finishes with its
@@ -1102,16 +1102,18 @@ asio::awaitable<void> close_with_calls(Rig* rig, std::optional<rpc::Session>* se
     std::vector<std::byte> response(64);
     const auto executor = co_await asio::this_coro::executor;
     asio::co_spawn(executor, (*session)->close(10s), [out](std::exception_ptr, Result<void> r) { out->closed = r; });
+    asio::co_spawn(executor, (*session)->close(10s), [out](std::exception_ptr, Result<void> r) { out->joined = r; });
     co_await pause(1ms); // close() begins (co_spawn posts its start)
     out->during = co_await (*session)->call(echo, message(9, 10), response);
-    co_await until([out] { return out->closed.has_value(); });
+    co_await until([out] { return out->closed.has_value() && out->joined.has_value(); });
     out->after = co_await (*session)->call(echo, message(9, 10), response);
     out->closed_again = co_await (*session)->close(10s);
 }
 
 } // namespace
 
-TEST_CASE("rpc endpoint: close() lets the calls begun and queued finish, then ends the session at both ends") {
+TEST_CASE("rpc endpoint: close() lets the calls begun and queued finish, then ends the session at both ends; a "
+          "second close() joins it") {
     Rig rig({}, {.window = 2});
     rig.server->set_coroutine_handler(slow, answer_slowly);
     std::optional<rpc::Session> session;
@@ -1121,6 +1123,8 @@ TEST_CASE("rpc endpoint: close() lets the calls begun and queued finish, then en
     CHECK(out.wrong == 0);
     REQUIRE(out.closed);
     CHECK_MESSAGE(out.closed->has_value(), (*out.closed ? "" : out.closed->error().message()));
+    REQUIRE(out.joined); // a second close() meanwhile waits for the same end
+    CHECK_MESSAGE(out.joined->has_value(), (*out.joined ? "" : out.joined->error().message()));
     REQUIRE(out.during);
     REQUIRE(!*out.during);
     CHECK(out.during->error().is_errno(ECONNRESET));

@@ -213,9 +213,11 @@ struct SessionState {
     tcp::socket* socket = nullptr;
     std::deque<std::array<std::byte, rc_message_bytes>> outbox; // to write on `socket`, in order
     bool writing = false;                                       // a write_messages() runs
-    // Session::close() at this end: its timer, cancelled to wake it (its calls have
-    // finished, or the session ended); while set, no call begins
-    asio::steady_timer* closer = nullptr;
+    // each Session::close() at this end (Endpoint::shutdown's too): its timer, cancelled
+    // to wake it (this end's calls have finished, or the session ended); while there is
+    // one, no call begins
+    std::vector<asio::steady_timer*> closers;
+    bool goodbye_sent = false;
     bool peer_closing = false; // the peer said goodbye: no call begins, the session ends once they finish
     std::unique_ptr<CongestionControl> congestion; // client: its window's, if the endpoint has them
     RcPath rc;
@@ -316,12 +318,10 @@ struct EndpointCore {
     void start_writer(SessionState& s);
     static asio::awaitable<void> write_messages(Anchor anchor, SessionId id);
     // A closing session's calls have all finished: its close() goes on, or (the peer
-    // said goodbye) it ends. False: it ended (`s` is gone).
-    bool calls_finished(SessionState& s);
-    static asio::awaitable<Result<void>> close(Anchor anchor, SessionId id, std::chrono::milliseconds timeout,
-                                               std::source_location where);
-    static asio::awaitable<Result<void>> shutdown(Anchor anchor, std::chrono::milliseconds timeout,
-                                                  std::source_location where);
+    // said goodbye) it ends.
+    void calls_finished(SessionState& s);
+    static asio::awaitable<Result<void>> close(Anchor anchor, SessionId id, std::chrono::milliseconds timeout);
+    static asio::awaitable<Result<void>> shutdown(Anchor anchor, std::chrono::milliseconds timeout);
 
     static asio::awaitable<void> accept_loop(Anchor anchor, tcp::acceptor* acceptor);
     static asio::awaitable<void> serve_setup(Anchor anchor, tcp::socket socket);
@@ -467,9 +467,9 @@ void EndpointCore::start(SessionId id, std::uint8_t type, std::span<const std::b
     SessionState* s = table.lookup(id);
     if (s == nullptr)
         return fail(std::move(handler), call_error(ECONNRESET, "the session has ended"));
-    if (s->closer != nullptr || s->peer_closing)
-        return fail(std::move(handler), call_error(ECONNRESET, s->closer != nullptr ? "the session is closing"
-                                                                                    : "the peer is closing the session"));
+    if (!s->closers.empty() || s->peer_closing)
+        return fail(std::move(handler), call_error(ECONNRESET, s->peer_closing ? "the peer is closing the session"
+                                                                               : "the session is closing"));
     if (request.size() > s->limits.max_request)
         return fail(std::move(handler), call_error(EMSGSIZE, fmt::format("a {}-byte request, the session's most is {}",
                                                                          request.size(), s->limits.max_request)));
@@ -738,7 +738,7 @@ void EndpointCore::tick() {
         pump(*s, now);
         if (s->in_flight == 0 && s->queued.empty()) {
             s->active = false;
-            if (s->closer != nullptr || s->peer_closing)
+            if (!s->closers.empty() || s->peer_closing)
                 calls_finished(*s);
             continue;
         }
@@ -1206,7 +1206,8 @@ SessionState& EndpointCore::attach(SessionId local, const SessionId& remote, con
                        .socket = nullptr,
                        .outbox = {},
                        .writing = false,
-                       .closer = nullptr,
+                       .closers = {},
+                       .goodbye_sent = false,
                        .peer_closing = false,
                        .congestion = {},
                        .rc = {}};
@@ -1244,49 +1245,46 @@ void EndpointCore::end_session(SessionId id, std::string_view why) {
         std::error_code ignored;
         s->socket->close(ignored);
     }
-    if (s->closer != nullptr)
-        s->closer->cancel();
+    for (asio::steady_timer* closer : s->closers)
+        closer->cancel();
     rc_in_flight -= s->rc.transfers; // their completions, if they come, are a dead QP's
     table.release(id);
 }
 
-bool EndpointCore::calls_finished(SessionState& s) {
-    if (s.peer_closing) {
-        end_session(s.local, "the peer closed the session");
-        return false;
-    }
-    s.closer->cancel();
-    return true;
+void EndpointCore::calls_finished(SessionState& s) {
+    if (s.peer_closing)
+        return end_session(s.local, "the peer closed the session");
+    for (asio::steady_timer* closer : s.closers)
+        closer->cancel();
 }
 
 // Session::close(): no call begins from now on; once those begun or queued have
 // finished (each with its own result), a goodbye tells the peer, which finishes its own
 // calls through the session and closes the TCP connection: the session ends. What is
-// left at the deadline ends as a destroyed Session's would.
-asio::awaitable<Result<void>> EndpointCore::close(Anchor anchor, SessionId id, std::chrono::milliseconds timeout,
-                                                  std::source_location where) {
+// left at the deadline ends as a destroyed Session's would. A second close() of the
+// session waits for the same end (with its own deadline).
+asio::awaitable<Result<void>> EndpointCore::close(Anchor anchor, SessionId id, std::chrono::milliseconds timeout) {
     constexpr const char* call = "rpc::Session::close";
     EndpointCore* core = *anchor;
     SessionState* s = core->table.lookup(id);
     if (s == nullptr)
         co_return Result<void>{}; // ended already
-    require(s->closer == nullptr, where, "Session::close while another close() of the session is in progress");
     asio::steady_timer timer(core->executor, timeout);
-    s->closer = &timer;
+    s->closers.push_back(&timer);
     struct Unregister { // the frame may be destroyed at a suspension (the io_context's end)
         const Anchor& anchor;
         SessionId id;
+        asio::steady_timer* timer;
         ~Unregister() {
             if (EndpointCore* core = *anchor)
                 if (SessionState* s = core->table.lookup(id))
-                    s->closer = nullptr;
+                    std::erase(s->closers, timer);
         }
-    } unregister{anchor, id};
-    bool goodbye_sent = false;
+    } unregister{anchor, id, &timer};
     for (;;) {
         // nothing has suspended since `s` was found
-        if (s->in_flight == 0 && s->queued.empty() && !goodbye_sent) {
-            goodbye_sent = true;
+        if (s->in_flight == 0 && s->queued.empty() && !s->goodbye_sent) {
+            s->goodbye_sent = true;
             const RcMessage goodbye{.kind = RcMessage::Kind::goodbye, .available = false, .qp = {}};
             core->send_message(*s, encode(goodbye));
         }
@@ -1298,22 +1296,22 @@ asio::awaitable<Result<void>> EndpointCore::close(Anchor anchor, SessionId id, s
             core->end_session(id, "its close() was cancelled");
             co_return std::unexpected(Error::cancelled(call));
         }
-        if (!ec) {
-            core->end_session(id, fmt::format("it was closed, and {} ms passed before {}", timeout.count(),
-                                              goodbye_sent ? "the peer's end" : "its calls finished"));
-            co_return std::unexpected(Error::timeout(
-                call, goodbye_sent ? "the peer did not end the session in time" : "its calls did not finish in time"));
-        }
         if ((s = core->table.lookup(id)) == nullptr)
-            co_return Result<void>{};
+            co_return Result<void>{}; // ended (a wait that expired as it ended included)
+        if (!ec) {
+            const bool said = s->goodbye_sent;
+            core->end_session(id, fmt::format("it was closed, and {} ms passed before {}", timeout.count(),
+                                              said ? "the peer's end" : "its calls finished"));
+            co_return std::unexpected(
+                Error::timeout(call, said ? "the peer did not end the session in time" : "its calls did not finish in time"));
+        }
     }
 }
 
-// Endpoint::shutdown(): every live session closes at once, each as Session::close (a
-// session already closing is left to its own close()); the listener refuses setups
-// meanwhile, then closes.
-asio::awaitable<Result<void>> EndpointCore::shutdown(Anchor anchor, std::chrono::milliseconds timeout,
-                                                     std::source_location where) {
+// Endpoint::shutdown(): every live session closes at once, each as Session::close (one
+// closing already too: the close joins its end); the listener refuses setups meanwhile,
+// then closes.
+asio::awaitable<Result<void>> EndpointCore::shutdown(Anchor anchor, std::chrono::milliseconds timeout) {
     struct Closes {
         std::size_t left = 0;
         std::optional<Error> first_error;
@@ -1323,10 +1321,8 @@ asio::awaitable<Result<void>> EndpointCore::shutdown(Anchor anchor, std::chrono:
     core->shutting_down = true;
     const auto closes = std::make_shared<Closes>();
     for (const SessionId id : core->table.live()) {
-        if (core->table.lookup(id)->closer != nullptr)
-            continue;
         ++closes->left;
-        asio::co_spawn(core->executor, close(anchor, id, timeout, where),
+        asio::co_spawn(core->executor, close(anchor, id, timeout),
                        [closes](std::exception_ptr e, Result<void> closed) {
                            if (e)
                                std::rethrow_exception(e); // out of run(), as RethrowOutOfRun
@@ -1674,7 +1670,7 @@ void Session::start(std::uint8_t type, MessageBuffer& request, MessageBuffer& re
 asio::awaitable<Result<void>> Session::close(std::chrono::milliseconds timeout, std::source_location where) {
     require(core_ != nullptr, where, "Session::close on a moved-from Session");
     core_->check_thread(where);
-    return detail::EndpointCore::close(core_->anchor, {.number = number_, .generation = generation_}, timeout, where);
+    return detail::EndpointCore::close(core_->anchor, {.number = number_, .generation = generation_}, timeout);
 }
 
 detail::CallSite Session::call_site(std::source_location where) const {
@@ -1811,7 +1807,7 @@ void Endpoint::set_accept_handler(AcceptHandler handler, std::source_location wh
 
 asio::awaitable<Result<void>> Endpoint::shutdown(std::chrono::milliseconds timeout, std::source_location where) {
     core_->check_thread(where);
-    return detail::EndpointCore::shutdown(core_->anchor, timeout, where);
+    return detail::EndpointCore::shutdown(core_->anchor, timeout);
 }
 
 asio::awaitable<Result<Session>> Endpoint::connect(std::string host, std::uint16_t port, std::source_location where) {

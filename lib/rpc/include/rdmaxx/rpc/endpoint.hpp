@@ -418,15 +418,15 @@ public:
     /// begun or queued at this end finish, each with its own result; then the peer is
     /// told, finishes its own calls through the session (on a both-ways session) and
     /// ends it, and the session ends here: the result is success. Closing a session that
-    /// has ended already (the peer closed it, its process died) also succeeds, at once.
-    /// The handle stays, ended: destroy it as any other.
+    /// has ended already (the peer closed it, its process died) also succeeds, at once;
+    /// a close() while another runs (Endpoint::shutdown's) waits for the same end, with
+    /// its own timeout. The handle stays, ended: destroy it as any other.
     /// @errors timeout: calls still in flight at either end, or a peer that does not end
     /// the session, when `timeout` passes: the session ends there and then, as the
     /// destructor ends it (this end's calls: session reset); cancelled (a terminal Asio
     /// cancellation of the awaiting coroutine, which ends the session likewise, or the
     /// endpoint destroyed meanwhile).
-    /// @misuse A moved-from Session; not the endpoint's thread; a second close() of the
-    /// session while one is in progress.
+    /// @misuse A moved-from Session; not the endpoint's thread.
     asio::awaitable<Result<void>> close(std::chrono::milliseconds timeout = std::chrono::milliseconds{1000},
                                         std::source_location where = std::source_location::current());
 
@@ -502,8 +502,7 @@ public:
     /// once: at a server, each client finishes its calls (the server serves them) and
     /// ends its session; the listener answers new setups with a refusal ("shutting
     /// down", errno ECONNREFUSED at the client) meanwhile, then closes (listen_port() is
-    /// then 0). A session whose own close() runs already is left to it. The endpoint
-    /// stays usable as a client.
+    /// then 0). The endpoint stays usable as a client.
     /// @errors The first close()'s Error (timeout: a session whose calls or peer did not
     /// finish within `timeout`, ended there and then); cancelled (a terminal Asio
     /// cancellation ends every session at once).
