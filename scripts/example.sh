@@ -5,7 +5,8 @@
 # over RDMA CM, the same on lib/async (async_server with async_client over TCP and RDMA
 # CM, and each async side with a blocking one), then
 # async_mixed (one thread: RDMA, a TCP socket and a timer at once), then kv (lib/rpc: a
-# key-value server and its load generator).
+# key-value server and its load generator; the second server is stopped by SIGINT, its
+# graceful shutdown, and must exit 0).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,8 +21,8 @@ run=(bash -c 'build/examples/devinfo && examples/run-tutorial.sh build tcp && ex
      build/examples/async_mixed --mode event && build/examples/async_mixed --mode busy &&
      { build/examples/kv --serve --once & server=$!; build/examples/kv 127.0.0.1 -n 5000; rc=$?;
        [ $rc = 0 ] || kill $server; wait $server; [ $rc = 0 ]; } &&
-     { build/examples/kv --serve --once & server=$!; build/examples/kv 127.0.0.1 -n 5000 --read-gets; rc=$?;
-       [ $rc = 0 ] || kill $server; wait $server; [ $rc = 0 ]; }')
+     { build/examples/kv --serve & server=$!; build/examples/kv 127.0.0.1 -n 5000 --read-gets; rc=$?;
+       kill -INT $server; wait $server && [ $rc = 0 ]; }')
 if compgen -G '/sys/class/infiniband/*' >/dev/null; then
     exec "${run[@]}"
 fi

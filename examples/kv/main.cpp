@@ -14,7 +14,9 @@
 // GETs of K keys; every value is a function of its key, so every GET that finds its
 // key is checked byte for byte. A progress line on a terminal, then a summary (calls
 // per second, round-trip percentiles); the exit status says whether every call was right.
-// --once: the server exits when its client's session ends.
+// --once: the server exits when its client's session ends. SIGINT or SIGTERM shuts the
+// server down gracefully: its clients' calls in flight finish, new calls and sessions are
+// refused (rpc::Endpoint::shutdown), then it exits with the summary.
 //
 // Tuned as a load generator should be: every coroutine has a call in flight (the
 // session's window is CONCURRENT unless -w says otherwise: with lib/rpc's default of 8,
@@ -26,7 +28,9 @@
 // round trip is the concurrency divided by the throughput (Little's law): 16 calls in
 // flight at 2,000 calls/s wait 8 ms each, however fast one call alone is.
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -38,12 +42,15 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include <unistd.h>
 
 #include <asio/co_spawn.hpp>
+#include <asio/experimental/as_tuple.hpp>
 #include <asio/io_context.hpp>
+#include <asio/signal_set.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
@@ -252,6 +259,21 @@ asio::awaitable<void> stop_when_served(asio::io_context* io, rpc::Endpoint* serv
     io->stop();
 }
 
+// SIGINT or SIGTERM: every session closes gracefully (its calls finish first), then the
+// server stops. `shut` says whether the shutdown went well.
+asio::awaitable<void> stop_on_signal(asio::io_context* io, rpc::Endpoint* server, bool* shut) {
+    asio::signal_set signals(*io, SIGINT, SIGTERM);
+    const auto [ec, number] = co_await signals.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+    if (ec)
+        co_return;
+    fmt::print(stderr, "kv: signal {}: shutting down ({} sessions finish their calls)\n", number, server->sessions());
+    auto done = co_await server->shutdown(std::chrono::seconds(5));
+    if (!done)
+        fmt::print(stderr, "kv: shutting down: {}\n", done.error());
+    *shut = done.has_value();
+    io->stop();
+}
+
 int serve(const Args& a) {
     asio::io_context io;
     auto server = rpc::Endpoint::create(io, {.device = a.device, .listen_port = a.port, .ring = 8 * 2 * server_window,
@@ -299,9 +321,11 @@ int serve(const Args& a) {
                (*server)->mtu(), a.port + 1);
     if (a.once)
         asio::co_spawn(io, stop_when_served(&io, server->get()), tutorial::rethrow);
-    io.run(); // for good, unless --once
+    bool shut = true;
+    asio::co_spawn(io, stop_on_signal(&io, server->get(), &shut), tutorial::rethrow);
+    io.run(); // until a signal, or --once's end
     fmt::print(stderr, "kv: {} keys stored, {} calls handled\n", table.size(), (*server)->counters().handled);
-    return 0;
+    return shut ? 0 : 1;
 }
 
 // ---------------------------------------------------------------------------------
@@ -321,6 +345,7 @@ struct Load {
     std::uint64_t read_hits = 0, read_fallbacks = 0; // GETs answered by a READ; READs that could not
     std::vector<double> round_trips_us;
     std::uint32_t workers_left = 0;
+    bool session_lost = false;
 };
 
 // --read-gets: the connection the server lent its mirror on, the mirror, and a slot's
@@ -381,8 +406,13 @@ asio::awaitable<void> worker(rpc::Session* session, Reader* reader, const Args* 
         load->round_trips_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count());
         ++load->done;
         if (!got) {
-            fmt::print(stderr, "\nkv: {} {}: {}\n", put ? "PUT" : "GET", key, got.error());
             ++load->failed;
+            if (got.error().is_errno(ECONNRESET)) { // the session ended (or closes: the server shuts down)
+                if (!std::exchange(load->session_lost, true))
+                    fmt::print(stderr, "\nkv: {} {}: {}: the workers stop\n", put ? "PUT" : "GET", key, got.error());
+                break;
+            }
+            fmt::print(stderr, "\nkv: {} {}: {}\n", put ? "PUT" : "GET", key, got.error());
         } else if (put) {
             ++load->puts;
         } else if (*got == 1 && response[0] == std::byte{0}) {
@@ -445,6 +475,7 @@ asio::awaitable<void> generate(rpc::Endpoint* client, const Args* a, Load* load)
         reader.emplace(std::move(*made));
     }
     const bool terminal = isatty(STDOUT_FILENO) != 0;
+    const std::uint32_t window = session->info().window; // (all zero once the session has ended)
     load->workers_left = a->concurrent;
     for (std::uint32_t w = 0; w < a->concurrent; ++w) {
         const std::uint32_t share = a->ops / a->concurrent + (w < a->ops % a->concurrent ? 1 : 0);
@@ -477,7 +508,7 @@ asio::awaitable<void> generate(rpc::Endpoint* client, const Args* a, Load* load)
                "kv: {} PUTs, {} GETs found and checked, {} missing, {} wrong, {} failed; {} retransmissions, {} "
                "packets dropped\n",
                terminal ? "\r\033[K" : "", load->done, seconds, static_cast<double>(load->done) / seconds,
-               a->concurrent, session->info().window, at(0.5), at(0.99), load->puts, load->hits + load->read_hits,
+               a->concurrent, window, at(0.5), at(0.99), load->puts, load->hits + load->read_hits,
                load->misses, load->wrong, load->failed, counters.retransmissions, counters.dropped());
     if (reader) {
         fmt::print("kv: {} GETs by one-sided READ, {} by RPC after a READ that could not answer\n", load->read_hits,
