@@ -23,7 +23,9 @@
 /// a versioned, checked exchange of UD addresses and limits (window, credits, largest
 /// request and response, payload per packet: the smaller MTU of the two ports), and the
 /// TCP connection stays open for the session's life: its end is the session's end (a
-/// peer process that dies ends its sessions at once, with no heartbeat).
+/// peer process that dies ends its sessions at once, with no heartbeat). Ending a
+/// session: destroy its Session (at once), or Session::close (gracefully: both ends'
+/// calls finish first); Endpoint::shutdown closes every session so.
 ///
 /// Errors. A call ends with `Result<std::size_t>`, the response's size, or an Error:
 /// @code{.unparsed}
