@@ -1351,6 +1351,42 @@ TEST_CASE("rpc endpoint: a server's shutdown() lets its clients finish their cal
     CHECK(rig.server->counters().sessions_refused == 1);
 }
 
+namespace {
+
+struct SilentServer {
+    std::optional<Error> error;
+    std::chrono::steady_clock::duration took{};
+};
+
+// A TCP listener that takes the client's connection and never answers: connect() ends
+// at its own timeout, not the endpoint's setup_timeout.
+asio::awaitable<void> connect_to_silence(rpc::Endpoint* client, SilentServer* out) {
+    const auto executor = co_await asio::this_coro::executor;
+    asio::ip::tcp::acceptor silent(executor, {asio::ip::make_address("127.0.0.1"), 0});
+    asio::ip::tcp::socket taken(executor);
+    silent.async_accept(taken, [](std::error_code) {});
+    const rpc::ConnectOptions options{.timeout = 300ms}; // (g++ 12: no braced temporary in a co_await)
+    const auto began = std::chrono::steady_clock::now();
+    auto session = co_await client->connect("127.0.0.1", silent.local_endpoint().port(), options);
+    out->took = std::chrono::steady_clock::now() - began;
+    if (!session)
+        out->error = session.error();
+}
+
+} // namespace
+
+TEST_CASE("rpc endpoint: connect() to a server that never answers ends at the connect's own timeout") {
+    asio::io_context io;
+    auto client = must(rpc::Endpoint::create(io, {.setup_timeout = 20s}));
+    SilentServer out;
+    run(io, connect_to_silence(client.get(), &out), 60s);
+    REQUIRE(out.error);
+    CHECK_MESSAGE(out.error->is_timeout(), out.error->message());
+    CHECK(out.took >= 300ms);
+    CHECK(out.took < 10s); // not the endpoint's 20 s
+    CHECK(client->sessions() == 0);
+}
+
 // ---------------------------------------------------------------------------------
 // Allocations per call: none once warm (operator new and aligned_alloc counted:
 // support/allocations.cpp)

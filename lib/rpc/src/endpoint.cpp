@@ -326,7 +326,8 @@ struct EndpointCore {
     static asio::awaitable<void> accept_loop(Anchor anchor, tcp::acceptor* acceptor);
     static asio::awaitable<void> serve_setup(Anchor anchor, tcp::socket socket);
     static asio::awaitable<void> watch(Anchor anchor, SessionId id, tcp::socket socket);
-    static asio::awaitable<Result<Session>> connect(Anchor anchor, std::string host, std::uint16_t port);
+    static asio::awaitable<Result<Session>> connect(Anchor anchor, std::string host, std::uint16_t port,
+                                                    std::chrono::milliseconds timeout);
 
     asio::io_context::executor_type executor;
     async::Completions* completions; // lib/async's service of the io_context
@@ -1536,7 +1537,8 @@ asio::awaitable<void> EndpointCore::serve_setup(Anchor anchor, tcp::socket socke
     co_await watch(anchor, admitted->session, std::move(socket));
 }
 
-asio::awaitable<Result<Session>> EndpointCore::connect(Anchor anchor, std::string host, std::uint16_t port) {
+asio::awaitable<Result<Session>> EndpointCore::connect(Anchor anchor, std::string host, std::uint16_t port,
+                                                      std::chrono::milliseconds timeout) {
     constexpr const char* call = "rpc::Endpoint::connect";
     EndpointCore* core = *anchor;
     const SessionLimits asked = core->most();
@@ -1560,7 +1562,7 @@ asio::awaitable<Result<Session>> EndpointCore::connect(Anchor anchor, std::strin
     const std::string peer = fmt::format("{}:{}", host, port);
     tcp::resolver resolver(core->executor);
     tcp::socket socket(core->executor);
-    asio::steady_timer timer(core->executor, core->options.setup_timeout);
+    asio::steady_timer timer(core->executor, timeout);
     auto [rec, addresses] = co_await bounded(resolver.async_resolve(host, std::to_string(port), no_throw), timer);
     if (*anchor == nullptr)
         co_return std::unexpected(Error::cancelled(call, "the endpoint was destroyed"));
@@ -1810,9 +1812,12 @@ asio::awaitable<Result<void>> Endpoint::shutdown(std::chrono::milliseconds timeo
     return detail::EndpointCore::shutdown(core_->anchor, timeout);
 }
 
-asio::awaitable<Result<Session>> Endpoint::connect(std::string host, std::uint16_t port, std::source_location where) {
+asio::awaitable<Result<Session>> Endpoint::connect(std::string host, std::uint16_t port, ConnectOptions options,
+                                                  std::source_location where) {
     core_->check_thread(where);
-    return detail::EndpointCore::connect(core_->anchor, std::move(host), port);
+    require(options.timeout.count() >= 0, where, "Endpoint::connect with a negative timeout");
+    return detail::EndpointCore::connect(core_->anchor, std::move(host), port,
+                                         options.timeout.count() > 0 ? options.timeout : core_->options.setup_timeout);
 }
 
 std::uint16_t Endpoint::listen_port() const noexcept {

@@ -159,6 +159,13 @@ struct EndpointOptions {
     std::chrono::microseconds tick{500};
 };
 
+/// How one Endpoint::connect goes.
+struct ConnectOptions {
+    /// The whole setup's bound (resolving, connecting, the server's answer); 0: the
+    /// endpoint's EndpointOptions::setup_timeout.
+    std::chrono::milliseconds timeout{0};
+};
+
 /// How one call goes.
 struct CallOptions {
     /// The whole call's bound, its wait for a window slot included: then an Error of
@@ -491,13 +498,14 @@ public:
     /// @misuse Not the endpoint's thread.
     void set_accept_handler(AcceptHandler handler, std::source_location where = std::source_location::current());
 
-    /// A session to the endpoint listening at host:port, within setup_timeout.
+    /// A session to the endpoint listening at host:port, within options.timeout (by
+    /// default the endpoint's setup_timeout).
     /// @errors Resolving and connecting (errno), a silent server (timeout), a malformed
     /// or dishonest answer (protocol), a refusal (errno ECONNREFUSED, the reason in the
     /// detail: too many sessions, ring full, ...), no table entry or ring room here
     /// (errno EAGAIN); this endpoint destroyed meanwhile (cancelled).
-    /// @misuse Not the endpoint's thread.
-    asio::awaitable<Result<Session>> connect(std::string host, std::uint16_t port,
+    /// @misuse Not the endpoint's thread; a negative timeout.
+    asio::awaitable<Result<Session>> connect(std::string host, std::uint16_t port, ConnectOptions options = {},
                                              std::source_location where = std::source_location::current());
 
     /// Closes every session now live gracefully, as Session::close(timeout) each, at
