@@ -312,8 +312,8 @@ struct EndpointCore {
                          const SessionLimits& limits, bool initiator, bool both_ways);
     void end_session(SessionId id, std::string_view why);
     // Sends `message` on the session's TCP connection, after those before it: one write
-    // at a time (Asio's rule for a stream), from the outbox, once the session's watcher
-    // has the socket.
+    // at a time (Asio's rule for a stream; a server's setup reply is one too), from the
+    // outbox, once the session's watcher has the socket.
     void send_message(SessionState& s, const std::array<std::byte, rc_message_bytes>& message);
     void start_writer(SessionState& s);
     static asio::awaitable<void> write_messages(Anchor anchor, SessionId id);
@@ -1367,7 +1367,6 @@ struct SocketRegistration {
             if (SessionState* s = core->table.lookup(id)) {
                 s->socket = socket;
                 registered = true;
-                core->start_writer(*s); // what was sent before the watcher began
             }
     }
     SocketRegistration(const SocketRegistration&) = delete;
@@ -1418,6 +1417,7 @@ asio::awaitable<void> EndpointCore::watch(Anchor anchor, SessionId id, tcp::sock
     const SocketRegistration registration(anchor, id, &socket);
     if (!registration.registered)
         co_return; // the session ended before its watch began: the socket closes here
+    (*anchor)->start_writer(*(*anchor)->table.lookup(id)); // what was sent before the watch began
     std::string why = "the peer closed the session (its TCP connection ended)";
     for (;;) {
         std::array<std::byte, rc_message_bytes> bytes{};
@@ -1521,10 +1521,14 @@ asio::awaitable<void> EndpointCore::serve_setup(Anchor anchor, tcp::socket socke
         ++core->counters.sessions_refused;
     const auto out = encode(reply);
     const SocketRegistration registration(anchor, admitted ? admitted->session : SessionId{}, &socket);
+    if (admitted) // the reply is the socket's write until it is out: messages queue behind it (watch() sends them)
+        core->table.lookup(admitted->session)->writing = true;
     auto [wec, n] = co_await bounded(asio::async_write(socket, asio::buffer(out), no_throw), timer);
     core = *anchor;
     if (core == nullptr || !admitted)
         co_return;
+    if (SessionState* s = core->table.lookup(admitted->session))
+        s->writing = false;
     if (wec) {
         core->end_session(admitted->session, "the client left during the setup");
         co_return;
