@@ -221,6 +221,10 @@ struct SessionState {
     bool peer_closing = false; // the peer said goodbye: no call begins, the session ends once they finish
     std::unique_ptr<CongestionControl> congestion; // client: its window's, if the endpoint has them
     RcPath rc;
+
+    // No call of this end's in flight or queued (what leaves the active list, and what a
+    // closing session waits for).
+    bool calls_done() const noexcept { return in_flight == 0 && queued.empty(); }
 };
 
 // Coroutines outlive nothing: each holds the anchor and finds the core through it after
@@ -737,7 +741,7 @@ void EndpointCore::tick() {
         expire_queued(*s, now);
         begin_queued(*s, now);
         pump(*s, now);
-        if (s->in_flight == 0 && s->queued.empty()) {
+        if (s->calls_done()) {
             s->active = false;
             if (!s->closers.empty() || s->peer_closing)
                 calls_finished(*s);
@@ -1284,7 +1288,7 @@ asio::awaitable<Result<void>> EndpointCore::close(Anchor anchor, SessionId id, s
     } unregister{anchor, id, &timer};
     for (;;) {
         // nothing has suspended since `s` was found
-        if (s->in_flight == 0 && s->queued.empty() && !s->goodbye_sent) {
+        if (s->calls_done() && !s->goodbye_sent) {
             s->goodbye_sent = true;
             const RcMessage goodbye{.kind = RcMessage::Kind::goodbye, .available = false, .qp = {}};
             core->send_message(*s, encode(goodbye));
@@ -1445,7 +1449,7 @@ asio::awaitable<void> EndpointCore::watch(Anchor anchor, SessionId id, tcp::sock
         if (message->kind == RcMessage::Kind::goodbye) {
             // its calls have finished; this end's finish first (tick() ends the session)
             s->peer_closing = true;
-            if (s->in_flight == 0 && s->queued.empty()) {
+            if (s->calls_done()) {
                 why = "the peer closed the session";
                 break;
             }
