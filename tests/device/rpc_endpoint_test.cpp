@@ -3,6 +3,7 @@
 // to many packets, every error a call can end with provoked, at-most-once execution
 // counted.
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -32,6 +33,7 @@
 
 #include <doctest/doctest.h>
 
+#include <rdmaxx/async/connection.hpp>
 #include <rdmaxx/rpc/endpoint.hpp>
 
 #include "../support/allocations.hpp"
@@ -686,14 +688,25 @@ TEST_CASE("rpc endpoint: 1,000 sessions on one server endpoint, a call on each a
 
 namespace {
 
-// The server process: echo and hold_it on `port`, until killed. Started when `go`
-// (a pipe) gives a byte. Never returns.
-[[noreturn]] void server_process(std::uint16_t port, int go) {
+// Where the server processes listen: TCP on loopback, or RDMA CM on the device's address.
+struct Where {
+    Transport transport = Transport::tcp;
+    std::string address = "127.0.0.1";
+    std::uint16_t port = 0;
+};
+
+// The server process: echo and hold_it at `at`, until killed. Started when `go` (a
+// pipe) gives a byte. Never returns.
+[[noreturn]] void server_process(const Where& at, int go) {
     char byte = 0;
     if (::read(go, &byte, 1) != 1)
         ::_exit(3);
     asio::io_context io;
-    auto server = rpc::Endpoint::create(io, {.listen_port = port, .listen_address = "127.0.0.1"});
+    rpc::EndpointOptions options;
+    options.listen_port = at.port;
+    options.listen_address = at.address;
+    options.session_transport = at.transport;
+    auto server = rpc::Endpoint::create(io, options);
     if (!server)
         ::_exit(2);
     std::vector<rpc::Responder> held;
@@ -714,10 +727,10 @@ struct Killed {
 };
 
 // Connects, retrying while the server process is not listening yet.
-asio::awaitable<std::optional<rpc::Session>> connect_retrying(rpc::Endpoint* client, std::uint16_t port) {
+asio::awaitable<std::optional<rpc::Session>> connect_retrying(rpc::Endpoint* client, const Where* at) {
     asio::steady_timer timer(co_await asio::this_coro::executor);
     for (int attempt = 0; attempt < 300; ++attempt) {
-        auto session = co_await client->connect("127.0.0.1", port);
+        auto session = co_await client->connect(at->address, at->port);
         if (session)
             co_return std::optional<rpc::Session>(std::move(*session));
         timer.expires_after(100ms);
@@ -726,10 +739,10 @@ asio::awaitable<std::optional<rpc::Session>> connect_retrying(rpc::Endpoint* cli
     co_return std::nullopt;
 }
 
-asio::awaitable<void> outlive_the_server(rpc::Endpoint* client, std::uint16_t port, pid_t first, int go_second,
+asio::awaitable<void> outlive_the_server(rpc::Endpoint* client, const Where* at, pid_t first, int go_second,
                                          Killed* k) {
     std::vector<std::byte> request = message(5, 200), response(4096);
-    auto session = co_await connect_retrying(client, port);
+    auto session = co_await connect_retrying(client, at);
     REQUIRE(session);
     if (auto got = co_await session->call(echo, request, response); got && *got == request.size())
         ++k->echoes;
@@ -754,39 +767,43 @@ asio::awaitable<void> outlive_the_server(rpc::Endpoint* client, std::uint16_t po
     // the restarted server, on the same port
     session.reset();
     REQUIRE(::write(go_second, "g", 1) == 1);
-    auto again = co_await connect_retrying(client, port);
+    auto again = co_await connect_retrying(client, at);
     REQUIRE(again);
     if (auto got = co_await again->call(echo, request, response); got && *got == request.size())
         ++k->echoes;
 }
 
-} // namespace
-
-TEST_CASE("rpc endpoint: a server process killed ends its sessions' calls at once; a restarted one serves") {
-    const std::uint16_t port = next_port();
+// Two server processes on one port (the second started once the first is killed).
+Killed kill_the_server(const Where& at) {
     int first_go[2], second_go[2];
     REQUIRE(::pipe(first_go) == 0);
     REQUIRE(::pipe(second_go) == 0);
     const pid_t first = ::fork();
     REQUIRE(first >= 0);
     if (first == 0)
-        server_process(port, first_go[0]);
+        server_process(at, first_go[0]);
     const pid_t second = ::fork();
     REQUIRE(second >= 0);
     if (second == 0)
-        server_process(port, second_go[0]);
+        server_process(at, second_go[0]);
     REQUIRE(::write(first_go[1], "g", 1) == 1);
     Killed k;
     {
         asio::io_context io;
-        auto client = must(rpc::Endpoint::create(io, {}));
-        run(io, outlive_the_server(client.get(), port, first, second_go[1], &k), 120s);
+        rpc::EndpointOptions options;
+        options.session_transport = at.transport;
+        auto client = must(rpc::Endpoint::create(io, options));
+        run(io, outlive_the_server(client.get(), &at, first, second_go[1], &k), 120s);
     }
     ::kill(second, SIGKILL);
     ::waitpid(first, nullptr, 0);
     ::waitpid(second, nullptr, 0);
     for (const int fd : {first_go[0], first_go[1], second_go[0], second_go[1]})
         ::close(fd);
+    return k;
+}
+
+void check_killed(const Killed& k) {
     CHECK(k.echoes == 2);
     REQUIRE(k.ended.size() == 3);
     for (const Error& e : k.ended)
@@ -795,9 +812,19 @@ TEST_CASE("rpc endpoint: a server process killed ends its sessions' calls at onc
     CHECK(k.took < 5s);
 }
 
+} // namespace
+
+TEST_CASE("rpc endpoint: a server process killed ends its sessions' calls at once; a restarted one serves") {
+    check_killed(kill_the_server({.transport = Transport::tcp, .address = "127.0.0.1", .port = next_port()}));
+}
+
+TEST_CASE("rpc endpoint: over RDMA CM too, a server process killed ends its sessions' calls at once") {
+    check_killed(kill_the_server({.transport = Transport::rdma_cm, .address = test::cm_address(), .port = next_port()}));
+}
+
 namespace {
 
-struct Lending {
+struct KeptRequests {
     int wrong = 0;
     std::uint64_t copies_after_inline = 0;
 };
@@ -807,7 +834,7 @@ struct Lending {
 // request's bytes, once 200 calls on another session have gone through the server's
 // small receive ring (the buffers the 8 came in are reused).
 asio::awaitable<void> lend_and_keep(Rig* rig, std::optional<rpc::Session>* session,
-                                    std::vector<std::pair<rpc::Request, rpc::Responder>>* kept, Lending* out) {
+                                    std::vector<std::pair<rpc::Request, rpc::Responder>>* kept, KeptRequests* out) {
     co_await connect_into(rig, session);
     std::optional<rpc::Session> traffic;
     co_await connect_into(rig, &traffic);
@@ -852,7 +879,7 @@ TEST_CASE("rpc endpoint: one-packet requests reach their handler uncopied; one k
         kept.emplace_back(request, std::move(responder));
     });
     std::optional<rpc::Session> session;
-    Lending out;
+    KeptRequests out;
     run(rig.io, lend_and_keep(&rig, &session, &kept, &out), 60s);
     CHECK(out.wrong == 0);
     CHECK(out.copies_after_inline == 0);
@@ -1385,6 +1412,183 @@ TEST_CASE("rpc endpoint: connect() to a server that never answers ends at the co
     CHECK(out.took >= 300ms);
     CHECK(out.took < 10s); // not the endpoint's 20 s
     CHECK(client->sessions() == 0);
+}
+
+// ---------------------------------------------------------------------------------
+// Sessions over RDMA CM (EndpointOptions::session_transport)
+
+namespace {
+
+// A server and a client endpoint whose sessions are set up over RDMA CM, on the
+// device's address (the server's handler: echo).
+struct CmRig {
+    std::string address = test::cm_address();
+    std::uint16_t port = next_port();
+    asio::io_context io;
+    std::unique_ptr<rpc::Endpoint> server, client;
+
+    explicit CmRig(std::chrono::milliseconds setup_timeout = 5s) {
+        rpc::EndpointOptions server_options;
+        server_options.listen_port = port;
+        server_options.listen_address = address;
+        server_options.session_transport = Transport::rdma_cm;
+        server_options.setup_timeout = setup_timeout;
+        server = must(rpc::Endpoint::create(io, server_options));
+        server->set_handler(echo, [](rpc::Request request, rpc::Responder responder) {
+            responder.respond(request.bytes());
+        });
+        rpc::EndpointOptions client_options;
+        client_options.session_transport = Transport::rdma_cm;
+        client = must(rpc::Endpoint::create(io, client_options));
+    }
+};
+
+struct CmSessions {
+    int wrong = 0;
+    std::optional<Error> first, closed, refused;
+    std::uint32_t server_sessions_before_close = 0, server_sessions_after_close = 0;
+    std::uint32_t server_sessions_after_destroy = 0;
+};
+
+// Waits up to `limit` for `endpoint` to have `count` sessions (the other end's news
+// travels over the control connection); returns how many it has.
+asio::awaitable<std::uint32_t> sessions_become(rpc::Endpoint* endpoint, std::uint32_t count,
+                                               std::chrono::milliseconds limit) {
+    asio::steady_timer timer(co_await asio::this_coro::executor);
+    for (auto waited = 0ms; endpoint->sessions() != count && waited < limit; waited += 10ms) {
+        timer.expires_after(10ms);
+        co_await timer.async_wait(asio::use_awaitable);
+    }
+    co_return endpoint->sessions();
+}
+
+asio::awaitable<void> cm_sessions(rpc::Endpoint* server, rpc::Endpoint* client, std::string address,
+                                  std::uint16_t port, CmSessions* out) {
+    auto session = co_await client->connect(address, port);
+    if (!session) {
+        out->first = session.error();
+        co_return;
+    }
+    // one packet, many packets, and above rdma_threshold (the RC path, offered and
+    // answered over the CM control connection), each checked
+    std::vector<std::byte> response(40'000);
+    for (const std::size_t size : {std::size_t{32}, std::size_t{3000}, std::size_t{20'000}, std::size_t{40'000}}) {
+        const auto request = message(static_cast<std::uint32_t>(size), size);
+        const Result<std::size_t> got = co_await session->call(echo, request, response, {.timeout = 20s});
+        out->wrong += got && *got == size && echoed(response, request) ? 0 : 1;
+    }
+    out->server_sessions_before_close = server->sessions();
+    if (auto closed = co_await session->close(5s); !closed)
+        out->closed = closed.error();
+    out->server_sessions_after_close = co_await sessions_become(server, 0, 5s);
+
+    // a Session destroyed: the server's session ends with the control connection
+    auto second = co_await client->connect(address, port);
+    if (!second) {
+        out->first = second.error();
+        co_return;
+    }
+    const auto request = message(7, 100);
+    const Result<std::size_t> got = co_await second->call(echo, request, response, {.timeout = 20s});
+    out->wrong += got && *got == request.size() ? 0 : 1;
+    {
+        rpc::Session gone = std::move(*second);
+    }
+    out->server_sessions_after_destroy = co_await sessions_become(server, 0, 5s);
+
+    // the server shuts down: its RDMA CM port listens no more
+    if (auto down = co_await server->shutdown(5s); !down)
+        out->closed = down.error();
+    const rpc::ConnectOptions quick{.timeout = 3s};
+    auto refused = co_await client->connect(address, port, quick);
+    if (!refused)
+        out->refused = refused.error();
+}
+
+} // namespace
+
+TEST_CASE("rpc endpoint: sessions set up over RDMA CM carry calls of every size, close gracefully, end with their "
+          "control connection") {
+    CmRig rig;
+    CmSessions out;
+    run(rig.io, cm_sessions(rig.server.get(), rig.client.get(), rig.address, rig.port, &out), 120s);
+    REQUIRE_MESSAGE(!out.first, (out.first ? out.first->message() : ""));
+    CHECK(out.wrong == 0);
+    CHECK(rig.server->counters().rdma_reads >= 2); // the 20,000- and 40,000-byte requests took the RC path
+    CHECK(out.server_sessions_before_close == 1);
+    CHECK_MESSAGE(!out.closed, (out.closed ? out.closed->message() : ""));
+    CHECK(out.server_sessions_after_close == 0);
+    CHECK(out.server_sessions_after_destroy == 0);
+    CHECK(rig.server->listen_port() == 0);
+    REQUIRE(out.refused); // nothing listens on the port any more
+    CHECK(rig.client->sessions() == 0);
+}
+
+namespace {
+
+struct CmHostile {
+    std::optional<Error> setup; // of the test's own connections and session
+    bool garbage_ended = false, silent_ended = false;
+    std::chrono::milliseconds silent_lasted{};
+    int wrong = 0;
+    std::uint32_t server_sessions = 0; // with the real session live
+};
+
+// Two RDMA CM clients of lib/async's Connection at an rpc listener: one sends 64 bytes
+// of garbage for a session request, one says nothing; a real client meanwhile.
+asio::awaitable<void> cm_hostile(rpc::Endpoint* server, rpc::Endpoint* client, std::string address,
+                                 std::uint16_t port, CmHostile* out) {
+    const auto executor = co_await asio::this_coro::executor;
+    ConnectionOptions options;
+    options.transport = Transport::rdma_cm;
+    auto silent = co_await async::Connection::connect(executor, address, port, options);
+    auto garbage = co_await async::Connection::connect(executor, address, port, options);
+    if (!silent || !garbage) {
+        out->setup = !silent ? silent.error() : garbage.error();
+        co_return;
+    }
+    const auto silent_since = std::chrono::steady_clock::now();
+    auto junk = must(garbage->alloc_local_mr(64));
+    std::memset(junk.bytes().data(), 0xab, 64);
+    if (auto sent = co_await garbage->send(junk.slice(0, 64)); !sent) {
+        out->setup = sent.error();
+        co_return;
+    }
+    std::array<std::byte, 256> into{};
+    auto answer = co_await garbage->receive(into, 10s);
+    out->garbage_ended = !answer && !answer.error().is_timeout(); // closed, unanswered
+
+    auto session = co_await client->connect(address, port);
+    if (!session) {
+        out->setup = session.error();
+        co_return;
+    }
+    const auto request = message(3, 500);
+    std::vector<std::byte> response(500);
+    const Result<std::size_t> got = co_await session->call(echo, request, response, {.timeout = 20s});
+    out->wrong += got && *got == request.size() && echoed(response, request) ? 0 : 1;
+    out->server_sessions = server->sessions(); // the hostile clients were never admitted
+
+    auto heard = co_await silent->receive(into, 20s);
+    out->silent_ended = !heard && !heard.error().is_timeout();
+    out->silent_lasted = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                                              silent_since);
+}
+
+} // namespace
+
+TEST_CASE("rpc endpoint: RDMA CM clients that send garbage or nothing are closed; a real client is served "
+          "meanwhile") {
+    CmRig rig(1500ms);
+    CmHostile out;
+    run(rig.io, cm_hostile(rig.server.get(), rig.client.get(), rig.address, rig.port, &out), 120s);
+    REQUIRE_MESSAGE(!out.setup, (out.setup ? out.setup->message() : ""));
+    CHECK(out.garbage_ended);
+    CHECK(out.wrong == 0);
+    CHECK(out.silent_ended);      // at the server's setup_timeout, not the test's 20 s
+    CHECK(out.silent_lasted >= 1s);
+    CHECK(out.silent_lasted < 15s);
+    CHECK(out.server_sessions == 1);
 }
 
 // ---------------------------------------------------------------------------------

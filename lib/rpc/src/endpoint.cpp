@@ -1,6 +1,6 @@
 // The endpoint's core: the UD transport's packets into the session windows (slots.hpp)
-// and out again, the listener and session setup over TCP (session_codec.hpp,
-// session_table.hpp), the calls' handlers and one ticker for every timeout.
+// and out again, the listener and session setup over TCP or RDMA CM (session_codec.hpp,
+// session_table.hpp, control_channel.hpp), the calls' handlers and one ticker for every timeout.
 #include <rdmaxx/rpc/endpoint.hpp>
 
 #include <algorithm>
@@ -13,12 +13,8 @@
 #include <vector>
 
 #include <asio/co_spawn.hpp>
-#include <asio/connect.hpp>
-#include <asio/ip/tcp.hpp>
-#include <asio/read.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
-#include <asio/write.hpp>
 
 #include <fmt/format.h>
 
@@ -26,6 +22,7 @@
 #include <rdmaxx/async/error_code.hpp>
 #include <rdmaxx/wrap/log.hpp>
 
+#include "control_channel.hpp"
 #include "packet.hpp"
 #include "rc_codec.hpp"
 #include "rc_transport.hpp"
@@ -33,6 +30,11 @@
 #include "session_table.hpp"
 #include "slots.hpp"
 #include "ud_transport.hpp"
+
+// g++ 12 sees Asio's coroutine-frame operator delete as mismatched with its operator
+// new once it inlines both into a coroutine (a false positive: the frame's allocator
+// pairs them).
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 
 namespace rdmaxx::rpc {
 
@@ -51,8 +53,6 @@ std::string_view drop_reason_name(std::size_t i) noexcept {
 
 namespace detail {
 
-using asio::ip::tcp;
-using async::bounded;
 using async::no_throw;
 
 namespace {
@@ -192,7 +192,7 @@ struct RcPath {
 // One session at this end: a ClientWindow and its calls where this end calls (the
 // initiator; both ends of a both-ways session), a ServerWindow where it answers (the
 // other end; both ends of a both-ways session). Both have the peer's address and the
-// TCP connection whose end is theirs (the socket lives in the session's watcher
+// control connection whose end is theirs (it lives in the session's watcher
 // coroutine).
 struct SessionState {
     bool initiator = false; // this end set the session up (connect)
@@ -210,8 +210,8 @@ struct SessionState {
     std::uint64_t next_ticket = 0;  // client: the next queued call's
     std::uint32_t in_flight = 0;    // client: busy entries of `calls`
     bool active = false;            // client: on the core's active list
-    tcp::socket* socket = nullptr;
-    std::deque<std::array<std::byte, rc_message_bytes>> outbox; // to write on `socket`, in order
+    ControlChannel* control = nullptr;
+    std::deque<std::array<std::byte, rc_message_bytes>> outbox; // to write on `control`, in order
     bool writing = false;                                       // a write_messages() runs
     // each Session::close() at this end (Endpoint::shutdown's too): its timer, cancelled
     // to wake it (this end's calls have finished, or the session ended); while there is
@@ -315,9 +315,9 @@ struct EndpointCore {
     SessionState& attach(SessionId local, const SessionId& remote, const UdAddress& peer, AddressHandle ah,
                          const SessionLimits& limits, bool initiator, bool both_ways);
     void end_session(SessionId id, std::string_view why);
-    // Sends `message` on the session's TCP connection, after those before it: one write
-    // at a time (Asio's rule for a stream; a server's setup reply is one too), from the
-    // outbox, once the session's watcher has the socket.
+    // Sends `message` on the session's control connection, after those before it: one
+    // write at a time (Asio's rule for a stream; a server's setup reply is one too),
+    // from the outbox, once the session's watcher has the connection.
     void send_message(SessionState& s, const std::array<std::byte, rc_message_bytes>& message);
     void start_writer(SessionState& s);
     static asio::awaitable<void> write_messages(Anchor anchor, SessionId id);
@@ -327,9 +327,9 @@ struct EndpointCore {
     static asio::awaitable<Result<void>> close(Anchor anchor, SessionId id, std::chrono::milliseconds timeout);
     static asio::awaitable<Result<void>> shutdown(Anchor anchor, std::chrono::milliseconds timeout);
 
-    static asio::awaitable<void> accept_loop(Anchor anchor, tcp::acceptor* acceptor);
-    static asio::awaitable<void> serve_setup(Anchor anchor, tcp::socket socket);
-    static asio::awaitable<void> watch(Anchor anchor, SessionId id, tcp::socket socket);
+    static asio::awaitable<void> accept_loop(Anchor anchor, std::shared_ptr<ControlListener> listener);
+    static asio::awaitable<void> serve_setup(Anchor anchor, ControlChannel channel);
+    static asio::awaitable<void> watch(Anchor anchor, SessionId id, ControlChannel channel);
     static asio::awaitable<Result<Session>> connect(Anchor anchor, std::string host, std::uint16_t port,
                                                     std::chrono::milliseconds timeout);
 
@@ -347,7 +347,7 @@ struct EndpointCore {
     std::array<Handler, 256> handlers;
     AcceptHandler accept_handler; // set: sessions are both ways
     Counters counters;
-    std::optional<tcp::acceptor> acceptor;
+    std::shared_ptr<ControlListener> listener; // shared with its accept loop
     bool shutting_down = false; // Endpoint::shutdown(): setups are refused, then the listener closes
     asio::steady_timer ticker;
     bool ticking = false;
@@ -364,10 +364,8 @@ struct EndpointCore {
 
 EndpointCore::~EndpointCore() {
     *anchor = nullptr;
-    if (acceptor) {
-        std::error_code ignored;
-        acceptor->close(ignored);
-    }
+    if (listener)
+        listener->close();
     for (const SessionId id : table.live())
         end_session(id, "the endpoint was destroyed");
     ticker.cancel();
@@ -418,7 +416,7 @@ void EndpointCore::take(UdSource from, std::span<const std::byte> packet) {
             return send(*s, *out);
         return handle(*s, std::get<HandlerCall>(*step));
     }
-    case Kind::reset: break; // a session's end travels over its TCP connection
+    case Kind::reset: break; // a session's end travels over its control connection
     }
     drop(DropReason::wrong_kind);
 }
@@ -1016,7 +1014,7 @@ void EndpointCore::offer_rc(SessionState& s) {
 
 void EndpointCore::send_message(SessionState& s, const std::array<std::byte, rc_message_bytes>& message) {
     s.outbox.push_back(message);
-    if (s.socket != nullptr)
+    if (s.control != nullptr)
         start_writer(s);
 }
 
@@ -1033,14 +1031,14 @@ asio::awaitable<void> EndpointCore::write_messages(Anchor anchor, SessionId id) 
         SessionState* s = core == nullptr ? nullptr : core->table.lookup(id);
         if (s == nullptr)
             co_return;
-        if (s->outbox.empty() || s->socket == nullptr) {
+        if (s->outbox.empty() || s->control == nullptr) {
             s->writing = false;
             co_return;
         }
         const auto message = s->outbox.front();
         s->outbox.pop_front();
         // a failed write ends the session through its watcher's read
-        if (auto [ec, n] = co_await asio::async_write(*s->socket, asio::buffer(message), no_throw); ec)
+        if (const std::error_code ec = co_await s->control->write(message); ec)
             co_return;
     }
 }
@@ -1208,7 +1206,7 @@ SessionState& EndpointCore::attach(SessionId local, const SessionId& remote, con
                        .queued = {},
                        .in_flight = 0,
                        .active = false,
-                       .socket = nullptr,
+                       .control = nullptr,
                        .outbox = {},
                        .writing = false,
                        .closers = {},
@@ -1246,10 +1244,8 @@ void EndpointCore::end_session(SessionId id, std::string_view why) {
         }
     for (QueuedCall& queued : s->queued)
         fail(std::move(queued.handler), call_error(ECONNRESET, std::string(why)));
-    if (s->socket != nullptr) {
-        std::error_code ignored;
-        s->socket->close(ignored);
-    }
+    if (s->control != nullptr)
+        s->control->close();
     for (asio::steady_timer* closer : s->closers)
         closer->cancel();
     rc_in_flight -= s->rc.transfers; // their completions, if they come, are a dead QP's
@@ -1349,10 +1345,8 @@ asio::awaitable<Result<void>> EndpointCore::shutdown(Anchor anchor, std::chrono:
             co_return std::unexpected(Error::cancelled("rpc::Endpoint::shutdown"));
         }
     }
-    if ((core = *anchor) != nullptr && core->acceptor) {
-        std::error_code ignored;
-        core->acceptor->close(ignored);
-    }
+    if ((core = *anchor) != nullptr && core->listener)
+        core->listener->close();
     if (closes->first_error)
         co_return std::unexpected(std::move(*closes->first_error));
     co_return Result<void>{};
@@ -1360,86 +1354,73 @@ asio::awaitable<Result<void>> EndpointCore::shutdown(Anchor anchor, std::chrono:
 
 namespace {
 
-// The socket a session's watcher owns, known to the session while both live.
-struct SocketRegistration {
+// The control connection a session's watcher owns, known to the session while both live.
+struct ChannelRegistration {
     Anchor anchor;
     SessionId id;
-    tcp::socket* socket;
+    ControlChannel* channel;
     bool registered = false; // false: the session had ended (or the endpoint gone) already
-    SocketRegistration(Anchor a, SessionId i, tcp::socket* sock) : anchor(std::move(a)), id(i), socket(sock) {
+    ChannelRegistration(Anchor a, SessionId i, ControlChannel* c) : anchor(std::move(a)), id(i), channel(c) {
         if (EndpointCore* core = *anchor)
             if (SessionState* s = core->table.lookup(id)) {
-                s->socket = socket;
+                s->control = channel;
                 registered = true;
             }
     }
-    SocketRegistration(const SocketRegistration&) = delete;
-    SocketRegistration& operator=(const SocketRegistration&) = delete;
-    ~SocketRegistration() {
+    ChannelRegistration(const ChannelRegistration&) = delete;
+    ChannelRegistration& operator=(const ChannelRegistration&) = delete;
+    ~ChannelRegistration() {
         if (EndpointCore* core = *anchor)
-            if (SessionState* s = core->table.lookup(id); s != nullptr && s->socket == socket)
-                s->socket = nullptr;
+            if (SessionState* s = core->table.lookup(id); s != nullptr && s->control == channel)
+                s->control = nullptr;
     }
 };
 
-Error setup_error(std::error_code ec, const char* call, std::string_view doing) {
-    if (ec == asio::error::timed_out)
-        return Error::timeout(call, fmt::format("{}: no answer in time", doing));
-    if (ec == asio::error::eof)
-        return Error::protocol(call, fmt::format("{}: the peer closed the connection", doing));
-    return Error::from_errno(call, async::errno_of(ec), fmt::format("{}: {}", doing, ec.message()));
-}
-
-// A session message from `socket`: its prefix, then the rest it announces.
+// A session message from `channel`: its prefix, then the rest it announces, by `deadline`.
 template <class DecodePrefix>
-asio::awaitable<std::pair<std::error_code, std::vector<std::byte>>> read_message(tcp::socket& socket,
-                                                                                 asio::steady_timer& timer,
+asio::awaitable<std::pair<std::error_code, std::vector<std::byte>>> read_message(ControlChannel& channel,
+                                                                                 Deadline deadline,
                                                                                  DecodePrefix decode_prefix,
                                                                                  std::uint16_t* version) {
     std::vector<std::byte> bytes(session_prefix_bytes);
-    if (auto [ec, n] = co_await bounded(asio::async_read(socket, asio::buffer(bytes), no_throw), timer); ec)
+    if (const std::error_code ec = co_await channel.read(bytes, deadline); ec)
         co_return std::pair{ec, std::vector<std::byte>{}};
     const auto prefix = decode_prefix(std::span<const std::byte, session_prefix_bytes>(bytes.data(), session_prefix_bytes));
     if (!prefix)
         co_return std::pair{std::make_error_code(std::errc::protocol_error), std::vector<std::byte>{}};
     *version = prefix->version;
     bytes.resize(prefix->length);
-    if (auto [ec, n] = co_await bounded(
-            asio::async_read(socket, asio::buffer(bytes.data() + session_prefix_bytes, bytes.size() - session_prefix_bytes),
-                             no_throw),
-            timer);
-        ec)
+    if (const std::error_code ec = co_await channel.read(std::span(bytes).subspan(session_prefix_bytes), deadline); ec)
         co_return std::pair{ec, std::vector<std::byte>{}};
     co_return std::pair{std::error_code{}, std::move(bytes)};
 }
 
 } // namespace
 
-// Until its TCP connection ends, then the session ends. The RC setup (rc_codec.hpp) is
-// all that may follow the session's setup on it: anything else breaks the session.
-asio::awaitable<void> EndpointCore::watch(Anchor anchor, SessionId id, tcp::socket socket) {
-    const SocketRegistration registration(anchor, id, &socket);
+// Until its control connection ends, then the session ends. The RC setup and the
+// goodbye (rc_codec.hpp) are all that may follow the session's setup on it: anything
+// else breaks the session.
+asio::awaitable<void> EndpointCore::watch(Anchor anchor, SessionId id, ControlChannel channel) {
+    const ChannelRegistration registration(anchor, id, &channel);
     if (!registration.registered)
-        co_return; // the session ended before its watch began: the socket closes here
+        co_return; // the session ended before its watch began: the connection closes here
     (*anchor)->start_writer(*(*anchor)->table.lookup(id)); // what was sent before the watch began
-    std::string why = "the peer closed the session (its TCP connection ended)";
+    std::string why = "the peer closed the session (its control connection ended)";
     for (;;) {
         std::array<std::byte, rc_message_bytes> bytes{};
-        if (auto [ec, n] = co_await asio::async_read(socket, asio::buffer(bytes.data(), rc_prefix_bytes), no_throw); ec)
+        if (const std::error_code ec = co_await channel.read(std::span(bytes).first<rc_prefix_bytes>()); ec)
             break;
         if (auto prefix = decode_rc_prefix(std::span(bytes).first<rc_prefix_bytes>()); !prefix) {
             why = fmt::format("the peer broke the session's protocol: {}", prefix.error().message());
             break;
         }
-        if (auto [ec, n] = co_await asio::async_read(
-                socket, asio::buffer(bytes.data() + rc_prefix_bytes, rc_message_bytes - rc_prefix_bytes), no_throw);
-            ec)
+        if (const std::error_code ec = co_await channel.read(std::span(bytes).subspan<rc_prefix_bytes>()); ec)
             break;
         EndpointCore* core = *anchor;
         if (core == nullptr)
             co_return;
         SessionState* s = core->table.lookup(id);
-        if (s == nullptr || s->socket != &socket)
+        if (s == nullptr || s->control != &channel)
             co_return;
         const auto message = decode_rc(bytes);
         if (!message) {
@@ -1467,30 +1448,30 @@ asio::awaitable<void> EndpointCore::watch(Anchor anchor, SessionId id, tcp::sock
     EndpointCore* core = *anchor;
     if (core == nullptr)
         co_return;
-    if (SessionState* s = core->table.lookup(id); s != nullptr && s->socket == &socket)
+    if (SessionState* s = core->table.lookup(id); s != nullptr && s->control == &channel)
         core->end_session(id, why);
 }
 
-asio::awaitable<void> EndpointCore::accept_loop(Anchor anchor, tcp::acceptor* acceptor) {
+asio::awaitable<void> EndpointCore::accept_loop(Anchor anchor, std::shared_ptr<ControlListener> listener) {
     for (;;) {
-        auto [ec, socket] = co_await acceptor->async_accept(no_throw);
+        auto [ec, channel] = co_await listener->accept();
         EndpointCore* core = *anchor;
-        if (core == nullptr || ec == asio::error::operation_aborted || !acceptor->is_open())
+        if (core == nullptr || ec == asio::error::operation_aborted || !listener->is_open())
             co_return;
         if (ec) {
             logger()->warn("rdmaxx rpc: accepting a session: {}", ec.message());
             continue;
         }
-        asio::co_spawn(core->executor, serve_setup(anchor, std::move(socket)), RethrowOutOfRun{});
+        asio::co_spawn(core->executor, serve_setup(anchor, std::move(*channel)), RethrowOutOfRun{});
     }
 }
 
 // One client's setup, beside the listener (a silent client stalls nobody), then its
 // session's life.
-asio::awaitable<void> EndpointCore::serve_setup(Anchor anchor, tcp::socket socket) {
-    asio::steady_timer timer(socket.get_executor(), (*anchor)->options.setup_timeout);
+asio::awaitable<void> EndpointCore::serve_setup(Anchor anchor, ControlChannel channel) {
+    const Deadline deadline = std::chrono::steady_clock::now() + (*anchor)->options.setup_timeout;
     std::uint16_t version = 0;
-    auto [ec, bytes] = co_await read_message(socket, timer, decode_request_prefix, &version);
+    auto [ec, bytes] = co_await read_message(channel, deadline, decode_request_prefix, &version);
     EndpointCore* core = *anchor;
     if (core == nullptr || ec)
         co_return; // closed: a silent or malformed client
@@ -1524,10 +1505,10 @@ asio::awaitable<void> EndpointCore::serve_setup(Anchor anchor, tcp::socket socke
     if (!admitted)
         ++core->counters.sessions_refused;
     const auto out = encode(reply);
-    const SocketRegistration registration(anchor, admitted ? admitted->session : SessionId{}, &socket);
-    if (admitted) // the reply is the socket's write until it is out: messages queue behind it (watch() sends them)
+    const ChannelRegistration registration(anchor, admitted ? admitted->session : SessionId{}, &channel);
+    if (admitted) // the reply is the connection's write until it is out: messages queue behind it (watch() sends them)
         core->table.lookup(admitted->session)->writing = true;
-    auto [wec, n] = co_await bounded(asio::async_write(socket, asio::buffer(out), no_throw), timer);
+    const std::error_code wec = co_await channel.write(out, deadline);
     core = *anchor;
     if (core == nullptr || !admitted)
         co_return;
@@ -1537,12 +1518,11 @@ asio::awaitable<void> EndpointCore::serve_setup(Anchor anchor, tcp::socket socke
         core->end_session(admitted->session, "the client left during the setup");
         co_return;
     }
-    timer.cancel();
     if (core->accept_handler) { // the server's handle: it may call the client from now on
         ++core->handles;
         core->accept_handler(Session(core, admitted->session.number, admitted->session.generation));
     }
-    co_await watch(anchor, admitted->session, std::move(socket));
+    co_await watch(anchor, admitted->session, std::move(channel));
 }
 
 asio::awaitable<Result<Session>> EndpointCore::connect(Anchor anchor, std::string host, std::uint16_t port,
@@ -1568,24 +1548,19 @@ asio::awaitable<Result<Session>> EndpointCore::connect(Anchor anchor, std::strin
     } reservation{anchor, id};
 
     const std::string peer = fmt::format("{}:{}", host, port);
-    tcp::resolver resolver(core->executor);
-    tcp::socket socket(core->executor);
-    asio::steady_timer timer(core->executor, timeout);
-    auto [rec, addresses] = co_await bounded(resolver.async_resolve(host, std::to_string(port), no_throw), timer);
+    const Deadline deadline = std::chrono::steady_clock::now() + timeout;
+    auto channel = co_await ControlChannel::connect(core->executor, core->options.session_transport, std::move(host),
+                                                    port, deadline, call);
     if (*anchor == nullptr)
         co_return std::unexpected(Error::cancelled(call, "the endpoint was destroyed"));
-    if (rec)
-        co_return std::unexpected(setup_error(rec, call, fmt::format("resolving {}", peer)));
-    if (auto [ec, at] = co_await bounded(asio::async_connect(socket, addresses, no_throw), timer); ec)
-        co_return std::unexpected(setup_error(ec, call, fmt::format("connecting to {}", peer)));
-    if (*anchor == nullptr)
-        co_return std::unexpected(Error::cancelled(call, "the endpoint was destroyed"));
+    if (!channel)
+        co_return std::unexpected(std::move(channel.error()));
     const SessionRequest request{.client = core->transport->address(), .session = id, .limits = asked};
     const auto out = encode(request);
-    if (auto [ec, n] = co_await bounded(asio::async_write(socket, asio::buffer(out), no_throw), timer); ec)
+    if (const std::error_code ec = co_await channel->write(out, deadline); ec)
         co_return std::unexpected(setup_error(ec, call, fmt::format("sending the session request to {}", peer)));
     std::uint16_t version = 0;
-    auto [ec, bytes] = co_await read_message(socket, timer, decode_reply_prefix, &version);
+    auto [ec, bytes] = co_await read_message(*channel, deadline, decode_reply_prefix, &version);
     core = *anchor;
     if (core == nullptr)
         co_return std::unexpected(Error::cancelled(call, "the endpoint was destroyed"));
@@ -1609,7 +1584,7 @@ asio::awaitable<Result<Session>> EndpointCore::connect(Anchor anchor, std::strin
     core->table.reduce_credits(id, reply->both_ways ? 2 * reply->limits.credits : reply->limits.credits);
     core->attach(id, reply->session, reply->server, std::move(*ah), reply->limits, true, reply->both_ways);
     reservation.kept = true;
-    asio::co_spawn(core->executor, watch(anchor, id, std::move(socket)), RethrowOutOfRun{});
+    asio::co_spawn(core->executor, watch(anchor, id, std::move(*channel)), RethrowOutOfRun{});
     ++core->handles;
     co_return Session(core, id.number, id.generation);
 }
@@ -1735,21 +1710,12 @@ Result<std::unique_ptr<Endpoint>> Endpoint::create(asio::io_context& io, Endpoin
             "rpc::Endpoint: a max_request {} / max_response {} takes more than {} packets of {} bytes", o.max_request,
             o.max_response, detail::max_packets, payload);
     if (o.listen_port != 0) {
-        std::error_code ec;
-        const auto address = asio::ip::make_address(o.listen_address, ec);
-        if (ec)
-            return std::unexpected(Error::from_errno("rpc::Endpoint::create", EINVAL,
-                                                     fmt::format("listen address {}: {}", o.listen_address, ec.message())));
-        auto& acceptor = core->acceptor.emplace(io);
-        const detail::tcp::endpoint at(address, o.listen_port);
-        if (acceptor.open(at.protocol(), ec); !ec)
-            if (acceptor.set_option(asio::socket_base::reuse_address(true), ec); !ec)
-                if (acceptor.bind(at, ec); !ec)
-                    acceptor.listen(asio::socket_base::max_listen_connections, ec);
-        if (ec)
-            return std::unexpected(Error::from_errno("rpc::Endpoint::create", async::errno_of(ec),
-                                                     fmt::format("listening on {}:{}", o.listen_address, o.listen_port)));
-        asio::co_spawn(io, detail::EndpointCore::accept_loop(core->anchor, &acceptor), detail::RethrowOutOfRun{});
+        auto listener = detail::ControlListener::listen(io.get_executor(), o.session_transport, o.listen_address,
+                                                        o.listen_port, o.setup_timeout);
+        if (!listener)
+            return std::unexpected(std::move(listener.error()));
+        core->listener = std::move(*listener);
+        asio::co_spawn(io, detail::EndpointCore::accept_loop(core->anchor, core->listener), detail::RethrowOutOfRun{});
     }
     return std::unique_ptr<Endpoint>(new Endpoint(std::move(core)));
 }
@@ -1829,7 +1795,7 @@ asio::awaitable<Result<Session>> Endpoint::connect(std::string host, std::uint16
 }
 
 std::uint16_t Endpoint::listen_port() const noexcept {
-    return core_->acceptor && core_->acceptor->is_open() ? core_->options.listen_port : 0;
+    return core_->listener && core_->listener->is_open() ? core_->options.listen_port : 0;
 }
 std::uint32_t Endpoint::mtu() const noexcept { return core_->transport->mtu(); }
 const Counters& Endpoint::counters() const noexcept {

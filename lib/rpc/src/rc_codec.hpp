@@ -1,12 +1,12 @@
-// The wire formats of what follows a session's setup: the messages its TCP connection
+// The wire formats of what follows a session's setup: the messages its control connection
 // carries (the two that connect a session's RC QPs, for messages above the endpoint's
 // rdma_threshold, and the goodbye of a graceful close), and the descriptors that
 // travel in place of a large message's bytes in UD packets with the rdma flag
 // (packet.hpp).
 //
 // RC setup. A client that first needs the RC path sends an RcOffer over the session's
-// TCP connection (the one kept open for the session's life); the server answers with
-// an RcAnswer. Goodbye: an end whose Session::close() found its calls finished says so
+// control connection (TCP or RDMA CM, kept open for the session's life:
+// control_channel.hpp); the server answers with an RcAnswer. Goodbye: an end whose Session::close() found its calls finished says so
 // (the peer finishes its own calls through the session, then closes the connection).
 // All are 40 bytes, big-endian:
 //

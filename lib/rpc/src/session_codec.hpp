@@ -1,7 +1,7 @@
-// The two messages that set up a session, over the TCP connection a client opens to
-// the server endpoint's listener: the client sends a SessionRequest, the server answers
+// The two messages that set up a session, over the control connection (TCP or RDMA
+// CM: control_channel.hpp) a client opens to the server endpoint's listener: the client sends a SessionRequest, the server answers
 // with a SessionReply, and the connection then stays open for the session's life (its
-// EOF tells a session that its peer is gone).
+// end tells a session that its peer is gone).
 //
 // Every message starts with the same 8-byte prefix, in every version:
 //

@@ -19,11 +19,11 @@
 // ring_buffers.
 //
 // How an endpoint drives it:
-//  - server, when a SessionRequest arrives on a new TCP connection (session_codec.hpp):
+//  - server, when a SessionRequest arrives on a new control connection (session_codec.hpp):
 //    a version it does not speak -> reply version_unsupported; shutting down -> reply
 //    shutting_down; else admit(request, its maxima): a Refusal -> reply with it and
 //    close; an Admitted -> attach() its state (a ServerWindow on Route{admitted.session,
-//    request.session} and the agreed limits, the AH to request.client, the TCP
+//    request.session} and the agreed limits, the AH to request.client, the control
 //    connection), then reply accepted with its UD address, admitted.session and
 //    admitted.limits. If making that state fails (the AH), release() and close.
 //  - client, to open a session: reserve(credits it asks): a Refusal is its caller's
@@ -32,7 +32,7 @@
 //    agreed credits, attach() its state (a ClientWindow on Route{id, reply.session}).
 //  - on each packet: lookup(SessionId{header.session, header.generation}); nullptr:
 //    drop it (stale_session).
-//  - when the session ends (its TCP connection's EOF, a close): release().
+//  - when the session ends (its control connection's end, a close): release().
 //
 // Thread safety: distinct objects: safe; shared: unsafe.
 #pragma once

@@ -19,11 +19,12 @@
 /// @endcode
 ///
 /// One Endpoint per thread (per io_context): it owns one UD QP, its receive ring, its
-/// send buffers and its sessions. A session is set up over TCP (the server's listener):
-/// a versioned, checked exchange of UD addresses and limits (window, credits, largest
-/// request and response, payload per packet: the smaller MTU of the two ports), and the
-/// TCP connection stays open for the session's life: its end is the session's end (a
-/// peer process that dies ends its sessions at once, with no heartbeat). Ending a
+/// send buffers and its sessions. A session is set up over a control connection to the
+/// server's listener, TCP or RDMA CM (EndpointOptions::session_transport): a versioned,
+/// checked exchange of UD addresses and limits (window, credits, largest request and
+/// response, payload per packet: the smaller MTU of the two ports), and the control
+/// connection stays open for the session's life: its end is the session's end (a peer
+/// process that dies ends its sessions at once, with no heartbeat). Ending a
 /// session: destroy its Session (at once), or Session::close (gracefully: both ends'
 /// calls finish first); Endpoint::shutdown closes every session so.
 ///
@@ -32,7 +33,7 @@
 ///   timeout                  no response within CallOptions::timeout (Error::is_timeout)
 ///   peer unreachable         the retry cap: RtoConfig::max_timeouts retransmission
 ///                            timeouts in a row without progress (errno EHOSTUNREACH)
-///   session reset            the session ended: its TCP connection closed (the peer
+///   session reset            the session ended: its control connection closed (the peer
 ///                            closed it or died), or the Session handle was destroyed;
 ///                            or it is closing (Session::close at either end: no call
 ///                            begins) (errno ECONNRESET)
@@ -54,7 +55,7 @@
 /// gets a refusal or an Error, and the endpoint serves the next peer.
 ///
 /// Large messages (above EndpointOptions::rdma_threshold) take the session's RC path:
-/// a client's first large call sends an offer of an RC QP over the session's TCP
+/// a client's first large call sends an offer of an RC QP over the session's control
 /// connection and waits (in the queue of calls beyond the window) for the server's QP
 /// (on a both-ways session, either end's first large call; the QPs then carry both
 /// ends' calls);
@@ -119,6 +120,7 @@
 #include <asio/use_awaitable.hpp>
 
 #include <rdmaxx/async/completions.hpp>
+#include <rdmaxx/ctrl/connection.hpp>
 #include <rdmaxx/rpc/congestion.hpp>
 #include <rdmaxx/rpc/message_buffer.hpp>
 #include <rdmaxx/wrap/error.hpp>
@@ -132,6 +134,13 @@ struct EndpointOptions {
     std::optional<std::uint32_t> gid_index = {}; ///< default: Context::choose_gid
     std::uint16_t listen_port = 0;               ///< 0: no listener (a client only)
     std::string listen_address = "0.0.0.0";      ///< what the listener binds
+    /// The sessions' control connections, listened for and connected with: TCP, or RDMA
+    /// CM (lib/ctrl's protocol on an RC QP of small messages, through lib/async: no IP
+    /// stack needed beyond address resolution, a dead peer's kernel ends its connections
+    /// as with TCP). Both ends must use the same one. RDMA CM costs an RC QP per session
+    /// at each end, and a client opens a device context per session (on the device its
+    /// address resolves to, not necessarily `device`).
+    Transport session_transport = Transport::tcp;
     std::uint32_t ring = 1024;       ///< receive buffers of the UD QP (40 + MTU bytes each), and 15 spares
     std::uint32_t send_depth = 256;  ///< send buffers
     std::uint32_t max_sessions = 256; ///< sessions at once, client and server
@@ -144,7 +153,7 @@ struct EndpointOptions {
     std::uint32_t max_response = 64 * 1024; ///< bytes of a response
     /// @}
     /// A request above this many bytes, or a response buffer above it, takes the
-    /// session's RC path (set up over its TCP connection when first needed): the server
+    /// session's RC path (set up over its control connection when first needed): the server
     /// READs the request from the client's memory and WRITEs a response above it into
     /// memory the client offered. Below, and when the RC path is unavailable, messages
     /// travel as UD packets. UINT32_MAX: UD only.
@@ -374,7 +383,7 @@ struct SessionInfo {
 /// with an accept handler, given to it for each session a client set up (the session is
 /// then both ways: the server calls the client through it, with the same limits). An
 /// RAII handle: destroying it ends the session at once (its calls in flight end with
-/// "session reset", the peer hears of it through the TCP connection); close() ends it
+/// "session reset", the peer hears of it through the control connection); close() ends it
 /// gracefully, letting both ends' calls finish first. A server without an accept
 /// handler keeps no handle: its sessions end when their clients end them.
 /// @threadsafety One thread, the endpoint's: call() checks it and aborts on another,
@@ -528,8 +537,8 @@ public:
     Result<MessageBuffer> alloc_buffer(std::size_t capacity, BufferUse use,
                                        std::source_location where = std::source_location::current());
 
-    /// The TCP port the listener is bound to (0: none); the OS's choice for listen_port 0
-    /// is not offered: a listener needs a port.
+    /// The port the listener is bound to (a TCP or an RDMA CM port: session_transport;
+    /// 0: none); the OS's choice for listen_port 0 is not offered: a listener needs a port.
     std::uint16_t listen_port() const noexcept;
     /// The port's active MTU, in bytes (the most a packet carries, header included).
     std::uint32_t mtu() const noexcept;

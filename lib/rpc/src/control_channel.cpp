@@ -1,0 +1,291 @@
+#include "control_channel.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include <asio/connect.hpp>
+#include <asio/experimental/awaitable_operators.hpp>
+#include <asio/read.hpp>
+#include <asio/write.hpp>
+
+#include <fmt/format.h>
+
+#include <rdmaxx/async/deadline.hpp>
+#include <rdmaxx/async/error_code.hpp>
+
+// g++ 12 sees Asio's coroutine-frame operator delete as mismatched with its operator
+// new once it inlines both into a coroutine (a false positive: the frame's allocator
+// pairs them).
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+
+namespace rdmaxx::rpc::detail {
+
+using asio::ip::tcp;
+using async::bounded;
+using async::no_throw;
+using namespace asio::experimental::awaitable_operators;
+
+namespace {
+
+// An RDMA CM control connection: small messages, few of them (a session's handful,
+// never more than four unread), no memory lent either way.
+ConnectionOptions cm_options(std::chrono::milliseconds timeout) {
+    ConnectionOptions o;
+    o.transport = Transport::rdma_cm;
+    o.max_message = cm_max_message;
+    o.receive_depth = 4;
+    o.max_send_wr = 2;
+    o.timeout = timeout;
+    o.quota_bytes = 0;
+    o.access_ceiling = Access::none;
+    o.lending = Lending::registration; // nothing is lent: no memory window probe per connection
+    return o;
+}
+
+// The time left to `deadline` as a call's bound (a deadline passed: the least one); no
+// deadline: a long bound the caller renews.
+std::chrono::milliseconds left(Deadline deadline) {
+    if (deadline == no_deadline)
+        return std::chrono::hours(1);
+    const auto now = std::chrono::steady_clock::now();
+    return std::max(std::chrono::milliseconds(1),
+                    std::chrono::ceil<std::chrono::milliseconds>(deadline > now ? deadline - now : Deadline::duration{}));
+}
+
+std::error_code error_code_of(const Error& e) {
+    if (e.is_timeout())
+        return asio::error::timed_out;
+    if (e.is_cancelled())
+        return asio::error::operation_aborted;
+    if (e.kind() == Error::Kind::system && e.code() != 0)
+        return {e.code(), std::system_category()};
+    return asio::error::eof; // the connection ended (its peer's goodbye, a failed completion)
+}
+
+// A TCP operation by `deadline` (none: unbounded).
+template <class Value>
+asio::awaitable<std::pair<std::error_code, Value>> by(asio::awaitable<std::tuple<std::error_code, Value>> op,
+                                                      Deadline deadline, tcp::socket& socket) {
+    if (deadline == no_deadline) {
+        auto [ec, value] = co_await std::move(op);
+        co_return std::pair{ec, std::move(value)};
+    }
+    asio::steady_timer timer(socket.get_executor(), deadline);
+    co_return co_await bounded(std::move(op), timer);
+}
+
+} // namespace
+
+Error setup_error(std::error_code ec, const char* call, std::string_view doing) {
+    if (ec == asio::error::timed_out)
+        return Error::timeout(call, fmt::format("{}: no answer in time", doing));
+    if (ec == asio::error::eof)
+        return Error::protocol(call, fmt::format("{}: the peer closed the connection", doing));
+    return Error::from_errno(call, async::errno_of(ec), fmt::format("{}: {}", doing, ec.message()));
+}
+
+// ---------------------------------------------------------------------------------
+// ControlChannel
+
+ControlChannel::ControlChannel(tcp::socket socket)
+    : link_(std::move(socket)), closed_(std::get<tcp::socket>(link_).get_executor(), Deadline::max()) {}
+
+ControlChannel::ControlChannel(Executor executor, Cm cm) : link_(std::move(cm)), closed_(executor, Deadline::max()) {}
+
+Result<ControlChannel> ControlChannel::over(Executor executor, async::Connection connection) {
+    auto memory = std::make_unique<std::array<std::byte, cm_max_message>>();
+    auto region = connection.register_local_mr(*memory, Access::none);
+    if (!region)
+        return std::unexpected(std::move(region.error()));
+    return ControlChannel(executor, Cm{.send_memory = std::move(memory),
+                                       .connection = std::move(connection),
+                                       .send_region = std::move(*region)});
+}
+
+asio::awaitable<Result<ControlChannel>> ControlChannel::connect(Executor executor, Transport transport,
+                                                                std::string host, std::uint16_t port,
+                                                                Deadline deadline, const char* call) {
+    const std::string peer = fmt::format("{}:{}", host, port);
+    if (transport == Transport::rdma_cm) {
+        const ConnectionOptions options = cm_options(left(deadline));
+        auto connection = co_await async::Connection::connect(executor, std::move(host), port, options);
+        if (!connection) {
+            const Error& e = connection.error();
+            co_return std::unexpected(
+                Error(e.kind(), call, e.code(), fmt::format("connecting to {} over RDMA CM: {}", peer, e.message())));
+        }
+        co_return over(executor, std::move(*connection));
+    }
+    tcp::resolver resolver(executor);
+    tcp::socket socket(executor);
+    asio::steady_timer timer(executor, deadline);
+    auto [rec, addresses] = co_await bounded(resolver.async_resolve(host, std::to_string(port), no_throw), timer);
+    if (rec)
+        co_return std::unexpected(setup_error(rec, call, fmt::format("resolving {}", peer)));
+    if (auto [ec, at] = co_await bounded(asio::async_connect(socket, addresses, no_throw), timer); ec)
+        co_return std::unexpected(setup_error(ec, call, fmt::format("connecting to {}", peer)));
+    co_return ControlChannel(std::move(socket));
+}
+
+ControlChannel::ControlChannel(ControlChannel&& other) noexcept
+    : link_(std::move(other.link_)), closed_(std::move(other.closed_)), open_(std::exchange(other.open_, false)) {}
+
+ControlChannel::~ControlChannel() = default;
+
+void ControlChannel::close() noexcept {
+    open_ = false;
+    if (auto* socket = std::get_if<tcp::socket>(&link_)) {
+        std::error_code ignored;
+        socket->close(ignored);
+    }
+    closed_.cancel(); // an RDMA CM read or write in flight ends (ours: nothing posted, or the connection goes)
+}
+
+asio::awaitable<std::error_code> ControlChannel::read(std::span<std::byte> into, Deadline deadline) {
+    if (!open_)
+        co_return asio::error::operation_aborted;
+    if (auto* cm = std::get_if<Cm>(&link_))
+        co_return co_await read_cm(*cm, into, deadline);
+    auto& socket = std::get<tcp::socket>(link_);
+    auto [ec, n] = co_await by(asio::async_read(socket, asio::buffer(into.data(), into.size()), no_throw), deadline,
+                               socket);
+    co_return ec;
+}
+
+asio::awaitable<std::error_code> ControlChannel::write(std::span<const std::byte> bytes, Deadline deadline) {
+    if (!open_)
+        co_return asio::error::operation_aborted;
+    if (auto* cm = std::get_if<Cm>(&link_))
+        co_return co_await write_cm(*cm, bytes, deadline);
+    auto& socket = std::get<tcp::socket>(link_);
+    auto [ec, n] = co_await by(asio::async_write(socket, asio::buffer(bytes.data(), bytes.size()), no_throw),
+                               deadline, socket);
+    co_return ec;
+}
+
+// The bytes of one message after another; a message's bytes beyond the read wait for
+// the next read. A wait without a deadline is renewed.
+asio::awaitable<std::error_code> ControlChannel::read_cm(Cm& cm, std::span<std::byte> into, Deadline deadline) {
+    std::size_t filled = 0;
+    while (filled < into.size()) {
+        if (cm.taken < cm.received_bytes) {
+            const std::size_t n = std::min(into.size() - filled, cm.received_bytes - cm.taken);
+            std::memcpy(into.data() + filled, cm.received.data() + cm.taken, n);
+            cm.taken += n;
+            filled += n;
+            continue;
+        }
+        auto woken = co_await (cm.connection.receive(cm.received, left(deadline)) || closed_.async_wait(no_throw));
+        if (woken.index() == 1 || !open_)
+            co_return asio::error::operation_aborted;
+        auto& got = std::get<0>(woken);
+        if (!got) {
+            if (got.error().is_timeout() && deadline == no_deadline)
+                continue;
+            co_return error_code_of(got.error());
+        }
+        cm.received_bytes = got->size;
+        cm.taken = 0;
+    }
+    co_return std::error_code{};
+}
+
+// Messages of at most cm_max_message bytes, each delivered before the next goes.
+asio::awaitable<std::error_code> ControlChannel::write_cm(Cm& cm, std::span<const std::byte> bytes,
+                                                          Deadline deadline) {
+    for (std::size_t at = 0; at < bytes.size();) {
+        const std::size_t n = std::min<std::size_t>(cm_max_message, bytes.size() - at);
+        std::memcpy(cm.send_memory->data(), bytes.data() + at, n);
+        for (;;) {
+            auto woken =
+                co_await (cm.connection.send(cm.send_region.slice(0, n), left(deadline)) || closed_.async_wait(no_throw));
+            if (woken.index() == 1 || !open_)
+                co_return asio::error::operation_aborted;
+            auto& sent = std::get<0>(woken);
+            if (sent)
+                break;
+            if (sent.error().is_timeout() && deadline == no_deadline)
+                continue; // no room for an hour: the peer does not take its messages, yet lives
+            co_return error_code_of(sent.error());
+        }
+        at += n;
+    }
+    co_return std::error_code{};
+}
+
+// ---------------------------------------------------------------------------------
+// ControlListener
+
+ControlListener::ControlListener(ControlChannel::Executor executor, tcp::acceptor acceptor)
+    : executor_(executor), link_(std::move(acceptor)), closed_(executor, Deadline::max()) {}
+
+ControlListener::ControlListener(ControlChannel::Executor executor, async::Listener listener)
+    : executor_(executor), link_(std::move(listener)), closed_(executor, Deadline::max()) {}
+
+Result<std::shared_ptr<ControlListener>> ControlListener::listen(ControlChannel::Executor executor,
+                                                                 Transport transport, const std::string& address,
+                                                                 std::uint16_t port,
+                                                                 std::chrono::milliseconds setup_timeout) {
+    constexpr const char* call = "rpc::Endpoint::create";
+    if (transport == Transport::rdma_cm) {
+        auto listener = async::Listener::listen(executor, address, port, cm_options(setup_timeout));
+        if (!listener)
+            return std::unexpected(std::move(listener.error()));
+        return std::make_shared<ControlListener>(executor, std::move(*listener));
+    }
+    std::error_code ec;
+    const auto ip = asio::ip::make_address(address, ec);
+    if (ec)
+        return std::unexpected(
+            Error::from_errno(call, EINVAL, fmt::format("listen address {}: {}", address, ec.message())));
+    tcp::acceptor acceptor(executor);
+    const tcp::endpoint at(ip, port);
+    if (acceptor.open(at.protocol(), ec); !ec)
+        if (acceptor.set_option(asio::socket_base::reuse_address(true), ec); !ec)
+            if (acceptor.bind(at, ec); !ec)
+                acceptor.listen(asio::socket_base::max_listen_connections, ec);
+    if (ec)
+        return std::unexpected(
+            Error::from_errno(call, async::errno_of(ec), fmt::format("listening on {}:{}", address, port)));
+    return std::make_shared<ControlListener>(executor, std::move(acceptor));
+}
+
+asio::awaitable<std::pair<std::error_code, std::optional<ControlChannel>>> ControlListener::accept() {
+    using Accepted = std::pair<std::error_code, std::optional<ControlChannel>>;
+    if (!open_)
+        co_return Accepted{asio::error::operation_aborted, std::nullopt};
+    if (auto* acceptor = std::get_if<tcp::acceptor>(&link_)) {
+        auto [ec, socket] = co_await acceptor->async_accept(no_throw);
+        if (!open_)
+            co_return Accepted{asio::error::operation_aborted, std::nullopt};
+        if (ec)
+            co_return Accepted{ec, std::nullopt};
+        co_return Accepted{std::error_code{}, ControlChannel(std::move(socket))};
+    }
+    auto& listener = std::get<async::Listener>(link_);
+    for (;;) {
+        auto woken = co_await (listener.accept(std::chrono::hours(1)) || closed_.async_wait(no_throw));
+        if (woken.index() == 1 || !open_)
+            co_return Accepted{asio::error::operation_aborted, std::nullopt};
+        auto& connection = std::get<0>(woken);
+        if (!connection && connection.error().is_timeout())
+            continue;
+        if (!connection)
+            co_return Accepted{error_code_of(connection.error()), std::nullopt};
+        auto channel = ControlChannel::over(executor_, std::move(*connection));
+        if (!channel)
+            co_return Accepted{error_code_of(channel.error()), std::nullopt};
+        co_return Accepted{std::error_code{}, std::move(*channel)};
+    }
+}
+
+void ControlListener::close() noexcept {
+    open_ = false;
+    if (auto* acceptor = std::get_if<tcp::acceptor>(&link_)) {
+        std::error_code ignored;
+        acceptor->close(ignored);
+    }
+    closed_.cancel();
+}
+
+} // namespace rdmaxx::rpc::detail

@@ -1,0 +1,118 @@
+// A session's control connection (endpoint.hpp): the setup request and reply, then the
+// RC path's messages and the goodbye (rc_codec.hpp), in order both ways; its end is the
+// session's end (the peer closed it or died). Over TCP (an Asio socket) or over RDMA CM
+// (lib/async's Connection: lib/ctrl's protocol on an RC QP of small messages, whose end
+// a dead peer's kernel reports as a TCP connection's is). A byte stream either way, so
+// the session's protocol is one: over RDMA CM a write goes as messages of at most
+// cm_max_message bytes, and reads take the bytes the messages brought, in order.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <system_error>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include <asio/awaitable.hpp>
+#include <asio/io_context.hpp>
+#include <asio/ip/tcp.hpp>
+#include <asio/steady_timer.hpp>
+
+#include <rdmaxx/async/connection.hpp>
+
+namespace rdmaxx::rpc::detail {
+
+using Deadline = std::chrono::steady_clock::time_point;
+inline constexpr Deadline no_deadline = Deadline::max();
+
+// The largest message of an RDMA CM control connection (a session's messages are
+// 40 to 68 bytes; a longer write goes as several).
+inline constexpr std::uint32_t cm_max_message = 128;
+
+// One session's control connection. One read and one write may be in flight at once
+// (the session's watcher reads while its writer writes); close() ends both, and every
+// later one, with asio::error::operation_aborted. Errors are error_codes (the setup
+// names them, the watcher only needs to know the connection ended): timed_out past a
+// deadline, eof once the peer closed.
+// Thread safety: none; as the io_context, which one thread runs.
+class ControlChannel {
+public:
+    using Executor = asio::io_context::executor_type;
+
+    // A connection to the listener at host:port over `transport`, by `deadline`.
+    // `call` names the Error's caller: resolving or connecting (errno), no answer by
+    // the deadline (timeout), RDMA CM's own errors (as async::Connection::connect's).
+    static asio::awaitable<Result<ControlChannel>> connect(Executor executor, Transport transport, std::string host,
+                                                           std::uint16_t port, Deadline deadline, const char* call);
+    explicit ControlChannel(asio::ip::tcp::socket socket);
+    // An RDMA CM connection (its send memory registered here: ibv_reg_mr's errors).
+    static Result<ControlChannel> over(Executor executor, async::Connection connection);
+    ControlChannel(ControlChannel&&) noexcept;
+    ControlChannel& operator=(ControlChannel&&) = delete;
+    ~ControlChannel();
+
+    // Exactly into.size() bytes, by `deadline`.
+    asio::awaitable<std::error_code> read(std::span<std::byte> into, Deadline deadline = no_deadline);
+    // All of `bytes`, by `deadline`.
+    asio::awaitable<std::error_code> write(std::span<const std::byte> bytes, Deadline deadline = no_deadline);
+    // Ends the connection: what is in flight ends with operation_aborted, and so does
+    // every later read and write.
+    void close() noexcept;
+
+private:
+    // RDMA CM: the connection, the registered memory a write sends from (its own, not
+    // the connection's pool, whose first use registers an arena of megabytes; declared
+    // so that the region goes first, then the connection, then the memory), and what
+    // the last message brought that no read has taken yet.
+    struct Cm {
+        std::unique_ptr<std::array<std::byte, cm_max_message>> send_memory;
+        async::Connection connection;
+        MemoryRegion send_region;
+        std::array<std::byte, cm_max_message> received{};
+        std::size_t received_bytes = 0;
+        std::size_t taken = 0;
+    };
+    ControlChannel(Executor executor, Cm cm);
+    asio::awaitable<std::error_code> read_cm(Cm& cm, std::span<std::byte> into, Deadline deadline);
+    asio::awaitable<std::error_code> write_cm(Cm& cm, std::span<const std::byte> bytes, Deadline deadline);
+    std::variant<asio::ip::tcp::socket, Cm> link_;
+    asio::steady_timer closed_; // never expires; close() cancels it, waking RDMA CM's waits
+    bool open_ = true;
+};
+
+// A listener of control connections: TCP or RDMA CM on address:port.
+// Thread safety: none; as the io_context, which one thread runs.
+class ControlListener {
+public:
+    // `setup_timeout` bounds an RDMA CM client's handshake (a TCP accept has none).
+    // Errors: binding and listening (errno: the port in use; an invalid address, EINVAL).
+    static Result<std::shared_ptr<ControlListener>> listen(ControlChannel::Executor executor, Transport transport,
+                                                           const std::string& address, std::uint16_t port,
+                                                           std::chrono::milliseconds setup_timeout);
+    // The next client's connection; operation_aborted once closed. Other errors (a
+    // failed accept) leave the listener open.
+    asio::awaitable<std::pair<std::error_code, std::optional<ControlChannel>>> accept();
+    void close() noexcept;
+    bool is_open() const noexcept { return open_; }
+
+    ControlListener(ControlChannel::Executor executor, asio::ip::tcp::acceptor acceptor);
+    ControlListener(ControlChannel::Executor executor, async::Listener listener);
+
+private:
+    ControlChannel::Executor executor_;
+    std::variant<asio::ip::tcp::acceptor, async::Listener> link_;
+    asio::steady_timer closed_; // as ControlChannel's
+    bool open_ = true;
+};
+
+// What a failed setup step says: `doing` and why (timeout; the peer closed: protocol;
+// else the errno).
+Error setup_error(std::error_code ec, const char* call, std::string_view doing);
+
+} // namespace rdmaxx::rpc::detail
