@@ -6,7 +6,7 @@
 # CM, and each async side with a blocking one), then
 # async_mixed (one thread: RDMA, a TCP socket and a timer at once), then kv (lib/rpc: a
 # key-value server and its load generator; the second server is stopped by SIGINT, its
-# graceful shutdown, and must exit 0).
+# graceful shutdown, and must exit 0; the third sets its sessions up over RDMA CM).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,7 +22,10 @@ run=(bash -c 'build/examples/devinfo && examples/run-tutorial.sh build tcp && ex
      { build/examples/kv --serve --once & server=$!; build/examples/kv 127.0.0.1 -n 5000; rc=$?;
        [ $rc = 0 ] || kill $server; wait $server; [ $rc = 0 ]; } &&
      { build/examples/kv --serve & server=$!; build/examples/kv 127.0.0.1 -n 5000 --read-gets; rc=$?;
-       kill -INT $server; wait $server && [ $rc = 0 ]; }')
+       kill -INT $server; wait $server && [ $rc = 0 ]; } &&
+     { address=${RDMAXX_VM_ADDR:-$(hostname -I | cut -d" " -f1)};
+       build/examples/kv --serve --once --cm & server=$!; build/examples/kv "$address" -n 2000 --read-gets --cm; rc=$?;
+       [ $rc = 0 ] || kill $server; wait $server; [ $rc = 0 ]; }')
 if compgen -G '/sys/class/infiniband/*' >/dev/null; then
     exec "${run[@]}"
 fi

@@ -1,8 +1,8 @@
 // kv: a small key-value store over lib/rpc, the kind of prototype rdmaxx is for.
 //
-//   kv --serve [-p PORT] [-d DEVICE] [--once] [--mode MODE]
+//   kv --serve [-p PORT] [-d DEVICE] [--once] [--mode MODE] [--cm]
 //   kv HOST [-p PORT] [-d DEVICE] [-n OPS] [-c CONCURRENT] [--keys K] [--value-size V]
-//          [-w WINDOW] [--mode MODE] [--read-gets]
+//          [-w WINDOW] [--mode MODE] [--read-gets] [--cm]
 //
 // The server keeps a hash map and answers PUT and GET calls. It also keeps a mirror of
 // the table that clients may READ (one-sided, the server's CPU not involved): it lends
@@ -16,7 +16,9 @@
 // per second, round-trip percentiles); the exit status says whether every call was right.
 // --once: the server exits when its client's session ends. SIGINT or SIGTERM shuts the
 // server down gracefully: its clients' calls in flight finish, new calls and sessions are
-// refused (rpc::Endpoint::shutdown), then it exits with the summary.
+// refused (rpc::Endpoint::shutdown), then it exits with the summary. --cm (both sides):
+// sessions and the mirror's connection are set up over RDMA CM instead of TCP (HOST is
+// then an address of the RDMA device's netdev).
 //
 // Tuned as a load generator should be: every coroutine has a call in flight (the
 // session's window is CONCURRENT unless -w says otherwise: with lib/rpc's default of 8,
@@ -140,6 +142,7 @@ std::optional<std::span<const std::byte>> mirror_get(std::span<const std::byte> 
 
 struct Args {
     bool serve = false, once = false, read_gets = false;
+    Transport transport = Transport::tcp; // of the sessions and the mirror's connection
     std::string host, device;
     std::uint16_t port = 31870;
     std::uint32_t ops = 20000, concurrent = 16, keys = 1000, value_size = 64;
@@ -152,9 +155,9 @@ struct Args {
 constexpr std::uint32_t server_window = 256;
 
 int usage() {
-    std::fputs("usage: kv --serve [-p PORT] [-d DEVICE] [--once] [--mode hybrid|busy|event]\n"
+    std::fputs("usage: kv --serve [-p PORT] [-d DEVICE] [--once] [--mode hybrid|busy|event] [--cm]\n"
                "       kv HOST [-p PORT] [-d DEVICE] [-n OPS] [-c CONCURRENT] [--keys K] [--value-size V]\n"
-               "               [-w WINDOW] [--mode hybrid|busy|event] [--read-gets]\n",
+               "               [-w WINDOW] [--mode hybrid|busy|event] [--read-gets] [--cm]\n",
                stderr);
     return 2;
 }
@@ -177,6 +180,8 @@ bool parse(int argc, char** argv, Args& a) {
             a.once = true;
         else if (arg == "--read-gets")
             a.read_gets = true;
+        else if (arg == "--cm")
+            a.transport = Transport::rdma_cm;
         else if (arg == "-p") {
             if (!number(port, 65534)) // and PORT + 1
                 return false;
@@ -276,7 +281,8 @@ asio::awaitable<void> stop_on_signal(asio::io_context* io, rpc::Endpoint* server
 
 int serve(const Args& a) {
     asio::io_context io;
-    auto server = rpc::Endpoint::create(io, {.device = a.device, .listen_port = a.port, .ring = 8 * 2 * server_window,
+    auto server = rpc::Endpoint::create(io, {.device = a.device, .listen_port = a.port,
+                                             .session_transport = a.transport, .ring = 8 * 2 * server_window,
                                              .window = server_window, .credits = 2 * server_window,
                                              .drive = {.mode = a.mode}});
     if (!server) {
@@ -286,7 +292,8 @@ int serve(const Args& a) {
     std::unordered_map<std::string, std::string> table;
     std::vector<std::byte> mirror(std::size_t{mirror_slots} * slot_bytes);
     auto listener = async::Listener::listen(io.get_executor(), "0.0.0.0", static_cast<std::uint16_t>(a.port + 1),
-                                            {.device = a.device, .max_lease = std::chrono::hours(1)});
+                                            {.transport = a.transport, .device = a.device,
+                                             .max_lease = std::chrono::hours(1)});
     if (!listener) {
         fmt::print(stderr, "kv: {}\n", listener.error());
         return 1;
@@ -430,6 +437,7 @@ asio::awaitable<void> worker(rpc::Session* session, Reader* reader, const Args* 
 // Connects to the server's mirror (PORT + 1) and takes the lease it lends.
 asio::awaitable<Result<Reader>> lend_me_the_mirror(asio::any_io_executor executor, const Args* a) {
     ConnectionOptions options; // (g++ 12: no braced initializer inside a co_await)
+    options.transport = a->transport;
     options.device = a->device;
     auto connection =
         co_await async::Connection::connect(executor, a->host, static_cast<std::uint16_t>(a->port + 1), options);
@@ -526,7 +534,8 @@ asio::awaitable<void> generate(rpc::Endpoint* client, const Args* a, Load* load)
 int generate_load(const Args& a) {
     asio::io_context io;
     const std::uint32_t window = a.window != 0 ? a.window : std::min(a.concurrent, server_window);
-    auto client = rpc::Endpoint::create(io, {.device = a.device, .ring = std::max(1024u, 2 * window),
+    auto client = rpc::Endpoint::create(io, {.device = a.device, .session_transport = a.transport,
+                                             .ring = std::max(1024u, 2 * window),
                                              .window = window, .credits = std::max(16u, 2 * window),
                                              .drive = {.mode = a.mode}});
     if (!client) {
