@@ -87,19 +87,121 @@ Error setup_error(std::error_code ec, const char* call, std::string_view doing) 
 // ---------------------------------------------------------------------------------
 // ControlChannel
 
-ControlChannel::ControlChannel(tcp::socket socket)
-    : link_(std::move(socket)), closed_(std::get<tcp::socket>(link_).get_executor(), Deadline::max()) {}
+// RDMA CM: the connection, the registered memory a write sends from (its own, not the
+// connection's pool, whose first use registers an arena of megabytes; declared so that
+// the region goes first, then the connection, then the memory), and what the last
+// message brought that no read has taken yet.
+struct CmLink {
+    std::array<std::byte, cm_max_message> send_memory{};
+    std::optional<async::Connection> connection;
+    std::optional<MemoryRegion> send_region;
+    std::array<std::byte, cm_max_message> received{};
+    std::size_t received_bytes = 0;
+    std::size_t taken = 0;
+};
 
-ControlChannel::ControlChannel(Executor executor, Cm cm) : link_(std::move(cm)), closed_(executor, Deadline::max()) {}
+struct ControlChannel::State {
+    explicit State(tcp::socket socket)
+        : link(std::move(socket)), closed(std::get<tcp::socket>(link).get_executor(), Deadline::max()) {}
+    explicit State(Executor executor) : link(std::in_place_type<CmLink>), closed(executor, Deadline::max()) {}
+    std::variant<tcp::socket, CmLink> link;
+    asio::steady_timer closed; // never expires; close() cancels it, waking RDMA CM's waits
+    bool open = true;
+};
+
+namespace {
+
+using State = ControlChannel::State;
+
+// The bytes of one message after another; a message's bytes beyond the read wait for
+// the next read. A wait without a deadline is renewed.
+asio::awaitable<std::error_code> read_cm(std::shared_ptr<State> state, std::span<std::byte> into,
+                                         Deadline deadline) {
+    CmLink& cm = std::get<CmLink>(state->link);
+    std::size_t filled = 0;
+    while (filled < into.size()) {
+        if (cm.taken < cm.received_bytes) {
+            const std::size_t n = std::min(into.size() - filled, cm.received_bytes - cm.taken);
+            std::memcpy(into.data() + filled, cm.received.data() + cm.taken, n);
+            cm.taken += n;
+            filled += n;
+            continue;
+        }
+        auto woken = co_await (cm.connection->receive(cm.received, left(deadline)) || state->closed.async_wait(no_throw));
+        if (woken.index() == 1 || !state->open)
+            co_return asio::error::operation_aborted;
+        auto& got = std::get<0>(woken);
+        if (!got) {
+            if (got.error().is_timeout() && deadline == no_deadline)
+                continue;
+            co_return error_code_of(got.error());
+        }
+        cm.received_bytes = got->size;
+        cm.taken = 0;
+    }
+    co_return std::error_code{};
+}
+
+// Messages of at most cm_max_message bytes, each delivered before the next goes.
+asio::awaitable<std::error_code> write_cm(std::shared_ptr<State> state, std::span<const std::byte> bytes,
+                                          Deadline deadline) {
+    CmLink& cm = std::get<CmLink>(state->link);
+    for (std::size_t at = 0; at < bytes.size();) {
+        const std::size_t n = std::min<std::size_t>(cm_max_message, bytes.size() - at);
+        std::memcpy(cm.send_memory.data(), bytes.data() + at, n);
+        for (;;) {
+            auto woken = co_await (cm.connection->send(cm.send_region->slice(0, n), left(deadline)) ||
+                                   state->closed.async_wait(no_throw));
+            if (woken.index() == 1 || !state->open)
+                co_return asio::error::operation_aborted;
+            auto& sent = std::get<0>(woken);
+            if (sent)
+                break;
+            if (sent.error().is_timeout() && deadline == no_deadline)
+                continue; // no room for an hour: the peer does not take its messages, yet lives
+            co_return error_code_of(sent.error());
+        }
+        at += n;
+    }
+    co_return std::error_code{};
+}
+
+asio::awaitable<std::error_code> read_on(std::shared_ptr<State> state, std::span<std::byte> into, Deadline deadline) {
+    if (!state->open)
+        co_return asio::error::operation_aborted;
+    if (std::holds_alternative<CmLink>(state->link))
+        co_return co_await read_cm(state, into, deadline);
+    auto& socket = std::get<tcp::socket>(state->link);
+    auto [ec, n] = co_await by(asio::async_read(socket, asio::buffer(into.data(), into.size()), no_throw), deadline,
+                               socket);
+    co_return ec;
+}
+
+asio::awaitable<std::error_code> write_on(std::shared_ptr<State> state, std::span<const std::byte> bytes,
+                                          Deadline deadline) {
+    if (!state->open)
+        co_return asio::error::operation_aborted;
+    if (std::holds_alternative<CmLink>(state->link))
+        co_return co_await write_cm(state, bytes, deadline);
+    auto& socket = std::get<tcp::socket>(state->link);
+    auto [ec, n] = co_await by(asio::async_write(socket, asio::buffer(bytes.data(), bytes.size()), no_throw),
+                               deadline, socket);
+    co_return ec;
+}
+
+} // namespace
+
+ControlChannel::ControlChannel(tcp::socket socket) : state_(std::make_shared<State>(std::move(socket))) {}
 
 Result<ControlChannel> ControlChannel::over(Executor executor, async::Connection connection) {
-    auto memory = std::make_unique<std::array<std::byte, cm_max_message>>();
-    auto region = connection.register_local_mr(*memory, Access::none);
+    auto state = std::make_shared<State>(executor);
+    CmLink& cm = std::get<CmLink>(state->link);
+    auto region = connection.register_local_mr(cm.send_memory, Access::none);
     if (!region)
         return std::unexpected(std::move(region.error()));
-    return ControlChannel(executor, Cm{.send_memory = std::move(memory),
-                                       .connection = std::move(connection),
-                                       .send_region = std::move(*region)});
+    cm.connection.emplace(std::move(connection));
+    cm.send_region.emplace(std::move(*region));
+    return ControlChannel(std::move(state));
 }
 
 asio::awaitable<Result<ControlChannel>> ControlChannel::connect(Executor executor, Transport transport,
@@ -127,90 +229,21 @@ asio::awaitable<Result<ControlChannel>> ControlChannel::connect(Executor executo
     co_return ControlChannel(std::move(socket));
 }
 
-ControlChannel::ControlChannel(ControlChannel&& other) noexcept
-    : link_(std::move(other.link_)), closed_(std::move(other.closed_)), open_(std::exchange(other.open_, false)) {}
-
-ControlChannel::~ControlChannel() = default;
-
-void ControlChannel::close() noexcept {
-    open_ = false;
-    if (auto* socket = std::get_if<tcp::socket>(&link_)) {
-        std::error_code ignored;
-        socket->close(ignored);
-    }
-    closed_.cancel(); // an RDMA CM read or write in flight ends (ours: nothing posted, or the connection goes)
-}
-
 asio::awaitable<std::error_code> ControlChannel::read(std::span<std::byte> into, Deadline deadline) {
-    if (!open_)
-        co_return asio::error::operation_aborted;
-    if (auto* cm = std::get_if<Cm>(&link_))
-        co_return co_await read_cm(*cm, into, deadline);
-    auto& socket = std::get<tcp::socket>(link_);
-    auto [ec, n] = co_await by(asio::async_read(socket, asio::buffer(into.data(), into.size()), no_throw), deadline,
-                               socket);
-    co_return ec;
+    return read_on(state_, into, deadline);
 }
 
 asio::awaitable<std::error_code> ControlChannel::write(std::span<const std::byte> bytes, Deadline deadline) {
-    if (!open_)
-        co_return asio::error::operation_aborted;
-    if (auto* cm = std::get_if<Cm>(&link_))
-        co_return co_await write_cm(*cm, bytes, deadline);
-    auto& socket = std::get<tcp::socket>(link_);
-    auto [ec, n] = co_await by(asio::async_write(socket, asio::buffer(bytes.data(), bytes.size()), no_throw),
-                               deadline, socket);
-    co_return ec;
+    return write_on(state_, bytes, deadline);
 }
 
-// The bytes of one message after another; a message's bytes beyond the read wait for
-// the next read. A wait without a deadline is renewed.
-asio::awaitable<std::error_code> ControlChannel::read_cm(Cm& cm, std::span<std::byte> into, Deadline deadline) {
-    std::size_t filled = 0;
-    while (filled < into.size()) {
-        if (cm.taken < cm.received_bytes) {
-            const std::size_t n = std::min(into.size() - filled, cm.received_bytes - cm.taken);
-            std::memcpy(into.data() + filled, cm.received.data() + cm.taken, n);
-            cm.taken += n;
-            filled += n;
-            continue;
-        }
-        auto woken = co_await (cm.connection.receive(cm.received, left(deadline)) || closed_.async_wait(no_throw));
-        if (woken.index() == 1 || !open_)
-            co_return asio::error::operation_aborted;
-        auto& got = std::get<0>(woken);
-        if (!got) {
-            if (got.error().is_timeout() && deadline == no_deadline)
-                continue;
-            co_return error_code_of(got.error());
-        }
-        cm.received_bytes = got->size;
-        cm.taken = 0;
+void ControlChannel::close() noexcept {
+    state_->open = false;
+    if (auto* socket = std::get_if<tcp::socket>(&state_->link)) {
+        std::error_code ignored;
+        socket->close(ignored);
     }
-    co_return std::error_code{};
-}
-
-// Messages of at most cm_max_message bytes, each delivered before the next goes.
-asio::awaitable<std::error_code> ControlChannel::write_cm(Cm& cm, std::span<const std::byte> bytes,
-                                                          Deadline deadline) {
-    for (std::size_t at = 0; at < bytes.size();) {
-        const std::size_t n = std::min<std::size_t>(cm_max_message, bytes.size() - at);
-        std::memcpy(cm.send_memory->data(), bytes.data() + at, n);
-        for (;;) {
-            auto woken =
-                co_await (cm.connection.send(cm.send_region.slice(0, n), left(deadline)) || closed_.async_wait(no_throw));
-            if (woken.index() == 1 || !open_)
-                co_return asio::error::operation_aborted;
-            auto& sent = std::get<0>(woken);
-            if (sent)
-                break;
-            if (sent.error().is_timeout() && deadline == no_deadline)
-                continue; // no room for an hour: the peer does not take its messages, yet lives
-            co_return error_code_of(sent.error());
-        }
-        at += n;
-    }
-    co_return std::error_code{};
+    state_->closed.cancel(); // an RDMA CM read or write in flight ends (ours: nothing posted, or the connection goes)
 }
 
 // ---------------------------------------------------------------------------------

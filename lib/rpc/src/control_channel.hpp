@@ -7,7 +7,6 @@
 // cm_max_message bytes, and reads take the bytes the messages brought, in order.
 #pragma once
 
-#include <array>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -17,7 +16,6 @@
 #include <system_error>
 #include <utility>
 #include <variant>
-#include <vector>
 
 #include <asio/awaitable.hpp>
 #include <asio/io_context.hpp>
@@ -53,9 +51,9 @@ public:
     explicit ControlChannel(asio::ip::tcp::socket socket);
     // An RDMA CM connection (its send memory registered here: ibv_reg_mr's errors).
     static Result<ControlChannel> over(Executor executor, async::Connection connection);
-    ControlChannel(ControlChannel&&) noexcept;
-    ControlChannel& operator=(ControlChannel&&) = delete;
-    ~ControlChannel();
+    ControlChannel(ControlChannel&&) noexcept = default;
+    ControlChannel(const ControlChannel&) = delete;
+    ControlChannel& operator=(const ControlChannel&) = delete;
 
     // Exactly into.size() bytes, by `deadline`.
     asio::awaitable<std::error_code> read(std::span<std::byte> into, Deadline deadline = no_deadline);
@@ -65,25 +63,14 @@ public:
     // every later read and write.
     void close() noexcept;
 
+    // The connection, shared with the reads and writes in flight: a ControlChannel
+    // destroyed (its session's watcher done) while its writer's last write still winds
+    // down leaves that write its connection, timer and send memory.
+    struct State;
+
 private:
-    // RDMA CM: the connection, the registered memory a write sends from (its own, not
-    // the connection's pool, whose first use registers an arena of megabytes; declared
-    // so that the region goes first, then the connection, then the memory), and what
-    // the last message brought that no read has taken yet.
-    struct Cm {
-        std::unique_ptr<std::array<std::byte, cm_max_message>> send_memory;
-        async::Connection connection;
-        MemoryRegion send_region;
-        std::array<std::byte, cm_max_message> received{};
-        std::size_t received_bytes = 0;
-        std::size_t taken = 0;
-    };
-    ControlChannel(Executor executor, Cm cm);
-    asio::awaitable<std::error_code> read_cm(Cm& cm, std::span<std::byte> into, Deadline deadline);
-    asio::awaitable<std::error_code> write_cm(Cm& cm, std::span<const std::byte> bytes, Deadline deadline);
-    std::variant<asio::ip::tcp::socket, Cm> link_;
-    asio::steady_timer closed_; // never expires; close() cancels it, waking RDMA CM's waits
-    bool open_ = true;
+    explicit ControlChannel(std::shared_ptr<State> state) : state_(std::move(state)) {}
+    std::shared_ptr<State> state_;
 };
 
 // A listener of control connections: TCP or RDMA CM on address:port.
