@@ -9,6 +9,7 @@
 #include <csignal>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <optional>
 #include <random>
 #include <stdexcept>
@@ -1445,6 +1446,7 @@ struct CmRig {
 
 struct CmSessions {
     int wrong = 0;
+    std::ptrdiff_t first_fds = 0, more_fds = 0; // descriptors the first session opened, and 4 more
     std::optional<Error> first, closed, refused;
     std::uint32_t server_sessions_before_close = 0, server_sessions_after_close = 0;
     std::uint32_t server_sessions_after_destroy = 0;
@@ -1462,13 +1464,40 @@ asio::awaitable<std::uint32_t> sessions_become(rpc::Endpoint* endpoint, std::uin
     co_return endpoint->sessions();
 }
 
+std::ptrdiff_t open_fds() {
+    return std::distance(std::filesystem::directory_iterator("/proc/self/fd"), std::filesystem::directory_iterator{});
+}
+
 asio::awaitable<void> cm_sessions(rpc::Endpoint* server, rpc::Endpoint* client, std::string address,
                                   std::uint16_t port, CmSessions* out) {
+    const auto before = open_fds();
     auto session = co_await client->connect(address, port);
     if (!session) {
         out->first = session.error();
         co_return;
     }
+    out->first_fds = open_fds() - before;
+    {
+        // while it lives, 4 more share its device context (no context, CQ or channel each)
+        const auto before_more = open_fds();
+        std::vector<rpc::Session> more;
+        for (int i = 0; i < 4; ++i) {
+            auto another = co_await client->connect(address, port);
+            if (!another) {
+                out->first = another.error();
+                co_return;
+            }
+            more.push_back(std::move(*another));
+        }
+        out->more_fds = open_fds() - before_more;
+        std::vector<std::byte> echoed_back(100);
+        const auto request = message(9, 100);
+        for (rpc::Session& s : more) {
+            const Result<std::size_t> got = co_await s.call(echo, request, echoed_back, {.timeout = 20s});
+            out->wrong += got && *got == request.size() && echoed(echoed_back, request) ? 0 : 1;
+        }
+    }
+    out->server_sessions_before_close = co_await sessions_become(server, 1, 5s);
     // one packet, many packets, and above rdma_threshold (the RC path, offered and
     // answered over the CM control connection), each checked
     std::vector<std::byte> response(40'000);
@@ -1477,7 +1506,6 @@ asio::awaitable<void> cm_sessions(rpc::Endpoint* server, rpc::Endpoint* client, 
         const Result<std::size_t> got = co_await session->call(echo, request, response, {.timeout = 20s});
         out->wrong += got && *got == size && echoed(response, request) ? 0 : 1;
     }
-    out->server_sessions_before_close = server->sessions();
     if (auto closed = co_await session->close(5s); !closed)
         out->closed = closed.error();
     out->server_sessions_after_close = co_await sessions_become(server, 0, 5s);
@@ -1515,7 +1543,11 @@ TEST_CASE("rpc endpoint: sessions set up over RDMA CM carry calls of every size,
     REQUIRE_MESSAGE(!out.first, (out.first ? out.first->message() : ""));
     CHECK(out.wrong == 0);
     CHECK(rig.server->counters().rdma_reads >= 2); // the 20,000- and 40,000-byte requests took the RC path
-    CHECK(out.server_sessions_before_close == 1);
+    CHECK(out.server_sessions_before_close == 1); // the 4 more ended with their Sessions
+    MESSAGE("descriptors opened: by the first session ", out.first_fds, ", by 4 more ", out.more_fds);
+    // a session on a context of its own would open the context's device file and its
+    // completion channel again: at least 2 descriptors more each than a shared one
+    CHECK(out.more_fds + 4 * 2 <= 4 * out.first_fds);
     CHECK_MESSAGE(!out.closed, (out.closed ? out.closed->message() : ""));
     CHECK(out.server_sessions_after_close == 0);
     CHECK(out.server_sessions_after_destroy == 0);

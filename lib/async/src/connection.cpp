@@ -339,12 +339,16 @@ asio::awaitable<Result<Connection>> Connection::connect(asio::any_io_executor ex
 }
 
 asio::awaitable<Result<Connection>> Connection::connect_another(std::string host, std::uint16_t port,
-                                                                std::source_location where) {
+                                                                Timeout timeout, std::source_location where) {
     detail::Peer& p = peer(where);
-    if (p.link->options().transport == Transport::rdma_cm)
-        return connect_cm_on(p.driver->executor(), p.driver, std::move(host), port, p.link->options(),
+    ConnectionOptions options = p.link->options();
+    if (timeout)
+        options.timeout = *timeout;
+    rdmaxx::detail::check_options(options, where);
+    if (options.transport == Transport::rdma_cm)
+        return connect_cm_on(p.driver->executor(), p.driver, std::move(host), port, std::move(options),
                              [](PeerPtr q) { return Connection(std::move(q)); });
-    return connect_on(p.driver, std::move(host), port, p.link->options(),
+    return connect_on(p.driver, std::move(host), port, std::move(options),
                       [](PeerPtr q) { return Connection(std::move(q)); });
 }
 

@@ -1,6 +1,7 @@
 #include "control_channel.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 
 #include <asio/connect.hpp>
@@ -206,11 +207,20 @@ Result<ControlChannel> ControlChannel::over(Executor executor, async::Connection
 
 asio::awaitable<Result<ControlChannel>> ControlChannel::connect(Executor executor, Transport transport,
                                                                 std::string host, std::uint16_t port,
-                                                                Deadline deadline, const char* call) {
+                                                                Deadline deadline, const char* call,
+                                                                std::weak_ptr<State> sibling) {
     const std::string peer = fmt::format("{}:{}", host, port);
     if (transport == Transport::rdma_cm) {
-        const ConnectionOptions options = cm_options(left(deadline));
-        auto connection = co_await async::Connection::connect(executor, std::move(host), port, options);
+        const std::shared_ptr<State> shared = sibling.lock();
+        Result<async::Connection> connection = std::unexpected(Error::cancelled(call)); // (g++ 12: no co_await in ?:)
+        if (shared)
+            connection =
+                co_await std::get<CmLink>(shared->link).connection->connect_another(host, port, left(deadline));
+        // no sibling, or the address is reached through another device than the sibling's
+        if (!shared || (!connection && connection.error().is_errno(EXDEV))) {
+            const ConnectionOptions own = cm_options(left(deadline));
+            connection = co_await async::Connection::connect(executor, std::move(host), port, own);
+        }
         if (!connection) {
             const Error& e = connection.error();
             co_return std::unexpected(
@@ -235,6 +245,10 @@ asio::awaitable<std::error_code> ControlChannel::read(std::span<std::byte> into,
 
 asio::awaitable<std::error_code> ControlChannel::write(std::span<const std::byte> bytes, Deadline deadline) {
     return write_on(state_, bytes, deadline);
+}
+
+std::weak_ptr<ControlChannel::State> ControlChannel::as_sibling() const {
+    return std::holds_alternative<CmLink>(state_->link) ? std::weak_ptr<State>(state_) : std::weak_ptr<State>();
 }
 
 void ControlChannel::close() noexcept {

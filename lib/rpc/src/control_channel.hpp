@@ -43,11 +43,16 @@ class ControlChannel {
 public:
     using Executor = asio::io_context::executor_type;
 
+    struct State;
+
     // A connection to the listener at host:port over `transport`, by `deadline`.
     // `call` names the Error's caller: resolving or connecting (errno), no answer by
     // the deadline (timeout), RDMA CM's own errors (as async::Connection::connect's).
+    // RDMA CM: on the device context, PD and CQ of `sibling` while it lives (an
+    // endpoint's client sessions share one: as_sibling()), else on a context of its own.
     static asio::awaitable<Result<ControlChannel>> connect(Executor executor, Transport transport, std::string host,
-                                                           std::uint16_t port, Deadline deadline, const char* call);
+                                                           std::uint16_t port, Deadline deadline, const char* call,
+                                                           std::weak_ptr<State> sibling);
     explicit ControlChannel(asio::ip::tcp::socket socket);
     // An RDMA CM connection (its send memory registered here: ibv_reg_mr's errors).
     static Result<ControlChannel> over(Executor executor, async::Connection connection);
@@ -62,14 +67,14 @@ public:
     // Ends the connection: what is in flight ends with operation_aborted, and so does
     // every later read and write.
     void close() noexcept;
-
-    // The connection, shared with the reads and writes in flight: a ControlChannel
-    // destroyed (its session's watcher done) while its writer's last write still winds
-    // down leaves that write its connection, timer and send memory.
-    struct State;
+    // This connection as the `sibling` of later connects (empty for TCP).
+    std::weak_ptr<State> as_sibling() const;
 
 private:
     explicit ControlChannel(std::shared_ptr<State> state) : state_(std::move(state)) {}
+    // The connection, shared with the reads and writes in flight: a ControlChannel
+    // destroyed (its session's watcher done) while its writer's last write still winds
+    // down leaves that write its connection, timer and send memory.
     std::shared_ptr<State> state_;
 };
 

@@ -348,6 +348,9 @@ struct EndpointCore {
     AcceptHandler accept_handler; // set: sessions are both ways
     Counters counters;
     std::shared_ptr<ControlListener> listener; // shared with its accept loop
+    // an RDMA CM control connection of a session this end set up: the next one shares its
+    // device context, PD and CQ (while it lives) rather than opening a context per session
+    std::weak_ptr<ControlChannel::State> cm_sibling;
     bool shutting_down = false; // Endpoint::shutdown(): setups are refused, then the listener closes
     asio::steady_timer ticker;
     bool ticking = false;
@@ -1550,7 +1553,7 @@ asio::awaitable<Result<Session>> EndpointCore::connect(Anchor anchor, std::strin
     const std::string peer = fmt::format("{}:{}", host, port);
     const Deadline deadline = std::chrono::steady_clock::now() + timeout;
     auto channel = co_await ControlChannel::connect(core->executor, core->options.session_transport, std::move(host),
-                                                    port, deadline, call);
+                                                    port, deadline, call, core->cm_sibling);
     if (*anchor == nullptr)
         co_return std::unexpected(Error::cancelled(call, "the endpoint was destroyed"));
     if (!channel)
@@ -1584,6 +1587,8 @@ asio::awaitable<Result<Session>> EndpointCore::connect(Anchor anchor, std::strin
     core->table.reduce_credits(id, reply->both_ways ? 2 * reply->limits.credits : reply->limits.credits);
     core->attach(id, reply->session, reply->server, std::move(*ah), reply->limits, true, reply->both_ways);
     reservation.kept = true;
+    if (core->cm_sibling.expired())
+        core->cm_sibling = channel->as_sibling();
     asio::co_spawn(core->executor, watch(anchor, id, std::move(*channel)), RethrowOutOfRun{});
     ++core->handles;
     co_return Session(core, id.number, id.generation);

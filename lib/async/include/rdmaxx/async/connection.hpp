@@ -105,10 +105,12 @@ public:
     static asio::awaitable<Result<Connection>> connect(asio::any_io_executor executor, std::string host,
                                                        std::uint16_t port, ConnectionOptions options = {},
                                                        std::source_location where = std::source_location::current());
-    /// Another connection on this one's context, PD and CQ, with its options.
+    /// Another connection on this one's context, PD and CQ, with its options (its setup
+    /// bounded by `timeout` if given, else by the options' timeout). This one may have
+    /// ended: the context lives while any connection of it does.
     /// @errors As connect().
     /// @misuse A moved-from Connection.
-    asio::awaitable<Result<Connection>> connect_another(std::string host, std::uint16_t port,
+    asio::awaitable<Result<Connection>> connect_another(std::string host, std::uint16_t port, Timeout timeout = {},
                                                         std::source_location where = std::source_location::current());
 
     /// Takes over `other`'s connection; `other` is left moved-from.

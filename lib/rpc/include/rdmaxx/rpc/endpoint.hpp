@@ -138,8 +138,9 @@ struct EndpointOptions {
     /// CM (lib/ctrl's protocol on an RC QP of small messages, through lib/async: no IP
     /// stack needed beyond address resolution, a dead peer's kernel ends its connections
     /// as with TCP). Both ends must use the same one. RDMA CM costs an RC QP per session
-    /// at each end, and a client opens a device context per session (on the device its
-    /// address resolves to, not necessarily `device`).
+    /// at each end; the QPs of a listener's sessions share one device context, PD and CQ,
+    /// and so do those of the sessions an endpoint sets up through one device (the one
+    /// each address resolves to, not necessarily `device`).
     Transport session_transport = Transport::tcp;
     std::uint32_t ring = 1024;       ///< receive buffers of the UD QP (40 + MTU bytes each), and 15 spares
     std::uint32_t send_depth = 256;  ///< send buffers
