@@ -1420,29 +1420,13 @@ TEST_CASE("rpc endpoint: connect() to a server that never answers ends at the co
 
 namespace {
 
-// A server and a client endpoint whose sessions are set up over RDMA CM, on the
-// device's address (the server's handler: echo).
-struct CmRig {
-    std::string address = test::cm_address();
-    std::uint16_t port = next_port();
-    asio::io_context io;
-    std::unique_ptr<rpc::Endpoint> server, client;
-
-    explicit CmRig(std::chrono::milliseconds setup_timeout = 5s) {
-        rpc::EndpointOptions server_options;
-        server_options.listen_port = port;
-        server_options.listen_address = address;
-        server_options.session_transport = Transport::rdma_cm;
-        server_options.setup_timeout = setup_timeout;
-        server = must(rpc::Endpoint::create(io, server_options));
-        server->set_handler(echo, [](rpc::Request request, rpc::Responder responder) {
-            responder.respond(request.bytes());
-        });
-        rpc::EndpointOptions client_options;
-        client_options.session_transport = Transport::rdma_cm;
-        client = must(rpc::Endpoint::create(io, client_options));
-    }
-};
+// Endpoint options whose sessions are set up over RDMA CM.
+rpc::EndpointOptions over_cm(std::chrono::milliseconds setup_timeout = 5s) {
+    rpc::EndpointOptions options;
+    options.session_transport = Transport::rdma_cm;
+    options.setup_timeout = setup_timeout;
+    return options;
+}
 
 struct CmSessions {
     int wrong = 0;
@@ -1456,11 +1440,8 @@ struct CmSessions {
 // travels over the control connection); returns how many it has.
 asio::awaitable<std::uint32_t> sessions_become(rpc::Endpoint* endpoint, std::uint32_t count,
                                                std::chrono::milliseconds limit) {
-    asio::steady_timer timer(co_await asio::this_coro::executor);
-    for (auto waited = 0ms; endpoint->sessions() != count && waited < limit; waited += 10ms) {
-        timer.expires_after(10ms);
-        co_await timer.async_wait(asio::use_awaitable);
-    }
+    for (auto waited = 0ms; endpoint->sessions() != count && waited < limit; waited += 10ms)
+        co_await pause(10ms);
     co_return endpoint->sessions();
 }
 
@@ -1537,7 +1518,7 @@ asio::awaitable<void> cm_sessions(rpc::Endpoint* server, rpc::Endpoint* client, 
 
 TEST_CASE("rpc endpoint: sessions set up over RDMA CM carry calls of every size, close gracefully, end with their "
           "control connection") {
-    CmRig rig;
+    Rig rig(over_cm(), over_cm(), test::cm_address());
     CmSessions out;
     run(rig.io, cm_sessions(rig.server.get(), rig.client.get(), rig.address, rig.port, &out), 120s);
     REQUIRE_MESSAGE(!out.first, (out.first ? out.first->message() : ""));
@@ -1611,7 +1592,7 @@ asio::awaitable<void> cm_hostile(rpc::Endpoint* server, rpc::Endpoint* client, s
 
 TEST_CASE("rpc endpoint: RDMA CM clients that send garbage or nothing are closed; a real client is served "
           "meanwhile") {
-    CmRig rig(1500ms);
+    Rig rig(over_cm(1500ms), over_cm(), test::cm_address());
     CmHostile out;
     run(rig.io, cm_hostile(rig.server.get(), rig.client.get(), rig.address, rig.port, &out), 120s);
     REQUIRE_MESSAGE(!out.setup, (out.setup ? out.setup->message() : ""));

@@ -11,6 +11,7 @@
 #include <optional>
 #include <span>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include <asio/bind_cancellation_slot.hpp>
@@ -99,10 +100,13 @@ struct Rig {
     std::unique_ptr<rpc::Endpoint> client;
     std::vector<rpc::Responder> held; // hold_it's requests, unanswered
     std::uint16_t port = next_port();
+    std::string address; // the server listens on (TCP: loopback; RDMA CM: the device's)
 
-    explicit Rig(rpc::EndpointOptions server_options = {}, rpc::EndpointOptions client_options = {}) {
+    explicit Rig(rpc::EndpointOptions server_options = {}, rpc::EndpointOptions client_options = {},
+                 std::string listen_on = "127.0.0.1")
+        : address(std::move(listen_on)) {
         server_options.listen_port = port;
-        server_options.listen_address = "127.0.0.1";
+        server_options.listen_address = address;
         server = must(rpc::Endpoint::create(io, server_options));
         client = must(rpc::Endpoint::create(io, client_options));
         server->set_handler(echo, [](rpc::Request request, rpc::Responder responder) {

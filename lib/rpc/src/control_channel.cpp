@@ -63,6 +63,16 @@ std::error_code error_code_of(const Error& e) {
     return asio::error::eof; // the connection ended (its peer's goodbye, a failed completion)
 }
 
+// `op`, unless `closed` is cancelled first or `open` is false once it ends (the channel
+// or listener closed): nullopt then. Whoever calls keeps `closed` and `open` alive.
+template <class T>
+asio::awaitable<std::optional<T>> unless_closed(asio::awaitable<T> op, asio::steady_timer& closed, const bool& open) {
+    auto woken = co_await (std::move(op) || closed.async_wait(no_throw));
+    if (woken.index() == 1 || !open)
+        co_return std::nullopt;
+    co_return std::optional<T>(std::move(std::get<0>(woken)));
+}
+
 // A TCP operation by `deadline` (none: unbounded).
 template <class Value>
 asio::awaitable<std::pair<std::error_code, Value>> by(asio::awaitable<std::tuple<std::error_code, Value>> op,
@@ -128,16 +138,16 @@ asio::awaitable<std::error_code> read_cm(std::shared_ptr<State> state, std::span
             filled += n;
             continue;
         }
-        auto woken = co_await (cm.connection->receive(cm.received, left(deadline)) || state->closed.async_wait(no_throw));
-        if (woken.index() == 1 || !state->open)
+        auto got = co_await unless_closed(cm.connection->receive(cm.received, left(deadline)), state->closed,
+                                          state->open);
+        if (!got)
             co_return asio::error::operation_aborted;
-        auto& got = std::get<0>(woken);
-        if (!got) {
-            if (got.error().is_timeout() && deadline == no_deadline)
+        if (!*got) {
+            if (got->error().is_timeout() && deadline == no_deadline)
                 continue;
-            co_return error_code_of(got.error());
+            co_return error_code_of(got->error());
         }
-        cm.received_bytes = got->size;
+        cm.received_bytes = (*got)->size;
         cm.taken = 0;
     }
     co_return std::error_code{};
@@ -151,16 +161,15 @@ asio::awaitable<std::error_code> write_cm(std::shared_ptr<State> state, std::spa
         const std::size_t n = std::min<std::size_t>(cm_max_message, bytes.size() - at);
         std::memcpy(cm.send_memory.data(), bytes.data() + at, n);
         for (;;) {
-            auto woken = co_await (cm.connection->send(cm.send_region->slice(0, n), left(deadline)) ||
-                                   state->closed.async_wait(no_throw));
-            if (woken.index() == 1 || !state->open)
+            auto sent = co_await unless_closed(cm.connection->send(cm.send_region->slice(0, n), left(deadline)),
+                                               state->closed, state->open);
+            if (!sent)
                 co_return asio::error::operation_aborted;
-            auto& sent = std::get<0>(woken);
-            if (sent)
+            if (*sent)
                 break;
-            if (sent.error().is_timeout() && deadline == no_deadline)
+            if (sent->error().is_timeout() && deadline == no_deadline)
                 continue; // no room for an hour: the peer does not take its messages, yet lives
-            co_return error_code_of(sent.error());
+            co_return error_code_of(sent->error());
         }
         at += n;
     }
@@ -311,15 +320,14 @@ asio::awaitable<std::pair<std::error_code, std::optional<ControlChannel>>> Contr
     }
     auto& listener = std::get<async::Listener>(link_);
     for (;;) {
-        auto woken = co_await (listener.accept(std::chrono::hours(1)) || closed_.async_wait(no_throw));
-        if (woken.index() == 1 || !open_)
-            co_return Accepted{asio::error::operation_aborted, std::nullopt};
-        auto& connection = std::get<0>(woken);
-        if (!connection && connection.error().is_timeout())
-            continue;
+        auto connection = co_await unless_closed(listener.accept(std::chrono::hours(1)), closed_, open_);
         if (!connection)
-            co_return Accepted{error_code_of(connection.error()), std::nullopt};
-        auto channel = ControlChannel::over(executor_, std::move(*connection));
+            co_return Accepted{asio::error::operation_aborted, std::nullopt};
+        if (!*connection && connection->error().is_timeout())
+            continue;
+        if (!*connection)
+            co_return Accepted{error_code_of(connection->error()), std::nullopt};
+        auto channel = ControlChannel::over(executor_, std::move(**connection));
         if (!channel)
             co_return Accepted{error_code_of(channel.error()), std::nullopt};
         co_return Accepted{std::error_code{}, std::move(*channel)};
