@@ -10,6 +10,7 @@
 #include <functional>
 #include <random>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <arpa/inet.h>
@@ -698,6 +699,137 @@ TEST_CASE("128 clients at once on each transport are all served") {
         CHECK(connected == 128);
         CHECK_MESSAGE(accepted.size() == 128, "accept failed: ", fmt::format("{}", fmt::join(refused, "; ")));
     }
+}
+
+// Receives that complete while nobody polls pile up in the CQ a listener's connections
+// share: 3 clients' messages together are more than its first size (8,192 entries
+// asked for; rxe makes them 16,383). Without the CQ growing with its connections, rxe
+// overflows it and the messages are lost.
+TEST_CASE("a listener's shared CQ grows with its connections: receives nobody polls overflow nothing") {
+    const Context context = must(Context::open());
+    const std::uint32_t first_depth = must(CompletionQueue::create(context, {.depth = 8192})).depth();
+    constexpr std::uint32_t clients_n = 3;
+    ConnectionOptions options = quick();
+    options.receive_depth = first_depth / clients_n + 8;
+    if (options.receive_depth > static_cast<std::uint32_t>(context.attributes().raw.max_qp_wr)) {
+        MESSAGE("max_qp_wr ", context.attributes().raw.max_qp_wr, ": three QPs' receives cannot fill the CQ here");
+        return;
+    }
+    options.max_message = 64;
+    options.max_send_wr = 2;
+    options.timeout = 20s;
+    const std::uint32_t per_client = options.receive_depth - 2; // the credits: all but the control reserve
+    REQUIRE(per_client * clients_n > first_depth);
+    Listener listener = must(Listener::listen("127.0.0.1", 0, options));
+    std::atomic<std::uint32_t> finished{0};
+    std::atomic<bool> go{false}, done{false};
+    std::vector<test::Thread> clients;
+    for (std::uint32_t c = 0; c < clients_n; ++c)
+        clients.emplace_back([&, c] {
+            struct CountOnce {
+                std::atomic<std::uint32_t>& n;
+                bool counted = false;
+                void now() {
+                    if (!std::exchange(counted, true))
+                        ++n;
+                }
+                ~CountOnce() { now(); } // also when a failed check ends the client early
+            } finish{finished};
+            auto conn = Connection::connect("127.0.0.1", listener.port(), options);
+            REQUIRE_MESSAGE(conn.has_value(), (conn ? "" : conn.error().message()));
+            MemoryRegion mr = must(conn->alloc_local_mr(64));
+            while (!go)
+                std::this_thread::sleep_for(1ms);
+            for (std::uint32_t i = 0; i < per_client; ++i) {
+                const std::uint32_t tag = c << 16 | i;
+                std::memcpy(mr.data(), &tag, sizeof tag);
+                auto sent = conn->send(mr.slice(0, sizeof tag));
+                REQUIRE_MESSAGE(sent.has_value(), (sent ? "" : sent.error().message()));
+            }
+            finish.now();
+            while (!done) // connected until the server has read everything
+                std::this_thread::sleep_for(1ms);
+        });
+    SetOnExit release_clients{done}; // also when a failed check ends the test early
+    std::vector<Connection> accepted;
+    while (accepted.size() < clients_n)
+        accepted.push_back(must(listener.accept(20s)));
+    go = true; // the server polls nothing until every client sent all it may
+    const auto bound = Clock::now() + 60s;
+    while (finished < clients_n && Clock::now() < bound)
+        std::this_thread::sleep_for(1ms);
+    for (Connection& conn : accepted) {
+        std::array<std::byte, 64> got{};
+        std::uint32_t client = 0;
+        for (std::uint32_t i = 0; i < per_client; ++i) {
+            auto received = conn.receive(got);
+            REQUIRE_MESSAGE(received.has_value(), (received ? "" : received.error().message()));
+            std::uint32_t tag = 0;
+            std::memcpy(&tag, got.data(), sizeof tag);
+            if (i == 0)
+                client = tag >> 16;
+            REQUIRE(tag == (client << 16 | i)); // every message, in order, from one client
+        }
+    }
+    done = true;
+    for (auto& t : clients)
+        t.join();
+}
+
+TEST_CASE("a client whose receives would take the shared CQ past max_cqe is refused; the others go on") {
+    const auto attributes = must(Context::open()).attributes().raw;
+    const auto max_cqe = static_cast<std::uint32_t>(attributes.max_cqe);
+    ConnectionOptions options = quick();
+    options.max_message = 64;
+    options.max_send_wr = 2;
+    options.lending = Lending::registration; // no window binds: each QP holds 2 + 2 + receive_depth entries
+    options.timeout = 20s;
+    // three connections fill max_cqe, the fourth passes it (also a client's own CQ grows)
+    options.receive_depth = max_cqe / 3 - 4;
+    if (options.receive_depth > 0x8000 || options.receive_depth > static_cast<std::uint32_t>(attributes.max_qp_wr)) {
+        MESSAGE("max_cqe ", max_cqe, ": three connections' receives cannot fill it here");
+        return;
+    }
+    Listener listener = must(Listener::listen("127.0.0.1", 0, options));
+    std::atomic<bool> done{false};
+    std::atomic<int> connected{0}, refused{0};
+    const auto client = [&] {
+        auto conn = Connection::connect("127.0.0.1", listener.port(), options);
+        if (!conn) {
+            ++refused;
+            return;
+        }
+        ++connected;
+        MemoryRegion mr = must(conn->alloc_local_mr(8));
+        CHECK(conn->send(mr.slice(0, 8)));
+        while (!done)
+            std::this_thread::sleep_for(1ms);
+    };
+    std::vector<test::Thread> clients;
+    SetOnExit release_clients{done}; // also when a failed check ends the test early
+    std::vector<Connection> accepted;
+    for (int i = 0; i < 3; ++i) {
+        clients.emplace_back(client);
+        accepted.push_back(must(listener.accept(20s)));
+    }
+    clients.emplace_back(client); // no room for it
+    const auto bound = Clock::now() + 20s;
+    while (refused == 0 && Clock::now() < bound)
+        CHECK(must_fail(listener.accept(100ms)).is_timeout()); // runs its handshake, which fails
+    CHECK(refused == 1);
+    CHECK(listener.stats().failed == 1);
+    std::array<std::byte, 8> got{};
+    for (Connection& conn : accepted)
+        CHECK(must(conn.receive(got)).size == 8); // the three go on
+    accepted.pop_back(); // one leaves: its entries come back
+    clients.emplace_back(client);
+    accepted.push_back(must(listener.accept(20s)));
+    CHECK(must(accepted.back().receive(got)).size == 8);
+    CHECK(listener.stats().accepted == 4);
+    done = true;
+    for (auto& t : clients)
+        t.join();
+    CHECK(connected == 4);
 }
 
 TEST_CASE("the quota counts a region given back until its owner takes it, windows or registrations") {

@@ -270,6 +270,27 @@ TEST_CASE("completion queues: depth limits, channels and bounded waits") {
     CHECK(cq.channel_fd() >= 0);
 }
 
+TEST_CASE("a completion queue resized keeps its completions, its channel and its arming") {
+    test::Rig rig;
+    const auto max_cqe = static_cast<std::uint32_t>(rig.context.attributes().raw.max_cqe);
+    CompletionQueue cq = must(CompletionQueue::create(rig.context, {.depth = 16, .channel = true}));
+    QueuePair a = must(QueuePair::create(rig.pd, {.send_cq = &cq, .recv_cq = &cq, .caps = {.max_send_wr = 128}}));
+    QueuePair b = rig.make_qp(QpType::rc);
+    must(a.connect(b.endpoint()));
+    must(b.connect(a.endpoint()));
+    MemoryRegion mr = must(MemoryRegion::allocate(rig.pd, 64, access_all));
+    must(cq.arm());
+    must(cq.resize(200));
+    CHECK(cq.depth() >= 200);
+    for (int i = 0; i < 100; ++i) // more than the first 16 entries hold, none polled yet
+        post(a, IBV_WR_RDMA_WRITE, mr.slice(0, 8), mr.remote().slice(32, 8));
+    must(cq.wait_event(5000ms)); // still armed
+    CHECK(must_fail(cq.resize(max_cqe + 1)).is_errno(EINVAL));
+    for (int i = 0; i < 100; ++i)
+        poll_one(cq);
+    RDMAXX_CHECK_DEATH((void)cq.resize(0), "depth 0");
+}
+
 TEST_CASE("a completion-event wait interrupted by signals still ends at its timeout") {
     test::Rig rig;
     CompletionQueue cq = must(CompletionQueue::create(rig.context, {.depth = 16, .channel = true}));

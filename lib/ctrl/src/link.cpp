@@ -149,6 +149,9 @@ Result<void> Group::pump() {
         if (*n < batch.size())
             break;
     }
+    // empty now: a destroyed QP's last completions were taken with the rest
+    cq_held -= cq_retired;
+    cq_retired = 0;
     const auto now = Clock::now();
     for (auto& [qpn, link] : links) {
         link->expire_leases(now);
@@ -156,6 +159,28 @@ Result<void> Group::pump() {
             link->fail(std::move(ok.error()));
     }
     return {};
+}
+
+Result<CqEntries> CqEntries::hold(Group& group, std::uint32_t count) {
+    // QPs gone may have left completions in the CQ: taking them frees their entries
+    if (group.cq_held + count > group.cq.depth() && group.cq_retired != 0)
+        if (auto ok = group.pump(); !ok)
+            return std::unexpected(std::move(ok.error()));
+    const std::uint32_t wanted = group.cq_held + count;
+    if (wanted > group.cq.depth()) {
+        const auto max_cqe = static_cast<std::uint32_t>(group.context.attributes().raw.max_cqe);
+        if (wanted > max_cqe)
+            return std::unexpected(Error::from_errno(
+                "Connection", ENOBUFS,
+                fmt::format("the completion queue shared on {} has {} of the device's max_cqe {} entries held by "
+                            "other connections: no room for this one's {}",
+                            group.context.name(), group.cq_held, max_cqe, count)));
+        const std::uint32_t doubled = group.cq.depth() > max_cqe / 2 ? max_cqe : group.cq.depth() * 2;
+        if (auto grown = group.cq.resize(std::max(wanted, doubled)); !grown)
+            return std::unexpected(std::move(grown.error()));
+    }
+    group.cq_held = wanted;
+    return CqEntries(group, count);
 }
 
 // --- Link: setup ------------------------------------------------------------------------
@@ -169,9 +194,10 @@ std::optional<std::uint32_t> Link::SendSlots::free() const {
 
 bool Link::SendSlots::idle() const { return std::none_of(busy.begin(), busy.end(), [](bool b) { return b; }); }
 
-Link::Link(std::shared_ptr<Group> group, const ConnectionOptions& options, MemoryRegion receive, SendSlots slots,
-           QueuePair qp)
-    : group_(std::move(group)), options_(options), receive_mr_(std::move(receive)), slots_(std::move(slots)),
+Link::Link(std::shared_ptr<Group> group, const ConnectionOptions& options, CqEntries cq_entries, MemoryRegion receive,
+           SendSlots slots, QueuePair qp)
+    : group_(std::move(group)), options_(options), cq_entries_(std::move(cq_entries)), receive_mr_(std::move(receive)),
+      slots_(std::move(slots)),
       qp_(std::move(qp)), buffer_bytes_(static_cast<std::uint32_t>(control::header_bytes) + options.max_message),
       leases_(options.quota_bytes), ops_(options.max_send_wr) {
     for (std::uint32_t op = options.max_send_wr; op-- > 0;)
@@ -181,9 +207,14 @@ Link::Link(std::shared_ptr<Group> group, const ConnectionOptions& options, Memor
 Result<std::unique_ptr<Link>> Link::create(std::shared_ptr<Group> group, const ConnectionOptions& options) {
     const std::uint32_t slots = std::min(options.max_send_wr, max_slots);
     // each send slot, max_send_wr one-sided operations, and the window binds in flight
+    const std::uint32_t send_wr =
+        slots + options.max_send_wr + (group->lending == Lending::memory_window ? max_binds : 0);
+    auto cq_entries = CqEntries::hold(*group, send_wr + options.receive_depth);
+    if (!cq_entries)
+        return std::unexpected(std::move(cq_entries.error()));
     auto qp = QueuePair::create(group->pd, {.send_cq = &group->cq,
                                             .recv_cq = &group->cq,
-                                            .caps = {.max_send_wr = slots + options.max_send_wr + max_binds,
+                                            .caps = {.max_send_wr = send_wr,
                                                      .max_recv_wr = options.receive_depth,
                                                      .max_send_sge = 2,
                                                      .max_recv_sge = 1},
@@ -200,7 +231,8 @@ Result<std::unique_ptr<Link>> Link::create(std::shared_ptr<Group> group, const C
         return std::unexpected(std::move(send.error()));
     SendSlots send_slots{std::move(*send), std::vector<bool>(slots, false), std::vector<std::optional<Error>>(slots)};
     return std::unique_ptr<Link>(
-        new Link(std::move(group), options, std::move(*receive), std::move(send_slots), std::move(*qp)));
+        new Link(std::move(group), options, std::move(*cq_entries), std::move(*receive), std::move(send_slots),
+                 std::move(*qp)));
 }
 
 Link::~Link() {

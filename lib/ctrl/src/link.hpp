@@ -16,6 +16,7 @@
 #include <memory>
 #include <optional>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include <rdmaxx/ctrl/cm.hpp>
@@ -50,11 +51,39 @@ struct Group {
     MemoryPool pool;
     Lending lending; // memory_window or registration: ConnectionOptions::lending resolved
     std::unordered_map<std::uint32_t, Link*> links; // by QPN, while they may complete work
+    // CQ entries held for the send and receive queues of the QPs that complete into cq,
+    // and of those the ones whose QPs are gone but whose last completions may still be
+    // in cq (freed by the next pump that empties it): the CQ never overflows, whatever
+    // every peer does at once.
+    std::uint32_t cq_held = 0;
+    std::uint32_t cq_retired = 0;
 
     static Result<std::shared_ptr<Group>> create(const ConnectionOptions& options);
     // Takes every completion there is and hands it to its link; then each link
     // expires leases and sends what it queued. Never waits.
     Result<void> pump();
+};
+
+// A QP's entries in its group's CQ (its send and receive queues' sizes together), held
+// from before the QP is created until after it is destroyed. Holding more than the CQ
+// has grows it (ibv_resize_cq, doubling) up to the device's max_cqe.
+class CqEntries {
+public:
+    // Errors: the CQ at max_cqe has no room for `count` more (ENOBUFS: the connection is
+    // refused, the group's others go on); the device cannot resize its CQ.
+    static Result<CqEntries> hold(Group& group, std::uint32_t count);
+    CqEntries(CqEntries&& other) noexcept
+        : group_(std::exchange(other.group_, nullptr)), count_(other.count_) {}
+    CqEntries& operator=(CqEntries&&) = delete;
+    ~CqEntries() {
+        if (group_ != nullptr)
+            group_->cq_retired += count_;
+    }
+
+private:
+    CqEntries(Group& group, std::uint32_t count) : group_(&group), count_(count) {}
+    Group* group_;
+    std::uint32_t count_;
 };
 
 // The limits each side announces in the endpoint message's 8 metadata bytes.
@@ -200,8 +229,8 @@ private:
         bool idle() const;
     };
 
-    Link(std::shared_ptr<Group> group, const ConnectionOptions& options, MemoryRegion receive, SendSlots slots,
-         QueuePair qp);
+    Link(std::shared_ptr<Group> group, const ConnectionOptions& options, CqEntries cq_entries, MemoryRegion receive,
+         SendSlots slots, QueuePair qp);
 
     void on_completion(const WorkCompletion& wc);
     Result<void> on_receive(std::uint32_t buffer, const WorkCompletion& wc);
@@ -246,6 +275,7 @@ private:
 
     std::shared_ptr<Group> group_;
     ConnectionOptions options_;
+    CqEntries cq_entries_;
     // member order: the QP is destroyed first, then the buffers and windows it used
     MemoryRegion receive_mr_;
     SendSlots slots_;

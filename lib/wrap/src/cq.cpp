@@ -75,6 +75,16 @@ void CompletionQueue::ack_events() noexcept {
     unacked_events_ = 0;
 }
 
+Result<void> CompletionQueue::resize(std::uint32_t depth, std::source_location where) {
+    ibv_cq* const cq = get(where);
+    require(depth > 0, where, "resizing a completion queue to depth 0");
+    // the provider checks max_cqe and the completions held (EINVAL)
+    if (const int rc = ibv_resize_cq(cq, static_cast<int>(depth)); rc != 0)
+        return std::unexpected(Error::from_errno("ibv_resize_cq", rc, fmt::format("to depth {} from {}", depth, depth_)));
+    depth_ = static_cast<std::uint32_t>(cq->cqe);
+    return {};
+}
+
 Result<void> CompletionQueue::arm(bool solicited_only, std::source_location where) {
     channel("arm", where);
     if (const int rc = ibv_req_notify_cq(get(where), solicited_only ? 1 : 0); rc != 0)

@@ -163,7 +163,9 @@ public:
     /// Another client connection on this one's context, PD and CQ (regions of either
     /// serve both), with this one's options. RDMA CM: host must be reached through the
     /// same device, else an Error.
-    /// @errors as connect()'s; RDMA CM: host reached through another device (EXDEV).
+    /// @errors as connect()'s; RDMA CM: host reached through another device (EXDEV);
+    /// the shared CQ at the device's max_cqe has no room for another connection
+    /// (ENOBUFS; Listener tells how connections share a CQ).
     Result<Connection> connect_another(std::string_view host, std::uint16_t port,
                                        std::source_location where = std::source_location::current());
 
@@ -322,6 +324,13 @@ struct ListenerStats {
 };
 
 /// Accepts connections on host:port; all of them share one context, PD and CQ.
+/// The CQ is sized for all of them at once, so that no burst of completions from every
+/// peer together can overflow it: each connection holds entries for its send and
+/// receive queues (receive_depth + max_send_wr + min(max_send_wr, 32), and 16 more where
+/// regions are lent through memory windows), and the CQ grows (ibv_resize_cq, doubling
+/// from 8,192) as they come, up to the device's max_cqe; a client past that is refused
+/// (ENOBUFS, counted in stats().failed) until connections close. connect_another's
+/// connections share their CQ the same way (there it is connect_another's Error).
 /// Handshakes run concurrently, each bounded by ConnectionOptions::timeout: a client
 /// that says nothing, sends garbage or dies holds up no one, and is only counted
 /// (stats()) and logged as a warning.

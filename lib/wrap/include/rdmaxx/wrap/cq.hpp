@@ -51,6 +51,15 @@ public:
 
     /// The real number of entries (at least the requested depth).
     std::uint32_t depth() const noexcept { return depth_; }
+    /// Grows or shrinks the CQ to at least `depth` entries (ibv_resize_cq), keeping its
+    /// completions, its channel and whether it is armed; depth() tells the real size.
+    /// Whoever shares the CQ sizes it for every QP that completes into it (their send and
+    /// receive queues together): a CQ that overflows is lost to all of them.
+    ///
+    /// @errors Depth above max_cqe, or below the completions it holds now (EINVAL, from
+    /// the provider); a device that cannot resize CQs (EOPNOTSUPP).
+    /// @misuse A moved-from CQ, depth 0.
+    Result<void> resize(std::uint32_t depth, std::source_location where = std::source_location::current());
     /// When this CQ was created: device events read before it concern an older CQ.
     std::chrono::steady_clock::time_point created_at() const noexcept { return created_; }
     /// Whether it has a completion channel (CqOptions::channel).
