@@ -355,6 +355,16 @@ struct Load {
     bool session_lost = false;
 };
 
+// A failed GET or PUT: counted, and printed while there are few (a server that stalls
+// would otherwise print one line per call in flight, every timeout).
+constexpr std::uint64_t printed_failures = 10;
+void count_failure(Load& load, std::string_view what, const Error& error) {
+    ++load.failed;
+    if (load.failed <= printed_failures)
+        fmt::print(stderr, "\nkv: {}: {}{}\n", what, error,
+                   load.failed == printed_failures ? " (more failures are counted in the summary only)" : "");
+}
+
 // --read-gets: the connection the server lent its mirror on, the mirror, and a slot's
 // worth of registered memory per worker to READ into.
 struct Reader {
@@ -370,8 +380,7 @@ asio::awaitable<bool> read_get(Reader* reader, std::uint32_t worker, std::uint32
     const LocalSlice into = reader->slots.slice(std::size_t{worker} * slot_bytes, slot_bytes);
     const auto read = co_await reader->connection.read(into, reader->mirror.slice(slot_of(key) * slot_bytes, slot_bytes));
     if (!read) {
-        fmt::print(stderr, "\nkv: READ of {}'s slot: {}\n", key, read.error());
-        ++load->failed;
+        count_failure(*load, fmt::format("READ of {}'s slot", key), read.error());
         co_return true;
     }
     const auto found = mirror_get(into.bytes(), key);
@@ -413,13 +422,13 @@ asio::awaitable<void> worker(rpc::Session* session, Reader* reader, const Args* 
         load->round_trips_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count());
         ++load->done;
         if (!got) {
-            ++load->failed;
             if (got.error().is_errno(ECONNRESET)) { // the session ended (or closes: the server shuts down)
+                ++load->failed;
                 if (!std::exchange(load->session_lost, true))
                     fmt::print(stderr, "\nkv: {} {}: {}: the workers stop\n", put ? "PUT" : "GET", key, got.error());
                 break;
             }
-            fmt::print(stderr, "\nkv: {} {}: {}\n", put ? "PUT" : "GET", key, got.error());
+            count_failure(*load, fmt::format("{} {}", put ? "PUT" : "GET", key), got.error());
         } else if (put) {
             ++load->puts;
         } else if (*got == 1 && response[0] == std::byte{0}) {
