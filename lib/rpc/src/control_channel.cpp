@@ -53,15 +53,24 @@ std::chrono::milliseconds left(Deadline deadline) {
                     std::chrono::ceil<std::chrono::milliseconds>(deadline > now ? deadline - now : Deadline::duration{}));
 }
 
-std::error_code error_code_of(const Error& e) {
-    if (e.is_timeout())
-        return asio::error::timed_out;
-    if (e.is_cancelled())
-        return asio::error::operation_aborted;
-    if (e.kind() == Error::Kind::system && e.code() != 0)
-        return {e.code(), std::system_category()};
-    return asio::error::eof; // the connection ended (its peer's goodbye, a failed completion)
+// The channel's reads and writes name themselves so (their Error's call).
+constexpr const char* channel_call = "rpc control connection";
+
+// What a TCP operation's `ec` says, as an Error of `call` whose detail begins with
+// `doing`: timed_out (a deadline passed) a timeout, operation_aborted (closed)
+// cancelled, eof the peer's close (ECONNRESET, as lib/ctrl and lib/async name it), else
+// the errno.
+Error tcp_error(std::error_code ec, const char* call, std::string_view doing) {
+    if (ec == asio::error::timed_out)
+        return Error::timeout(call, fmt::format("{}: no answer in time", doing));
+    if (ec == asio::error::operation_aborted)
+        return Error::cancelled(call, std::string(doing));
+    if (ec == asio::error::eof)
+        return Error::from_errno(call, ECONNRESET, fmt::format("{}: the peer closed the connection", doing));
+    return Error::from_errno(call, async::errno_of(ec), fmt::format("{}: {}", doing, ec.message()));
 }
+
+Error closed(std::string_view doing) { return Error::cancelled(channel_call, fmt::format("{}: closed", doing)); }
 
 // `op`, unless `closed` is cancelled first or `open` is false once it ends (the channel
 // or listener closed): nullopt then. Whoever calls keeps `closed` and `open` alive.
@@ -87,12 +96,8 @@ asio::awaitable<std::pair<std::error_code, Value>> by(asio::awaitable<std::tuple
 
 } // namespace
 
-Error setup_error(std::error_code ec, const char* call, std::string_view doing) {
-    if (ec == asio::error::timed_out)
-        return Error::timeout(call, fmt::format("{}: no answer in time", doing));
-    if (ec == asio::error::eof)
-        return Error::protocol(call, fmt::format("{}: the peer closed the connection", doing));
-    return Error::from_errno(call, async::errno_of(ec), fmt::format("{}: {}", doing, ec.message()));
+Error setup_error(const Error& e, const char* call, std::string_view doing) {
+    return Error(e.kind(), call, e.code(), fmt::format("{}: {}", doing, e.message()));
 }
 
 // ---------------------------------------------------------------------------------
@@ -126,8 +131,7 @@ using State = ControlChannel::State;
 
 // The bytes of one message after another; a message's bytes beyond the read wait for
 // the next read. A wait without a deadline is renewed.
-asio::awaitable<std::error_code> read_cm(std::shared_ptr<State> state, std::span<std::byte> into,
-                                         Deadline deadline) {
+asio::awaitable<Result<void>> read_cm(std::shared_ptr<State> state, std::span<std::byte> into, Deadline deadline) {
     CmLink& cm = std::get<CmLink>(state->link);
     std::size_t filled = 0;
     while (filled < into.size()) {
@@ -141,21 +145,21 @@ asio::awaitable<std::error_code> read_cm(std::shared_ptr<State> state, std::span
         auto got = co_await unless_closed(cm.connection->receive(cm.received, left(deadline)), state->closed,
                                           state->open);
         if (!got)
-            co_return asio::error::operation_aborted;
+            co_return std::unexpected(closed("reading"));
         if (!*got) {
             if (got->error().is_timeout() && deadline == no_deadline)
                 continue;
-            co_return error_code_of(got->error());
+            co_return std::unexpected(std::move(got->error()));
         }
         cm.received_bytes = (*got)->size;
         cm.taken = 0;
     }
-    co_return std::error_code{};
+    co_return Result<void>{};
 }
 
 // Messages of at most cm_max_message bytes, each delivered before the next goes.
-asio::awaitable<std::error_code> write_cm(std::shared_ptr<State> state, std::span<const std::byte> bytes,
-                                          Deadline deadline) {
+asio::awaitable<Result<void>> write_cm(std::shared_ptr<State> state, std::span<const std::byte> bytes,
+                                       Deadline deadline) {
     CmLink& cm = std::get<CmLink>(state->link);
     for (std::size_t at = 0; at < bytes.size();) {
         const std::size_t n = std::min<std::size_t>(cm_max_message, bytes.size() - at);
@@ -164,39 +168,43 @@ asio::awaitable<std::error_code> write_cm(std::shared_ptr<State> state, std::spa
             auto sent = co_await unless_closed(cm.connection->send(cm.send_region->slice(0, n), left(deadline)),
                                                state->closed, state->open);
             if (!sent)
-                co_return asio::error::operation_aborted;
+                co_return std::unexpected(closed("writing"));
             if (*sent)
                 break;
             if (sent->error().is_timeout() && deadline == no_deadline)
                 continue; // no room for an hour: the peer does not take its messages, yet lives
-            co_return error_code_of(sent->error());
+            co_return std::unexpected(std::move(sent->error()));
         }
         at += n;
     }
-    co_return std::error_code{};
+    co_return Result<void>{};
 }
 
-asio::awaitable<std::error_code> read_on(std::shared_ptr<State> state, std::span<std::byte> into, Deadline deadline) {
+asio::awaitable<Result<void>> read_on(std::shared_ptr<State> state, std::span<std::byte> into, Deadline deadline) {
     if (!state->open)
-        co_return asio::error::operation_aborted;
+        co_return std::unexpected(closed("reading"));
     if (std::holds_alternative<CmLink>(state->link))
         co_return co_await read_cm(state, into, deadline);
     auto& socket = std::get<tcp::socket>(state->link);
     auto [ec, n] = co_await by(asio::async_read(socket, asio::buffer(into.data(), into.size()), no_throw), deadline,
                                socket);
-    co_return ec;
+    if (ec)
+        co_return std::unexpected(tcp_error(ec, channel_call, "reading"));
+    co_return Result<void>{};
 }
 
-asio::awaitable<std::error_code> write_on(std::shared_ptr<State> state, std::span<const std::byte> bytes,
-                                          Deadline deadline) {
+asio::awaitable<Result<void>> write_on(std::shared_ptr<State> state, std::span<const std::byte> bytes,
+                                       Deadline deadline) {
     if (!state->open)
-        co_return asio::error::operation_aborted;
+        co_return std::unexpected(closed("writing"));
     if (std::holds_alternative<CmLink>(state->link))
         co_return co_await write_cm(state, bytes, deadline);
     auto& socket = std::get<tcp::socket>(state->link);
     auto [ec, n] = co_await by(asio::async_write(socket, asio::buffer(bytes.data(), bytes.size()), no_throw),
                                deadline, socket);
-    co_return ec;
+    if (ec)
+        co_return std::unexpected(tcp_error(ec, channel_call, "writing"));
+    co_return Result<void>{};
 }
 
 } // namespace
@@ -230,11 +238,9 @@ asio::awaitable<Result<ControlChannel>> ControlChannel::connect(Executor executo
             const ConnectionOptions own = cm_options(left(deadline));
             connection = co_await async::Connection::connect(executor, std::move(host), port, own);
         }
-        if (!connection) {
-            const Error& e = connection.error();
+        if (!connection)
             co_return std::unexpected(
-                Error(e.kind(), call, e.code(), fmt::format("connecting to {} over RDMA CM: {}", peer, e.message())));
-        }
+                setup_error(connection.error(), call, fmt::format("connecting to {} over RDMA CM", peer)));
         co_return over(executor, std::move(*connection));
     }
     tcp::resolver resolver(executor);
@@ -242,17 +248,17 @@ asio::awaitable<Result<ControlChannel>> ControlChannel::connect(Executor executo
     asio::steady_timer timer(executor, deadline);
     auto [rec, addresses] = co_await bounded(resolver.async_resolve(host, std::to_string(port), no_throw), timer);
     if (rec)
-        co_return std::unexpected(setup_error(rec, call, fmt::format("resolving {}", peer)));
+        co_return std::unexpected(tcp_error(rec, call, fmt::format("resolving {}", peer)));
     if (auto [ec, at] = co_await bounded(asio::async_connect(socket, addresses, no_throw), timer); ec)
-        co_return std::unexpected(setup_error(ec, call, fmt::format("connecting to {}", peer)));
+        co_return std::unexpected(tcp_error(ec, call, fmt::format("connecting to {}", peer)));
     co_return ControlChannel(std::move(socket));
 }
 
-asio::awaitable<std::error_code> ControlChannel::read(std::span<std::byte> into, Deadline deadline) {
+asio::awaitable<Result<void>> ControlChannel::read(std::span<std::byte> into, Deadline deadline) {
     return read_on(state_, into, deadline);
 }
 
-asio::awaitable<std::error_code> ControlChannel::write(std::span<const std::byte> bytes, Deadline deadline) {
+asio::awaitable<Result<void>> ControlChannel::write(std::span<const std::byte> bytes, Deadline deadline) {
     return write_on(state_, bytes, deadline);
 }
 
@@ -306,31 +312,29 @@ Result<std::shared_ptr<ControlListener>> ControlListener::listen(ControlChannel:
     return std::make_shared<ControlListener>(executor, std::move(acceptor));
 }
 
-asio::awaitable<std::pair<std::error_code, std::optional<ControlChannel>>> ControlListener::accept() {
-    using Accepted = std::pair<std::error_code, std::optional<ControlChannel>>;
+asio::awaitable<Result<ControlChannel>> ControlListener::accept() {
+    constexpr const char* call = "rpc::Endpoint's listener";
+    const auto closed_now = [] { return Error::cancelled(call, "the listener closed"); };
     if (!open_)
-        co_return Accepted{asio::error::operation_aborted, std::nullopt};
+        co_return std::unexpected(closed_now());
     if (auto* acceptor = std::get_if<tcp::acceptor>(&link_)) {
         auto [ec, socket] = co_await acceptor->async_accept(no_throw);
         if (!open_)
-            co_return Accepted{asio::error::operation_aborted, std::nullopt};
+            co_return std::unexpected(closed_now());
         if (ec)
-            co_return Accepted{ec, std::nullopt};
-        co_return Accepted{std::error_code{}, ControlChannel(std::move(socket))};
+            co_return std::unexpected(tcp_error(ec, call, "accepting"));
+        co_return ControlChannel(std::move(socket));
     }
     auto& listener = std::get<async::Listener>(link_);
     for (;;) {
         auto connection = co_await unless_closed(listener.accept(std::chrono::hours(1)), closed_, open_);
         if (!connection)
-            co_return Accepted{asio::error::operation_aborted, std::nullopt};
+            co_return std::unexpected(closed_now());
         if (!*connection && connection->error().is_timeout())
             continue;
         if (!*connection)
-            co_return Accepted{error_code_of(connection->error()), std::nullopt};
-        auto channel = ControlChannel::over(executor_, std::move(**connection));
-        if (!channel)
-            co_return Accepted{error_code_of(channel.error()), std::nullopt};
-        co_return Accepted{std::error_code{}, std::move(*channel)};
+            co_return std::unexpected(std::move(connection->error()));
+        co_return ControlChannel::over(executor_, std::move(**connection));
     }
 }
 

@@ -13,7 +13,6 @@
 #include <optional>
 #include <span>
 #include <string>
-#include <system_error>
 #include <utility>
 #include <variant>
 
@@ -35,9 +34,10 @@ inline constexpr std::uint32_t cm_max_message = 128;
 
 // One session's control connection. One read and one write may be in flight at once
 // (the session's watcher reads while its writer writes); close() ends both, and every
-// later one, with asio::error::operation_aborted. Errors are error_codes (the setup
-// names them, the watcher only needs to know the connection ended): timed_out past a
-// deadline, eof once the peer closed.
+// later one, with an Error of kind cancelled. Errors keep what the connection said
+// (a session that ends by it says why: the peer's close, the port gone down, a failed
+// completion): timeout past a deadline; ECONNRESET once the peer closed it; else the
+// connection's own, TCP's errno or over RDMA CM lib/async's Error as it came.
 // Thread safety: none; as the io_context, which one thread runs.
 class ControlChannel {
 public:
@@ -61,11 +61,11 @@ public:
     ControlChannel& operator=(const ControlChannel&) = delete;
 
     // Exactly into.size() bytes, by `deadline`.
-    asio::awaitable<std::error_code> read(std::span<std::byte> into, Deadline deadline = no_deadline);
+    asio::awaitable<Result<void>> read(std::span<std::byte> into, Deadline deadline = no_deadline);
     // All of `bytes`, by `deadline`.
-    asio::awaitable<std::error_code> write(std::span<const std::byte> bytes, Deadline deadline = no_deadline);
-    // Ends the connection: what is in flight ends with operation_aborted, and so does
-    // every later read and write.
+    asio::awaitable<Result<void>> write(std::span<const std::byte> bytes, Deadline deadline = no_deadline);
+    // Ends the connection: what is in flight ends cancelled, and so does every later
+    // read and write.
     void close() noexcept;
     // This connection as the `sibling` of later connects (empty for TCP).
     std::weak_ptr<State> as_sibling() const;
@@ -87,9 +87,10 @@ public:
     static Result<std::shared_ptr<ControlListener>> listen(ControlChannel::Executor executor, Transport transport,
                                                            const std::string& address, std::uint16_t port,
                                                            std::chrono::milliseconds setup_timeout);
-    // The next client's connection; operation_aborted once closed. Other errors (a
-    // failed accept) leave the listener open.
-    asio::awaitable<std::pair<std::error_code, std::optional<ControlChannel>>> accept();
+    // The next client's connection; an Error of kind cancelled once closed. Other
+    // errors (a failed accept, an RDMA CM client's failed handshake) leave the listener
+    // open.
+    asio::awaitable<Result<ControlChannel>> accept();
     void close() noexcept;
     bool is_open() const noexcept { return open_; }
 
@@ -103,8 +104,8 @@ private:
     bool open_ = true;
 };
 
-// What a failed setup step says: `doing` and why (timeout; the peer closed: protocol;
-// else the errno).
-Error setup_error(std::error_code ec, const char* call, std::string_view doing);
+// `e`, of a step of a session's setup, as `call`'s Error: its kind and code kept,
+// `doing` in front of what it said.
+Error setup_error(const Error& e, const char* call, std::string_view doing);
 
 } // namespace rdmaxx::rpc::detail

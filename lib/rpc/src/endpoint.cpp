@@ -19,7 +19,6 @@
 #include <fmt/format.h>
 
 #include <rdmaxx/async/deadline.hpp>
-#include <rdmaxx/async/error_code.hpp>
 #include <rdmaxx/wrap/log.hpp>
 
 #include "control_channel.hpp"
@@ -1041,7 +1040,7 @@ asio::awaitable<void> EndpointCore::write_messages(Anchor anchor, SessionId id) 
         const auto message = s->outbox.front();
         s->outbox.pop_front();
         // a failed write ends the session through its watcher's read
-        if (const std::error_code ec = co_await s->control->write(message); ec)
+        if (const Result<void> written = co_await s->control->write(message); !written)
             co_return;
     }
 }
@@ -1379,23 +1378,22 @@ struct ChannelRegistration {
     }
 };
 
-// A session message from `channel`: its prefix, then the rest it announces, by `deadline`.
+// A session message from `channel`: its prefix, then the rest it announces, by
+// `deadline`. Errors: the channel's, and the prefix's (protocol).
 template <class DecodePrefix>
-asio::awaitable<std::pair<std::error_code, std::vector<std::byte>>> read_message(ControlChannel& channel,
-                                                                                 Deadline deadline,
-                                                                                 DecodePrefix decode_prefix,
-                                                                                 std::uint16_t* version) {
+asio::awaitable<Result<std::vector<std::byte>>> read_message(ControlChannel& channel, Deadline deadline,
+                                                             DecodePrefix decode_prefix, std::uint16_t* version) {
     std::vector<std::byte> bytes(session_prefix_bytes);
-    if (const std::error_code ec = co_await channel.read(bytes, deadline); ec)
-        co_return std::pair{ec, std::vector<std::byte>{}};
+    if (Result<void> got = co_await channel.read(bytes, deadline); !got)
+        co_return std::unexpected(std::move(got.error()));
     const auto prefix = decode_prefix(std::span<const std::byte, session_prefix_bytes>(bytes.data(), session_prefix_bytes));
     if (!prefix)
-        co_return std::pair{std::make_error_code(std::errc::protocol_error), std::vector<std::byte>{}};
+        co_return std::unexpected(prefix.error());
     *version = prefix->version;
     bytes.resize(prefix->length);
-    if (const std::error_code ec = co_await channel.read(std::span(bytes).subspan(session_prefix_bytes), deadline); ec)
-        co_return std::pair{ec, std::vector<std::byte>{}};
-    co_return std::pair{std::error_code{}, std::move(bytes)};
+    if (Result<void> got = co_await channel.read(std::span(bytes).subspan(session_prefix_bytes), deadline); !got)
+        co_return std::unexpected(std::move(got.error()));
+    co_return bytes;
 }
 
 } // namespace
@@ -1408,17 +1406,27 @@ asio::awaitable<void> EndpointCore::watch(Anchor anchor, SessionId id, ControlCh
     if (!registration.registered)
         co_return; // the session ended before its watch began: the connection closes here
     (*anchor)->start_writer(*(*anchor)->table.lookup(id)); // what was sent before the watch began
-    std::string why = "the peer closed the session (its control connection ended)";
+    std::string why;
+    // the peer's close (ECONNRESET) as its words; anything else (the port gone down, a
+    // failed completion) as the connection said it
+    const auto ended_by = [](const Error& e) {
+        return e.is_errno(ECONNRESET) ? std::string("the peer closed the session (its control connection ended)")
+                                      : fmt::format("its control connection failed: {}", e.message());
+    };
     for (;;) {
         std::array<std::byte, rc_message_bytes> bytes{};
-        if (const std::error_code ec = co_await channel.read(std::span(bytes).first<rc_prefix_bytes>()); ec)
+        if (Result<void> got = co_await channel.read(std::span(bytes).first<rc_prefix_bytes>()); !got) {
+            why = ended_by(got.error());
             break;
+        }
         if (auto prefix = decode_rc_prefix(std::span(bytes).first<rc_prefix_bytes>()); !prefix) {
             why = fmt::format("the peer broke the session's protocol: {}", prefix.error().message());
             break;
         }
-        if (const std::error_code ec = co_await channel.read(std::span(bytes).subspan<rc_prefix_bytes>()); ec)
+        if (Result<void> got = co_await channel.read(std::span(bytes).subspan<rc_prefix_bytes>()); !got) {
+            why = ended_by(got.error());
             break;
+        }
         EndpointCore* core = *anchor;
         if (core == nullptr)
             co_return;
@@ -1457,12 +1465,12 @@ asio::awaitable<void> EndpointCore::watch(Anchor anchor, SessionId id, ControlCh
 
 asio::awaitable<void> EndpointCore::accept_loop(Anchor anchor, std::shared_ptr<ControlListener> listener) {
     for (;;) {
-        auto [ec, channel] = co_await listener->accept();
+        Result<ControlChannel> channel = co_await listener->accept();
         EndpointCore* core = *anchor;
-        if (core == nullptr || ec == asio::error::operation_aborted || !listener->is_open())
+        if (core == nullptr || !listener->is_open())
             co_return;
-        if (ec) {
-            logger()->warn("rdmaxx rpc: accepting a session: {}", ec.message());
+        if (!channel) {
+            logger()->warn("rdmaxx rpc: accepting a session: {}", channel.error());
             continue;
         }
         asio::co_spawn(core->executor, serve_setup(anchor, std::move(*channel)), RethrowOutOfRun{});
@@ -1474,14 +1482,14 @@ asio::awaitable<void> EndpointCore::accept_loop(Anchor anchor, std::shared_ptr<C
 asio::awaitable<void> EndpointCore::serve_setup(Anchor anchor, ControlChannel channel) {
     const Deadline deadline = std::chrono::steady_clock::now() + (*anchor)->options.setup_timeout;
     std::uint16_t version = 0;
-    auto [ec, bytes] = co_await read_message(channel, deadline, decode_request_prefix, &version);
+    const Result<std::vector<std::byte>> bytes = co_await read_message(channel, deadline, decode_request_prefix, &version);
     EndpointCore* core = *anchor;
-    if (core == nullptr || ec)
+    if (core == nullptr || !bytes)
         co_return; // closed: a silent or malformed client
     std::optional<Admitted> admitted;
     SessionReply reply = SessionReply::refused(Refusal::version_unsupported);
     if (version == session_version) {
-        const auto request = decode_request(bytes);
+        const auto request = decode_request(*bytes);
         if (!request)
             co_return;
         const bool both_ways = static_cast<bool>(core->accept_handler);
@@ -1511,14 +1519,15 @@ asio::awaitable<void> EndpointCore::serve_setup(Anchor anchor, ControlChannel ch
     const ChannelRegistration registration(anchor, admitted ? admitted->session : SessionId{}, &channel);
     if (admitted) // the reply is the connection's write until it is out: messages queue behind it (watch() sends them)
         core->table.lookup(admitted->session)->writing = true;
-    const std::error_code wec = co_await channel.write(out, deadline);
+    const Result<void> written = co_await channel.write(out, deadline);
     core = *anchor;
     if (core == nullptr || !admitted)
         co_return;
     if (SessionState* s = core->table.lookup(admitted->session))
         s->writing = false;
-    if (wec) {
-        core->end_session(admitted->session, "the client left during the setup");
+    if (!written) {
+        core->end_session(admitted->session,
+                          fmt::format("the client left during the setup: {}", written.error().message()));
         co_return;
     }
     if (core->accept_handler) { // the server's handle: it may call the client from now on
@@ -1560,18 +1569,18 @@ asio::awaitable<Result<Session>> EndpointCore::connect(Anchor anchor, std::strin
         co_return std::unexpected(std::move(channel.error()));
     const SessionRequest request{.client = core->transport->address(), .session = id, .limits = asked};
     const auto out = encode(request);
-    if (const std::error_code ec = co_await channel->write(out, deadline); ec)
-        co_return std::unexpected(setup_error(ec, call, fmt::format("sending the session request to {}", peer)));
+    if (const Result<void> sent = co_await channel->write(out, deadline); !sent)
+        co_return std::unexpected(
+            setup_error(sent.error(), call, fmt::format("sending the session request to {}", peer)));
     std::uint16_t version = 0;
-    auto [ec, bytes] = co_await read_message(*channel, deadline, decode_reply_prefix, &version);
+    const Result<std::vector<std::byte>> bytes = co_await read_message(*channel, deadline, decode_reply_prefix, &version);
     core = *anchor;
     if (core == nullptr)
         co_return std::unexpected(Error::cancelled(call, "the endpoint was destroyed"));
-    if (ec == std::errc::protocol_error)
-        co_return std::unexpected(Error::protocol(call, fmt::format("{} answered with no session reply", peer)));
-    if (ec)
-        co_return std::unexpected(setup_error(ec, call, fmt::format("reading the session reply of {}", peer)));
-    const auto reply = decode_reply(bytes);
+    if (!bytes)
+        co_return std::unexpected(
+            setup_error(bytes.error(), call, fmt::format("reading the session reply of {}", peer)));
+    const auto reply = decode_reply(*bytes);
     if (!reply)
         co_return std::unexpected(reply.error());
     if (reply->refusal) {

@@ -34,9 +34,11 @@
 ///   peer unreachable         the retry cap: RtoConfig::max_timeouts retransmission
 ///                            timeouts in a row without progress (errno EHOSTUNREACH)
 ///   session reset            the session ended: its control connection closed (the peer
-///                            closed it or died), or the Session handle was destroyed;
-///                            or it is closing (Session::close at either end: no call
-///                            begins) (errno ECONNRESET)
+///                            closed it or died) or failed (the detail says how, as the
+///                            connection told it: a port gone down, a failed
+///                            completion), or the Session handle was destroyed; or it is
+///                            closing (Session::close at either end: no call begins)
+///                            (errno ECONNRESET)
 ///   no handler               the server has no handler for the type (errno ENOENT)
 ///   message too large        a request above the session's agreed max_request, or a
 ///                            response the server could not send in its max_response
