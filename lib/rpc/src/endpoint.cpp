@@ -274,7 +274,6 @@ struct EndpointCore {
     void cancel(const StoredCall::Target& target);
     void activate(SessionState& s);
     void arm_ticker();
-    bool due(Clock::time_point now);
     void tick();
 
     // server
@@ -691,38 +690,39 @@ void EndpointCore::arm_ticker() {
     ticker.async_wait(async::detail::with_memory(completions->handler_memory(), Tick{anchor}));
 }
 
-// Whether a call's deadline or an RTO has come by `now` in an active session.
-bool EndpointCore::due(Clock::time_point now) {
-    for (const SessionId& id : active) {
-        const SessionState* s = table.lookup(id);
-        if (s == nullptr)
-            continue;
-        if (const auto rto = s->client->next_deadline(); rto && *rto <= now)
-            return true;
-        for (const PendingCall& call : s->calls)
-            if (call.busy && call.deadline <= now)
-                return true;
-    }
-    return false;
+namespace {
+
+// Whether a call's deadline or an RTO has come by `now` in the client session `s`.
+bool due(const SessionState& s, Clock::time_point now) {
+    if (const auto rto = s.client->next_deadline(); rto && *rto <= now)
+        return true;
+    return std::ranges::any_of(s.calls, [now](const PendingCall& call) { return call.busy && call.deadline <= now; });
 }
 
-// Every active client session: calls past their deadline end (timeout), expired RTOs
-// roll back (go-back-N) or end a call (the retry cap), then what may go, goes.
+} // namespace
+
+// Every active client session, in one pass: calls past their deadline end (timeout),
+// expired RTOs roll back (go-back-N) or end a call (the retry cap), then what may go,
+// goes.
 void EndpointCore::tick() {
     const auto now = Clock::now();
-    if (due(now)) {
-        // what has arrived is taken first: a response in the CQ (the driver's turn not
-        // yet come: a busy peer thread, a loaded host) would otherwise be asked for
-        // again, or its call timed out, with its answer a poll away
-        const std::uint64_t ended = counters.completed + counters.failed;
-        transport->poll();
-        counters.taken_by_timer += counters.completed + counters.failed - ended;
-    }
+    bool polled = false;
     std::size_t kept = 0;
     for (std::size_t i = 0; i < active.size(); ++i) {
         SessionState* s = table.lookup(active[i]);
         if (s == nullptr)
             continue;
+        if (!polled && due(*s, now)) {
+            // before the first session with something due, what has arrived is taken:
+            // a response in the CQ (the driver's turn not yet come: a busy peer thread,
+            // a loaded host) would otherwise be asked for again, or its call timed out,
+            // with its answer a poll away. (The poll ends no session; sessions it
+            // activates join the end of `active`, and this pass.)
+            polled = true;
+            const std::uint64_t ended = counters.completed + counters.failed;
+            transport->poll();
+            counters.taken_by_timer += counters.completed + counters.failed - ended;
+        }
         if (s->rc.state == RcPath::State::offered && now - s->rc.offered_at > options.setup_timeout) {
             logger()->warn("rdmaxx rpc: session {}: no answer to its RC offer in {} ms: large messages go by UD",
                            s->local.number, options.setup_timeout.count());
