@@ -91,6 +91,7 @@ struct Completions::Turn : Pin<detail::CqCore> {
     // busy and hybrid: a turn of polling; event: the first arm-poll-wait
     void operator()() {
         detail::CqCore& c = *core;
+        std::erase(c.service->spinning_, &c); // its own turn: the others' polls stop taking it
         c.service->drive(c, [&c] {
             if (c.drive.mode == CompletionMode::busy ||
                 (c.drive.mode == CompletionMode::hybrid && Clock::now() - c.last_completion <= c.drive.spin))
@@ -169,7 +170,29 @@ Completions::~Completions() {
 void Completions::start(detail::CqCore& cq) {
     cq.driving = true;
     cq.last_completion = Clock::now();
+    next_turn(cq);
+}
+
+void Completions::next_turn(detail::CqCore& cq) {
     post_recycled(Turn(cq));
+    if (cq.drive.mode == CompletionMode::busy || cq.drive.mode == CompletionMode::hybrid)
+        spinning_.push_back(&cq);
+}
+
+// by index: a handler may start a CQ (listed at the end); none leaves the list, as only
+// its own Turn or its erasure (unpinned: no Turn pending) takes it out
+std::size_t Completions::poll_spinning(const detail::CqCore& turning) {
+    std::size_t taken = 0;
+    for (std::size_t i = 0; i < spinning_.size(); ++i) {
+        detail::CqCore& other = *spinning_[i];
+        if (&other == &turning)
+            continue;
+        const std::size_t found = drain(other, false, poll_batch);
+        if (found != 0 && other.drive.mode == CompletionMode::hybrid)
+            other.last_completion = Clock::now();
+        taken += found;
+    }
+    return taken;
 }
 
 // A driver handler's body (`take`: spin or sleep, which post the next Turn or Wake) in
@@ -183,7 +206,7 @@ void Completions::drive(detail::CqCore& cq, Take take) {
         take();
     } catch (...) {
         if (!shut_down_)
-            post_recycled(Turn(cq));
+            next_turn(cq);
         throw;
     }
     deferral.end();
@@ -201,6 +224,8 @@ void Completions::spin(detail::CqCore& cq) {
         taken += found;
         if (found != 0 && cq.drive.mode == CompletionMode::hybrid)
             cq.last_completion = Clock::now();
+        if (!spinning_.empty())
+            taken += poll_spinning(cq);
         if (!cq.wanted()) {
             cq.driving = false;
             return;
@@ -221,7 +246,7 @@ void Completions::spin(detail::CqCore& cq) {
         sleep(cq);
         return;
     }
-    post_recycled(Turn(cq));
+    next_turn(cq);
 }
 
 // Arms the CQ and polls it once more (a completion that landed before the arm raises
@@ -238,7 +263,7 @@ void Completions::sleep(detail::CqCore& cq) {
     if (drain(cq, false, turn_budget) != 0) {
         if (cq.drive.mode == CompletionMode::hybrid) // busy again
             cq.last_completion = Clock::now();
-        post_recycled(Turn(cq));
+        next_turn(cq);
         return;
     }
     cq.channel->async_wait(asio::posix::stream_descriptor::wait_read,
@@ -528,6 +553,7 @@ void Completions::unpin(detail::CqCore& cq) noexcept {
 
 void Completions::erase(detail::CqCore& cq) noexcept {
     std::erase(cqs_, &cq);
+    std::erase(spinning_, &cq); // its Turn destroyed unrun (the io_context's shutdown)
     if (cq.channel)
         cq.channel->release(); // the fd is the channel's: ibv_destroy_comp_channel closes it
     if (cq.device != nullptr) // a wait pending on it ends by the idle check its last completion posted
