@@ -54,6 +54,8 @@ rpc::EndpointOptions endpoint_options(const Options& o, bool server) {
     e.max_request = e.max_response = rpc_max_size;
     e.drive = drive(o.async);
     e.setup_timeout = o.timeout;
+    if (o.rdma_threshold)
+        e.rdma_threshold = *o.rdma_threshold;
     if (server) {
         e.listen_port = o.port;
         e.credits = most_ring / rpc_max_sessions;
