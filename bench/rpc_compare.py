@@ -26,7 +26,13 @@ packet processing needs). Reported: goodput, one way / ib_read_bw (target >= 0.8
 UCX runs on the RDMA device only if one of its verbs transports does (UCX_TLS rc_verbs,
 ud_verbs, then rc_v,ud_v, UCX_NET_DEVICES=DEVICE:1); every attempt's error is kept in
 the results. TCP is tried last and reported apart: it does not count.
-Server and client pinned to CPUs 0 and 1 (compare.py's run_pair)."""
+Server and client pinned to CPUs 0 and 1 (compare.py's run_pair).
+
+With --sweep SIZES (comma-separated bytes), only the round trip by size, in
+--rounds rounds alternating: rpc_lat (lib/rpc's default rdma_threshold), rpc_lat
+--rdma-threshold 0 (every message on the session's RC path), ucp_am_lat and
+ib_send_lat RC; written to DIR/rpc-sizes.md and .json (target: rpc faster than UCX AM
+at every size measured)."""
 import argparse
 import json
 import os
@@ -202,9 +208,12 @@ def main():
     ap.add_argument("--large-rounds", type=int, default=3)
     ap.add_argument("--window", type=int, default=32)
     ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--sweep", help="comma-separated sizes: the round trip by size alone")
     args = ap.parse_args()
     device, gid = compare.device_and_gid(
         "rpc_compare: no RDMA device here (run it with bench/compare.sh BUILD --rpc, which uses the VM)")
+    if args.sweep:
+        return sweep(args, device, gid, [int(v) for v in args.sweep.split(",")])
     size = str(args.size)
     host = "127.0.0.1"
     lat_iters, bw_iters, ucx_lat_iters, ucx_bw_iters = 5000, 20000, 5000, 20000
@@ -394,6 +403,62 @@ def main():
                    "runs": runs, "large_runs_mib_per_s": large, "retransmissions": retransmissions, "ucx_am_lat_mean_us": ucx_mean, "ratios_best_median": ratios,
                    "ucx": {"tls": ucx.tls, "counts": ucx.counts(), "attempts": ucx.attempts},
                    "ucx_ud_alone": {"tls": ucx_ud.tls, "attempts": ucx_ud.attempts}}, f, indent=1)
+
+
+def sweep(args, device, gid, sizes):
+    """The round trip by size: rpc_lat (default threshold, and every message on the RC
+    path), ucp_am_lat and ib_send_lat RC, alternating within each round."""
+    host = "127.0.0.1"
+    ucx = Ucx(sizes[0], ucx_configs(device))
+    tools = ("rpc", "rpc_rc", "ucx", "send_lat_rc")
+    runs = {size: {t: [] for t in tools} for size in sizes}
+    for r in range(args.rounds):
+        for size in sizes:
+            iters = max(50, min(2000, (64 << 20) // size))  # ~64 MiB each way per run, at most 2,000
+            mine = [args.perf, "rpc_lat", "-d", device, "-s", str(size), "-n", str(iters)]
+            for key, extra in (("rpc", []), ("rpc_rc", ["--rdma-threshold", "0"])):
+                out = run_pair(mine + extra, mine[:2] + [host] + mine[2:] + extra + ["--json"])
+                if out is not None:
+                    runs[size][key].append(rdmaxx_row(out)["t_typical"])
+            if ucx.counts():
+                runs[size]["ucx"].append(2 * ucx.run("ucp_am_lat", iters, size=size)["50.0_percentile_lat"])
+            pt = ["ib_send_lat", "-d", device, "-c", "RC", "-s", str(size), "-n", str(iters)] + (
+                ["-x", gid] if gid else [])
+            out = run_pair(pt, pt + [host])
+            if out:
+                runs[size]["send_lat_rc"].append(2 * perftest_figure(out, True, size))
+            print(f"rpc_compare: sweep round {r + 1}, {size} B: " +
+                  ", ".join(f"{t} {v[-1]:.1f}" for t, v in runs[size].items() if v), flush=True)
+
+    def cell(v):
+        return f"{min(v):.1f} / {statistics.median(v):.1f} ({spread(v, 1)})" if v else "-"
+
+    def ratio(a, b):
+        return f"{min(a) / min(b):.2f} ({statistics.median(a) / statistics.median(b):.2f})" if a and b else "-"
+
+    ucx_name = " ".join(f"{k}={v}" for k, v in ucx.env.items() if k != "UCX_NET_DEVICES") if ucx.counts() else None
+    table = (f"# lib/rpc's round trip by size ({device}, {args.rounds} rounds alternating)\n\n"
+             "Round trips in us, each tool's best round / median of the rounds (range); ratios of the best "
+             "rounds (of the medians), rdmaxx / UCX: below 1 is faster. rpc: rdmaxx-perf rpc_lat, busy, with "
+             "lib/rpc's default rdma_threshold (16 KiB: above it the RC path); rpc RC: every message on the "
+             "session's RC path (--rdma-threshold 0); UCX: ucp_am_lat's median half round trip doubled"
+             f"{f' ({ucx_name})' if ucx_name else ' (did not run on this device)'}; ib_send_lat RC doubled, "
+             "for reference. Soft-RoCE under QEMU TCG: only the ratios of one run mean anything.\n\n"
+             "| bytes | rpc | rpc RC | UCX AM | ib_send_lat RC | rpc / UCX | rpc RC / UCX | faster than UCX |\n"
+             "| ---: | --- | --- | --- | --- | --- | --- | --- |\n")
+    for size in sizes:
+        v = runs[size]
+        best = min(v["rpc"] + v["rpc_rc"]) if v["rpc"] or v["rpc_rc"] else None
+        verdict = "-" if best is None or not v["ucx"] else ("yes" if best < min(v["ucx"]) else "**no**")
+        table += (f"| {size} | {cell(v['rpc'])} | {cell(v['rpc_rc'])} | {cell(v['ucx'])} | {cell(v['send_lat_rc'])} | "
+                  f"{ratio(v['rpc'], v['ucx'])} | {ratio(v['rpc_rc'], v['ucx'])} | {verdict} |\n")
+    print(table)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "rpc-sizes.md"), "w") as f:
+        f.write(table)
+    with open(os.path.join(args.out, "rpc-sizes.json"), "w") as f:
+        json.dump({"device": device, "rounds": args.rounds, "ucx": ucx.env if ucx.counts() else None,
+                   "round_trip_us": {str(k): v for k, v in runs.items()}}, f, indent=1)
 
 
 if __name__ == "__main__":
