@@ -224,8 +224,12 @@ void Completions::spin(detail::CqCore& cq) {
         taken += found;
         if (found != 0 && cq.drive.mode == CompletionMode::hybrid)
             cq.last_completion = Clock::now();
-        if (!spinning_.empty())
+        if (!spinning_.empty()) {
+            // the others' polls count against the turn's: with N busy CQs a turn stays
+            // busy_polls polls long, so sockets and timers wait no longer than with one
+            polls += static_cast<unsigned>(spinning_.size());
             taken += poll_spinning(cq);
+        }
         if (!cq.wanted()) {
             cq.driving = false;
             return;

@@ -19,8 +19,9 @@
 ///    at once, between two polls), then yields to the io_context's other handlers and
 ///    polls again. Lowest latency; a core while operations are in flight. The busy CQs
 ///    of one io_context share their turns: each poll of a turn polls the others too
-///    (those with a turn pending), so that a completion on one waits for a poll, not for
-///    another CQ's whole turn (lib/rpc's UD and RC CQs: ~300 us per hop on rxe).
+///    (those with a turn pending, counted against the turn's busy_polls), so that a
+///    completion on one waits for a poll, not for another CQ's whole turn (lib/rpc's UD
+///    and RC CQs: ~300 us per hop on rxe).
 ///  * hybrid: busy for DriveOptions::spin after the last completion, then event.
 ///  * manual: nothing is driven; the application calls poll() from its own loop (and
 ///    the io_context's run() does not wait for these operations: nothing in it is). A
@@ -98,7 +99,8 @@ enum class CompletionMode : std::uint8_t { event, busy, hybrid, manual };
 /// How a CompletionQueue is driven.
 struct DriveOptions {
     CompletionMode mode = CompletionMode::event; ///< the mode (completions.hpp tells each)
-    /// busy, hybrid: polls per turn before the io_context's other handlers run. Each
+    /// busy, hybrid: polls per turn (the other busy CQs' polls in it included) before
+    /// the io_context's other handlers run. Each
     /// turn's end costs the reactor's epoll_wait (a system call): fewer polls give
     /// sockets and timers a shorter wait, more give a CQ's operations fewer syscalls
     /// (an empty poll is some nanoseconds on hardware, a few on rxe under emulation).
