@@ -159,7 +159,9 @@ struct EndpointOptions {
     /// session's RC path (set up over its control connection when first needed): the server
     /// READs the request from the client's memory and WRITEs a response above it into
     /// memory the client offered. Below, and when the RC path is unavailable, messages
-    /// travel as UD packets. UINT32_MAX: UD only.
+    /// travel as UD packets. UINT32_MAX: UD only. On Soft-RoCE (a system call per
+    /// packet) the RC path is the faster from 1 KiB on: 1-4 KiB suits it
+    /// (bench/results/rpc-sizes.md).
     std::uint32_t rdma_threshold = 16 * 1024;
     /// Congestion control of the sessions this endpoint calls through (congestion.hpp):
     /// empty (the default) for none, the credits alone limit a session.
