@@ -534,24 +534,27 @@ TEST_CASE("busy CQs of one io_context share their turns: a completion on one is 
     // it to end: lib/rpc's RC transfers waited ~300 us per hop for its UD CQ's turns.
     // Now the 20 writes, each started by the last one's completion, all complete within
     // the sink's first turn, which ends when the last completion destroys the sink (before,
-    // the sink's whole turn went first).
-    AsyncPair p(async::CompletionMode::busy);
-    SinkTally idle;
-    std::optional<async::CompletionQueue> sink(must(async::CompletionQueue::create(
-        p.io, p.context, async::CompletionSink{&idle, &SinkTally::take}, {.depth = 16},
-        {.mode = async::CompletionMode::busy, .busy_polls = 1u << 22, .busy_completions = 1u << 22})));
-    bool yielded = false, done = false, yielded_before_done = false;
-    ChainedWrites writes{.p = &p, .left = 20, .last = [&] {
-        yielded_before_done = yielded;
-        sink.reset(); // the sink's turn sees nothing wanted and ends
-        done = true;
-    }};
-    asio::post(p.io, [&] { yielded = true; }); // queued after the sink's first turn, before the writes' CQ's
-    writes.next();
-    p.run_until(done, 120s);
-    CHECK(writes.failures == 0);
-    CHECK_FALSE(yielded_before_done);
-    CHECK(idle.total == 0);
+    // the sink's whole turn went first). The writes' CQ busy, or hybrid (spinning).
+    for (const auto mode : {async::CompletionMode::busy, async::CompletionMode::hybrid}) {
+        CAPTURE(name(mode));
+        AsyncPair p(mode);
+        SinkTally idle;
+        std::optional<async::CompletionQueue> sink(must(async::CompletionQueue::create(
+            p.io, p.context, async::CompletionSink{&idle, &SinkTally::take}, {.depth = 16},
+            {.mode = async::CompletionMode::busy, .busy_polls = 1u << 22, .busy_completions = 1u << 22})));
+        bool yielded = false, done = false, yielded_before_done = false;
+        ChainedWrites writes{.p = &p, .left = 20, .last = [&] {
+            yielded_before_done = yielded;
+            sink.reset(); // the sink's turn sees nothing wanted and ends
+            done = true;
+        }};
+        asio::post(p.io, [&] { yielded = true; }); // queued after the sink's first turn, before the writes' CQ's
+        writes.next();
+        p.run_until(done, 120s);
+        CHECK(writes.failures == 0);
+        CHECK_FALSE(yielded_before_done);
+        CHECK(idle.total == 0);
+    }
 }
 
 TEST_CASE("a held write cancelled before its doorbell ends cleanly; the QP lives on") {
