@@ -48,7 +48,7 @@ TEST_CASE("rpc rc codec: the setup messages and the goodbye round-trip through t
         CHECK(must(decode_rc(bytes)) == m);
     }
     const auto bytes = bytes_of(offer);
-    const std::vector<std::uint8_t> head = {'R', 'X', 'R', 'C', 0, 1, 0, 40, 1, 0, 0, 0,
+    const std::vector<std::uint8_t> head = {'R', 'X', 'R', 'C', 0, 2, 0, 40, 1, 0, 0, 0,
                                             0,   0xab, 0xcd, 0xef, 0, 0x12, 0x34, 0x56};
     for (std::size_t i = 0; i < head.size(); ++i)
         CHECK(static_cast<std::uint8_t>(bytes[i]) == head[i]);
@@ -63,7 +63,8 @@ TEST_CASE("rpc rc codec: each malformed setup message is a protocol Error that s
         return copy;
     };
     check_protocol_error(decode_rc(with_byte(0, 'Q')), "wrong magic");
-    check_protocol_error(decode_rc(with_byte(5, 2)), "version 2");
+    check_protocol_error(decode_rc(with_byte(5, 1)), "version 1"); // before responses came by WRITE_WITH_IMM
+    check_protocol_error(decode_rc(with_byte(5, 3)), "version 3");
     check_protocol_error(decode_rc(with_byte(7, 41)), "length 41");
     check_protocol_error(decode_rc(with_byte(8, 0)), "kind 0 is unknown");
     check_protocol_error(decode_rc(with_byte(8, 4)), "kind 4 is unknown");
@@ -137,4 +138,18 @@ TEST_CASE("rpc rc codec: a response descriptor is the size written, 4 bytes and 
     check_protocol_error(decode_response_descriptor(std::span(d).first(3)), "3 bytes, not 4");
     const std::vector<std::byte> five(5);
     check_protocol_error(decode_response_descriptor(five), "5 bytes, not 4");
+}
+
+TEST_CASE("rpc rc codec: a written response's immediate names the session, slot and round, every bit used") {
+    const WrittenResponse w{.session = 0xbeef, .slot = 1023, .round = 63};
+    CHECK(encode_written(w) == 0xbeefffffu);
+    CHECK(decode_written(encode_written(w)) == w);
+    const WrittenResponse zero{};
+    CHECK(encode_written(zero) == 0u);
+    CHECK(decode_written(0x00010041u) == WrittenResponse{.session = 1, .slot = 1, .round = 1});
+    CHECK(round_of(5, 8) == 0);
+    CHECK(round_of(8, 8) == 1);
+    CHECK(round_of(64 * 8 + 3, 8) == 0);
+    RDMAXX_CHECK_DEATH((void)encode_written({.session = 1, .slot = 1024, .round = 0}), "slot 1024 or round 0");
+    RDMAXX_CHECK_DEATH((void)encode_written({.session = 1, .slot = 0, .round = 64}), "slot 0 or round 64");
 }

@@ -812,3 +812,52 @@ TEST_CASE("rpc slots: a one-packet request is lent to its handler, kept only whe
     CHECK(Bytes(whole.message.begin(), whole.message.end()) == big);
     CHECK(copies == 4);
 }
+
+TEST_CASE("rpc slots: a response written over the RC path ends its descriptor call, in flight or rolled back") {
+    using namespace std::chrono_literals;
+    Wire wire;
+    wire.defer_handlers = true;
+    const Bytes descriptor = make_request(3 * per, 8); // three packets
+    const auto started = wire.client.begin(3, descriptor, 1 << 16, true);
+    REQUIRE(started.has_value());
+    wire.deliver();
+    REQUIRE(wire.pending.size() == 1);
+    CHECK(wire.client.in_flight() == 1); // the last packet waits for the handler
+    const Bytes written(4, std::byte{9});
+    wire.now += 5ms;
+    const auto end = wire.client.written(*started, written, wire.now);
+    REQUIRE(end.has_value());
+    CHECK(end->request == *started);
+    CHECK(end->outcome == CallOutcome::ok);
+    CHECK(end->rdma);
+    CHECK(Bytes(end->response.begin(), end->response.end()) == written);
+    CHECK(wire.client.in_flight() == 0);
+    CHECK_FALSE(wire.client.next_deadline().has_value());
+    // the same answer again, and the server's UD descriptor for it (a resend's): stale
+    CHECK(wire.client.written(*started, written, wire.now).error() == DropReason::stale_request);
+    wire.put(wire.to_client, wire.server.respond(wire.pending[0].request, Status::ok, written, true));
+    wire.run();
+    CHECK(wire.client_drops[DropReason::stale_request] == 1);
+    CHECK(wire.ended.count(*started) == 0);
+
+    // rolled back by an RTO (nothing reached the server): the server had the request
+    // all the same, so the written answer ends the call and leaves nothing in flight
+    wire.fate = [](const PacketHeader&) { return Fate::lose; };
+    const auto lost = wire.client.begin(3, descriptor, 1 << 16, true);
+    REQUIRE(lost.has_value());
+    wire.send_from_client();
+    CHECK(wire.client.in_flight() == 3);
+    wire.now = *wire.client.next_deadline();
+    CHECK_FALSE(wire.client.expire(wire.now).has_value());
+    CHECK(wire.client.in_flight() == 0);
+    const auto late = wire.client.written(*lost, written, wire.now);
+    REQUIRE(late.has_value());
+    CHECK(late->outcome == CallOutcome::ok);
+    CHECK(wire.client.in_flight() == 0);
+    CHECK_FALSE(wire.client.next_packet(wire.now).has_value());
+
+    // no call, and a call that is no descriptor call, take none
+    CHECK(wire.client.written(77, written, wire.now).error() == DropReason::stale_request);
+    const auto plain = wire.begin(make_request(8, 8));
+    CHECK(wire.client.written(plain, written, wire.now).error() == DropReason::inconsistent);
+}

@@ -135,11 +135,13 @@ std::uint64_t transfer_id(SessionId id, std::uint32_t slot, RcTransport::Op op) 
 }
 static_assert(max_window <= 1024);
 
-// The RC path's CQ entries, shared by every session's RC QP, and the transfers the
-// servers' sessions may have in flight on it at once (half: room for the late
-// completions of QPs destroyed mid-transfer).
+// The RC path's CQ entries, shared by every session's RC QP; the transfers the
+// servers' sessions may have in flight on it at once (half), and the receives for the
+// immediates of responses WRITTEN to this end's calls (a quarter): the rest is room for
+// the late completions of QPs destroyed mid-transfer.
 constexpr std::uint32_t rc_cq_depth = 4096;
 constexpr std::uint32_t rc_budget = rc_cq_depth / 2;
+constexpr std::uint32_t rc_receives = rc_cq_depth / 4;
 
 } // namespace
 
@@ -174,6 +176,11 @@ struct RcPath {
         // or a part of them) is WRITTEN from there, uncopied: its offset; else none
         std::optional<std::size_t> response_in_request;
         std::optional<MemoryRegion> request, response;
+        // the first packet of the slot's next call, come while this call's WRITE was
+        // not yet complete (the client had its immediate first): taken once it is,
+        // rather than dropped to come again after an RTO
+        std::optional<PacketHeader> next;
+        std::vector<std::byte> next_payload;
     };
 
     State state = State::none;
@@ -255,6 +262,8 @@ struct EndpointCore {
         static_cast<EndpointCore*>(self)->take(from, packet);
     }
     void take(UdSource from, std::span<const std::byte> packet);
+    void serve(SessionState& s, const PacketHeader& header, std::span<const std::byte> payload);
+    bool hold_until_written(SessionState& s, const PacketHeader& header, std::span<const std::byte> payload);
     void drop(DropReason reason) noexcept { ++counters.drops[static_cast<std::size_t>(reason)]; }
     void send(SessionState& s, const Outgoing& out, const BufferHold* memory = nullptr);
     // What may go, goes; `now`: the caller's reading of the clock (one per event).
@@ -300,6 +309,7 @@ struct EndpointCore {
         static_cast<EndpointCore*>(self)->transfer_done(completion);
     }
     void transfer_done(const WorkCompletion& completion);
+    void take_written(const WorkCompletion& completion);
     void post_waiting();
 
     // sessions
@@ -405,21 +415,27 @@ void EndpointCore::take(UdSource from, std::span<const std::byte> packet) {
         return pump(*s, now);
     }
     case Kind::request:
-    case Kind::request_for_response: {
+    case Kind::request_for_response:
         if (!s->server)
             return drop(DropReason::wrong_kind);
-        if (header->kind == Kind::request && header->message_size > s->limits.max_request)
-            return drop(DropReason::too_large);
-        const auto step = s->server->receive(*header, payload);
-        if (!step)
-            return drop(step.error());
-        if (const auto* out = std::get_if<Outgoing>(&*step))
-            return send(*s, *out);
-        return handle(*s, std::get<HandlerCall>(*step));
-    }
+        return serve(*s, *header, payload);
     case Kind::reset: break; // a session's end travels over its control connection
     }
     drop(DropReason::wrong_kind);
+}
+
+void EndpointCore::serve(SessionState& s, const PacketHeader& header, std::span<const std::byte> payload) {
+    if (header.kind == Kind::request && header.message_size > s.limits.max_request)
+        return drop(DropReason::too_large);
+    const auto step = s.server->receive(header, payload);
+    if (!step) {
+        if (step.error() == DropReason::handler_running && hold_until_written(s, header, payload))
+            return;
+        return drop(step.error());
+    }
+    if (const auto* out = std::get_if<Outgoing>(&*step))
+        return send(s, *out);
+    return handle(s, std::get<HandlerCall>(*step));
 }
 
 // A request packet whose payload lies in its call's MessageBuffer (`memory`) is
@@ -840,8 +856,8 @@ void EndpointCore::respond(std::uint16_t number, std::uint32_t generation, std::
                 slot.response_size = static_cast<std::uint32_t>(response.size());
                 slot.response_in_request = offset_within(response, slot.request);
                 if (slot.response_in_request) {
-                    // the slot's next READ comes only after this WRITE: its call begins
-                    // once the client heard this one's notice, which follows the WRITE
+                    // the slot's next READ comes only after this WRITE: its call is
+                    // taken once the WRITE is complete (hold_until_written)
                     slot.phase = RcPath::ServerSlot::Phase::writing;
                     post_transfer(*s, k);
                     return;
@@ -980,7 +996,7 @@ void EndpointCore::renew(MessageBuffer& buffer, bool keep_bytes) {
 Result<QueuePair> EndpointCore::make_rc_qp(RcRole role, std::uint32_t depth) {
     if (!rc) {
         auto made = RcTransport::create(executor.context(), transport->context(), transport->pd(), rc_cq_depth,
-                                        options.drive, &EndpointCore::transfer_done, this);
+                                        rc_receives, options.drive, &EndpointCore::transfer_done, this);
         if (!made)
             return std::unexpected(std::move(made.error()));
         rc = std::move(*made);
@@ -1143,7 +1159,10 @@ bool EndpointCore::post_transfer(SessionState& s, std::uint32_t k) {
                              : slot.response_in_request ? slot.request->slice(*slot.response_in_request, slot.response_size)
                                                         : slot.response->slice(0, slot.response_size);
     const RemoteMemory remote = read ? slot.source : slot.target.slice(0, slot.response_size);
-    if (auto posted = RcTransport::post(*s.rc.qp, op, local, remote, transfer_id(s.local, k, op)); !posted) {
+    const auto window = static_cast<std::uint32_t>(s.rc.server_slots.size());
+    const std::uint32_t imm =
+        read ? 0 : encode_written({.session = s.remote.number, .slot = k, .round = round_of(slot.call, window)});
+    if (auto posted = RcTransport::post(*s.rc.qp, op, local, remote, transfer_id(s.local, k, op), imm); !posted) {
         end_session(s.local, fmt::format("posting an RDMA transfer: {}", posted.error().message()));
         return false;
     }
@@ -1155,6 +1174,8 @@ bool EndpointCore::post_transfer(SessionState& s, std::uint32_t k) {
 
 void EndpointCore::transfer_done(const WorkCompletion& wc) {
     const std::uint64_t id = wc.wr_id();
+    if (id == RcTransport::receive_id)
+        return take_written(wc);
     const SessionId session{.number = static_cast<std::uint16_t>(id >> 43),
                             .generation = static_cast<std::uint32_t>(id >> 11)};
     const auto k = static_cast<std::uint32_t>((id >> 1) & 0x3ff);
@@ -1172,10 +1193,68 @@ void EndpointCore::transfer_done(const WorkCompletion& wc) {
         slot.phase = RcPath::ServerSlot::Phase::handling;
         run_handler(*s, slot.rpc_type, slot.call, slot.request->bytes().first(slot.source.length));
     } else {
+        // the client has the response (its immediate's completion told it): it is the
+        // call's answer now, what a resent request gets (the Outgoing is not sent)
         slot.phase = RcPath::ServerSlot::Phase::idle;
-        send(*s, s->server->respond(slot.call, Status::ok, encode_response_descriptor(slot.response_size), true));
+        (void)s->server->respond(slot.call, Status::ok, encode_response_descriptor(slot.response_size), true);
+        if (slot.next) {
+            const PacketHeader next = *std::exchange(slot.next, std::nullopt);
+            serve(*s, next, slot.next_payload);
+        }
     }
     post_waiting();
+}
+
+// The first packet of call r + W, come while the WRITE of call r's response (r: the
+// slot's call) is posted or waits for the budget: the client began it on r's immediate,
+// before this end polled the WRITE's completion. It is held, and taken at that
+// completion: dropped, it would come again only after an RTO. Taken earlier, call r +
+// W could be answered before r's WRITE is complete, and a client that had abandoned r
+// would free the memory the WRITE still reaches.
+bool EndpointCore::hold_until_written(SessionState& s, const PacketHeader& header,
+                                      std::span<const std::byte> payload) {
+    if (s.rc.server_slots.empty() || header.kind != Kind::request || header.index != 0)
+        return false;
+    RcPath::ServerSlot& slot = s.rc.server_slots[header.request % s.rc.server_slots.size()];
+    if (slot.phase != RcPath::ServerSlot::Phase::writing || header.request != slot.call + s.rc.server_slots.size() ||
+        slot.next)
+        return false;
+    slot.next = header;
+    slot.next_payload.assign(payload.begin(), payload.end());
+    ++counters.held_for_write;
+    return true;
+}
+
+// A response WRITTEN to one of this end's calls: its immediate names the call
+// (rc_codec.hpp), its byte_len the size. Untrusted: a completion that names no call of
+// this end's in progress is dropped, counted as a packet would be.
+void EndpointCore::take_written(const WorkCompletion& wc) {
+    if (!wc.ok()) {
+        // a QP that failed mid-WRITE: its peer's WRITE fails too, and ends the session there
+        logger()->warn("rdmaxx rpc: a receive of the RC path failed: {}", wc.error().message());
+        return;
+    }
+    const auto imm = wc.imm();
+    if (!imm)
+        return drop(DropReason::wrong_kind); // a SEND: nothing sends on these QPs
+    const WrittenResponse written = decode_written(*imm);
+    SessionState* s = table.current(written.session);
+    if (s == nullptr || !s->client || !s->rc.qp || s->rc.qp->qpn() != wc.qp_num())
+        return drop(DropReason::stale_session);
+    const auto window = static_cast<std::uint32_t>(s->calls.size());
+    if (written.slot >= window)
+        return drop(DropReason::too_far_ahead);
+    const PendingCall& call = s->calls[written.slot];
+    if (!call.busy || round_of(call.request, window) != written.round)
+        return drop(DropReason::stale_request);
+    const auto descriptor = encode_response_descriptor(wc.byte_len());
+    const auto now = Clock::now();
+    const auto end = s->client->written(call.request, descriptor, now);
+    if (!end)
+        return drop(end.error());
+    end_call(*s, *end);
+    begin_queued(*s, now);
+    pump(*s, now);
 }
 
 void EndpointCore::post_waiting() {

@@ -120,6 +120,18 @@ Result<RequestDescriptor> decode_request_descriptor(std::span<const std::byte> m
     return RequestDescriptor{.request = *request, .response = *response, .inline_request = inline_request};
 }
 
+std::uint32_t encode_written(const WrittenResponse& written, std::source_location where) {
+    require(written.slot < 1024 && written.round < 64, where, "a written response's slot {} or round {} past its bits",
+            written.slot, written.round);
+    return std::uint32_t{written.session} << 16 | written.slot << 6 | written.round;
+}
+
+WrittenResponse decode_written(std::uint32_t imm) noexcept {
+    return {.session = static_cast<std::uint16_t>(imm >> 16),
+            .slot = (imm >> 6) & 0x3ff,
+            .round = static_cast<std::uint8_t>(imm & 0x3f)};
+}
+
 std::array<std::byte, response_descriptor_bytes> encode_response_descriptor(std::uint32_t size) noexcept {
     std::array<std::byte, response_descriptor_bytes> out{};
     wire::put(out.data(), size, 4);

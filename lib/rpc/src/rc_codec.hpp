@@ -12,7 +12,7 @@
 //
 //   offset  size  field
 //        0     4  magic "RXRC"
-//        4     2  version (1)
+//        4     2  version (2)
 //        6     2  length (40)
 //        8     1  kind: 1 offer (client), 2 answer (server), 3 goodbye (either end)
 //        9     1  status: 0 a QP follows (goodbye: 0, and no QP); 1 unavailable
@@ -38,8 +38,20 @@
 //                 length 0: none (the response comes back in UD packets)
 //       40     n  the request, when not read (n = message size - 40)
 //
+// A large response is WRITTEN into the memory the request offered with an immediate
+// (WRITE_WITH_IMM), whose completion at the client is the response: its byte_len the
+// response's size, its immediate (32 bits) names the call:
+//
+//   bits  field
+//  31-16  the client's session number (the server's SessionState::remote)
+//   15-6  the call's window slot (request % window; window <= 1024)
+//    5-0  the call's round in its slot ((request / window) % 64), which tells it from
+//         the slot's earlier and later calls
+//
 // A response descriptor (the message of a response with the rdma flag), 4 bytes: the
 // response's size, written into the memory the request offered before this was sent.
+// A WRITE's completion at the server makes it the call's response in the UD window:
+// what a resent request gets (the WRITE is not repeated).
 //
 // decode_*() take untrusted bytes: anything malformed is an Error of kind protocol.
 // Thread safety: the functions keep no state: safe.
@@ -48,6 +60,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <source_location>
 #include <span>
 
 #include <rdmaxx/wrap/error.hpp>
@@ -57,7 +70,7 @@
 namespace rdmaxx::rpc::detail {
 
 inline constexpr std::uint32_t rc_magic = 0x52585243; // "RXRC"
-inline constexpr std::uint16_t rc_version = 1;
+inline constexpr std::uint16_t rc_version = 2; // 2: responses by WRITE_WITH_IMM
 inline constexpr std::size_t rc_prefix_bytes = 8;
 inline constexpr std::size_t rc_message_bytes = 40;
 inline constexpr std::size_t request_descriptor_bytes = 40;
@@ -90,6 +103,24 @@ std::array<std::byte, request_descriptor_bytes> encode_request_head(const Remote
 // limits, or an inline request beside memory to read, is an Error.
 Result<RequestDescriptor> decode_request_descriptor(std::span<const std::byte> message, std::uint32_t max_request,
                                                     std::uint32_t max_response);
+
+// The immediate of a large response's WRITE (above).
+struct WrittenResponse {
+    std::uint16_t session = 0; // the client's number for it
+    std::uint32_t slot = 0;    // below 1024
+    std::uint8_t round = 0;    // below 64
+    friend bool operator==(const WrittenResponse&, const WrittenResponse&) = default;
+};
+// Programming error: a slot or round past its bits.
+std::uint32_t encode_written(const WrittenResponse& written,
+                             std::source_location where = std::source_location::current());
+// Every immediate is some WrittenResponse: the client checks it names a call of its
+// own in progress (the session, the slot within its window, the round of that call).
+WrittenResponse decode_written(std::uint32_t imm) noexcept;
+// The round of call `request` in a window of `window` slots.
+constexpr std::uint8_t round_of(std::uint64_t request, std::uint32_t window) noexcept {
+    return static_cast<std::uint8_t>((request / window) % 64);
+}
 
 std::array<std::byte, response_descriptor_bytes> encode_response_descriptor(std::uint32_t size) noexcept;
 // The size a response descriptor announces. Untrusted: not 4 bytes is an Error (the

@@ -5,15 +5,20 @@
 //  * A client's RC QP is only a target: the server READs requests from, and WRITEs
 //    responses into, the client's staging memory (rc_codec.hpp); the client posts
 //    nothing on it. Its QP allows remote READ and WRITE; each staging region allows
-//    only the one its role needs.
+//    only the one its role needs. A response's WRITE carries an immediate, which
+//    consumes a receive: the client QPs take theirs from one SRQ of the transport,
+//    `receives` zero-byte receives kept posted (each completion's is posted again at
+//    once), so a QP never runs out while fewer responses than that are in flight at
+//    the endpoint (beyond, the writer's RNR retries wait for a receive).
 //  * A server's RC QP only initiates: it allows the peer nothing.
 //  * On a both-ways session each end calls and serves: its QP is both (a target
 //    allowing remote READ and WRITE, and the initiator of its own end's transfers).
 //  * Every READ and WRITE is signaled and named by a wr_id the endpoint chooses; each
-//    completion, success or failure, goes to the Done function in the CQ's batch.
+//    completion, success or failure, goes to the Done function in the CQ's batch, and
+//    so does each receive's (wr_id receive_id).
 //  * The CQ has `depth` entries: the endpoint keeps the transfers in flight across all
-//    QPs well below it (the completions of a QP destroyed with transfers in flight may
-//    still come, uncounted).
+//    QPs, plus `receives`, well below it (the completions of a QP destroyed with
+//    transfers in flight may still come, uncounted).
 //
 // Thread safety: as the io_context (one thread).
 #pragma once
@@ -31,6 +36,7 @@
 #include <rdmaxx/wrap/mr.hpp>
 #include <rdmaxx/wrap/pd.hpp>
 #include <rdmaxx/wrap/qp.hpp>
+#include <rdmaxx/wrap/srq.hpp>
 
 namespace rdmaxx::rpc::detail {
 
@@ -39,11 +45,15 @@ enum class RcRole : std::uint8_t { client, server, both };
 class RcTransport {
 public:
     using Done = void (*)(void* context, const WorkCompletion& completion);
+    // The wr_id of every receive (a transfer's wr_id never has bit 63 set).
+    static constexpr std::uint64_t receive_id = std::uint64_t{1} << 63;
 
-    // Runtime errors: the device's. Programming error: depth 0, a null done.
+    // Runtime errors: the device's (one without SRQs among them). Programming error:
+    // depth or receives 0, receives not below depth, a null done.
     static Result<std::unique_ptr<RcTransport>> create(asio::io_context& io, const Context& context,
                                                        const ProtectionDomain& pd, std::uint32_t depth,
-                                                       async::DriveOptions drive, Done done, void* done_context,
+                                                       std::uint32_t receives, async::DriveOptions drive, Done done,
+                                                       void* done_context,
                                                        std::source_location where = std::source_location::current());
     RcTransport(const RcTransport&) = delete;
     RcTransport& operator=(const RcTransport&) = delete;
@@ -54,10 +64,11 @@ public:
                                 std::optional<std::uint32_t> gid_index) const;
 
     enum class Op : std::uint8_t { read, write };
-    // READs `remote` into `local` (op read) or WRITEs `local` to `remote` (op write),
-    // signaled. Runtime error: the post failed (the QP is broken).
+    // READs `remote` into `local` (op read) or WRITEs `local` to `remote` with the
+    // immediate `imm` (op write), signaled. Runtime error: the post failed (the QP is
+    // broken).
     static Result<void> post(QueuePair& qp, Op op, const LocalSlice& local, const RemoteMemory& remote,
-                             std::uint64_t wr_id);
+                             std::uint64_t wr_id, std::uint32_t imm = 0);
 
 private:
     RcTransport(const ProtectionDomain& pd, Done done, void* done_context)
@@ -68,6 +79,7 @@ private:
     Done done_;
     void* done_context_;
     std::optional<async::CompletionQueue> cq_;
+    std::optional<SharedReceiveQueue> srq_; // destroyed before the CQ its QPs' receives complete in
 };
 
 } // namespace rdmaxx::rpc::detail

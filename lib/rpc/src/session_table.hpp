@@ -151,6 +151,13 @@ public:
         return holds(session) && entries_[session.number].state ? &*entries_[session.number].state : nullptr;
     }
 
+    // The live session numbered `number` (any value), whatever its generation, or
+    // nullptr: for what names a session by number only (an RC immediate), whose caller
+    // then checks it is the session meant.
+    T* current(std::uint16_t number) noexcept {
+        return number < entries_.size() && entries_[number].state ? &*entries_[number].state : nullptr;
+    }
+
     // Ends the session: its state is destroyed, its buffers and number come back.
     // Programming error: `session` is not reserved or live (free, stale: released already).
     void release(SessionId session, std::source_location where = std::source_location::current()) {

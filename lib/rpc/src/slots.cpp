@@ -228,6 +228,27 @@ std::expected<std::optional<CallEnd>, DropReason> ClientWindow::take(Slot& slot,
     return std::nullopt;
 }
 
+std::expected<CallEnd, DropReason> ClientWindow::written(std::uint64_t request, std::span<const std::byte> descriptor,
+                                                         Clock::time_point now) {
+    Slot& slot = slots_[request % slots_.size()];
+    if (!slot.busy || slot.request != request)
+        return std::unexpected(DropReason::stale_request);
+    if (!slot.request_rdma)
+        return std::unexpected(DropReason::inconsistent);
+    // the last request packet in flight, all before it answered: the answer to it, as
+    // response packet 0 would be (anything else in flight is written off by end())
+    if (slot.sent == slot.request_packets && slot.received + 1 == slot.sent) {
+        ++slot.received;
+        --in_flight_;
+        rto_.measured(now - slot.last_sent, slot.transmissions);
+        if (congestion_ != nullptr)
+            congestion_->answered(slot.transmissions == Transmissions::once ? std::optional(now - slot.last_sent)
+                                                                           : std::nullopt);
+    }
+    slot.response_rdma = true;
+    return end(slot, CallOutcome::ok, static_cast<std::uint32_t>(descriptor.size()), descriptor);
+}
+
 CallEnd ClientWindow::end(Slot& slot, CallOutcome outcome, std::uint32_t response_size,
                           std::span<const std::byte> response) noexcept {
     release(slot);

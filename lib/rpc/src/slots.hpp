@@ -174,6 +174,16 @@ public:
                                                               std::span<const std::byte> payload,
                                                               Clock::time_point now);
 
+    // The server's answer to descriptor call `request` came over the session's RC path
+    // (a WRITE_WITH_IMM into the memory it offered, rc_codec.hpp) rather than as
+    // response packet 0: `descriptor` is the response descriptor that packet would carry
+    // (valid while the CallEnd is). It ends the call as that packet would, and also while
+    // the call's request packets are rolled back or it waits after in_progress: the
+    // server had the whole request. An error: dropped (stale_request: not a call in
+    // progress; inconsistent: not a descriptor call).
+    std::expected<CallEnd, DropReason> written(std::uint64_t request, std::span<const std::byte> descriptor,
+                                               Clock::time_point now);
+
     // When the earliest RTO of a call with packets in flight expires; nothing when none has.
     std::optional<Clock::time_point> next_deadline() const noexcept;
 

@@ -64,8 +64,10 @@
 /// from then on a large request is copied into registered staging memory of its window
 /// slot and READ by the server into a buffer its handler reads in place, and a response
 /// above the threshold is WRITTEN by the server into staging memory the call offered,
-/// then announced by a UD response (sent once the WRITE completed: the UD window stays
-/// the one judge of what was answered, so a resend is answered without a second WRITE).
+/// with an immediate whose completion at the client is the response: one round trip,
+/// no UD packet. (The server makes it the call's answer in its UD window once the
+/// WRITE completed: a resent request gets the response's size by UD, never a second
+/// WRITE; and the slot's next call is taken only then.)
 /// Staging memory allows only what its role needs (remote READ of requests, remote
 /// WRITE of responses), and a slot's memory that an abandoned call's transfer may still
 /// touch is retired, not reused, until the server has provably moved past that call.
@@ -212,6 +214,9 @@ struct Counters {
                                        ///< one-packet request answered by its handler: none)
     std::uint64_t rdma_reads = 0;      ///< large requests READ from clients (server)
     std::uint64_t rdma_writes = 0;     ///< large responses WRITTEN into clients' memory (server)
+    std::uint64_t held_for_write = 0;  ///< requests of a slot's next call held until the WRITE
+                                       ///< of the slot's last response completed (server: the
+                                       ///< client had the response first), not dropped
     std::uint64_t buffers_renewed = 0; ///< MessageBuffers given new memory after their call was
                                        ///< abandoned (message_buffer.hpp)
     std::uint64_t sessions_refused = 0; ///< session setups refused: by this server, to this client
