@@ -591,6 +591,60 @@ TEST_CASE("rpc large: a queued call reads its MessageBuffer as it is when it beg
     CHECK(rig.client->counters().buffers_renewed >= 1);
 }
 
+TEST_CASE("rpc large: past 2,048 calls that may still get a WRITTEN response, a call offers no memory") {
+    // Each such call may consume one of the client's 4,096 receives for immediates: half
+    // of them bound the calls, the rest is room for immediates not yet polled. A call
+    // past the bound gets its large response in UD packets; once the calls are heard
+    // from, the next one offers memory again.
+    rpc::EndpointOptions wide = large;
+    wide.window = 1024;
+    wide.credits = 1024; // every held call's request reaches the server at once
+    wide.ring = 4096;
+    Rig rig(wide, wide);
+    add_sized(rig);
+    constexpr std::uint32_t bound = 2048, past = 17 * 1024 + 1;
+    std::vector<rpc::Session> sessions;
+    std::vector<Buffers> buffers;
+    buffers.reserve(bound + 2); // the calls hold references to them
+    std::uint32_t ended = 0;
+    int wrong = 0;
+    auto work = [&]() -> asio::awaitable<void> {
+        for (int k = 0; k < 3; ++k) {
+            auto session = co_await rig.client->connect("127.0.0.1", rig.port);
+            REQUIRE(session.has_value());
+            sessions.push_back(std::move(*session));
+        }
+        const auto begin = [&](rpc::Session& session, std::uint8_t type, std::uint32_t response_size) {
+            const auto n = static_cast<std::uint32_t>(buffers.size());
+            buffers.push_back(buffers_for(*rig.client, n, 32, response_size, past));
+            session.call(type, buffers.back().request, buffers.back().response, {.timeout = 120s},
+                         [&, n, response_size](Result<std::size_t> r) {
+                             ++ended;
+                             wrong += !r || *r != response_size;
+                         });
+        };
+        for (std::uint32_t n = 0; n < bound; ++n)
+            begin(sessions[n / 1024], hold_it, 8);
+        co_await until([&] { return rig.held.size() == bound; });
+        begin(sessions[2], hold_it, past);
+        co_await until([&] { return rig.held.size() == bound + 1; });
+        for (std::uint32_t n = 0; n < bound; ++n)
+            rig.held[n].respond(message(n, 8));
+        rig.held[bound].respond(message(7, past));
+        co_await until([&] { return ended == bound + 1; });
+        CHECK(wrong == 0);
+        CHECK(rig.server->counters().rdma_writes == 0); // the last call's response came by UD
+        CHECK(echoed(buffers[bound].response.bytes(), message(7, past)));
+        begin(sessions[0], sized, past);
+        co_await until([&] { return ended == bound + 2; });
+        CHECK(wrong == 0);
+        CHECK(answered(buffers[bound + 1].request, buffers[bound + 1].response, past));
+        CHECK(rig.server->counters().rdma_writes == 1); // it offered memory again
+    };
+    run(rig.io, work(), 300s);
+    rig.held.clear();
+}
+
 TEST_CASE("rpc large: MessageBuffer misuse is a programming error naming the caller") {
     Rig rig(large, large);
     RDMAXX_CHECK_DEATH(must(rig.client->alloc_buffer(0, rpc::BufferUse::request)), "alloc_buffer");

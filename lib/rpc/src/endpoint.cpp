@@ -136,12 +136,18 @@ std::uint64_t transfer_id(SessionId id, std::uint32_t slot, RcTransport::Op op) 
 static_assert(max_window <= 1024);
 
 // The RC path's CQ entries, shared by every session's RC QP; the transfers the
-// servers' sessions may have in flight on it at once (half), and the receives for the
-// immediates of responses WRITTEN to this end's calls (a quarter): the rest is room for
+// servers' sessions may have in flight on it at once (a quarter), and the receives for
+// the immediates of responses WRITTEN to this end's calls (half): the rest is room for
 // the late completions of QPs destroyed mid-transfer.
-constexpr std::uint32_t rc_cq_depth = 4096;
-constexpr std::uint32_t rc_budget = rc_cq_depth / 2;
-constexpr std::uint32_t rc_receives = rc_cq_depth / 4;
+constexpr std::uint32_t rc_cq_depth = 8192;
+constexpr std::uint32_t rc_budget = rc_cq_depth / 4;
+constexpr std::uint32_t rc_receives = rc_cq_depth / 2;
+// The calls of this end that may still get a response WRITTEN with an immediate (their
+// own, or an abandoned call's earlier in their slot): at most half the receives, so the
+// SRQ cannot run dry while immediates that came wait to be polled (it would NAK the
+// server's WRITE, which fails after its RNR retries, and ends the session). A call past
+// it offers no memory: its response comes in UD packets.
+constexpr std::uint32_t rc_offers = rc_receives / 2;
 
 } // namespace
 
@@ -157,6 +163,9 @@ struct RcPath {
     struct ClientSlot {
         std::optional<MemoryRegion> request, response;
         std::uint32_t offered = 0; // response bytes the slot's call offered
+        // calls of the slot that offered memory, not heard from since: each may still
+        // get a response WRITTEN (counted in EndpointCore::offers_unheard too)
+        std::uint32_t offers_unheard = 0;
         bool rdma = false;         // its call is a descriptor call
         bool in_place = false;     // its response is WRITTEN into the call's MessageBuffer
         bool touched = false;
@@ -366,6 +375,7 @@ struct EndpointCore {
     std::uint32_t handles = 0;     // Session handles alive
     std::vector<std::byte> descriptor; // the request descriptor being built (reused)
     std::uint32_t rc_in_flight = 0;    // server transfers posted on live sessions' QPs
+    std::uint32_t offers_unheard = 0;  // client: the ClientSlots' offers_unheard, summed (rc_offers)
     struct WaitingTransfer {
         SessionId session;
         std::uint32_t slot = 0;
@@ -551,8 +561,14 @@ bool EndpointCore::try_begin(SessionState& s, std::uint8_t type, std::span<const
         return false;
     if (!rdma && keep == ClientWindow::Keep::copy && !request.empty())
         ++counters.message_copies;
-    if (!s.rc.client_slots.empty())
-        s.rc.client_slots[*begun % s.calls.size()].rdma = rdma;
+    if (!s.rc.client_slots.empty()) {
+        RcPath::ClientSlot& slot = s.rc.client_slots[*begun % s.calls.size()];
+        slot.rdma = rdma;
+        if (rdma && slot.offered > 0) {
+            ++slot.offers_unheard;
+            ++offers_unheard;
+        }
+    }
     PendingCall& call = s.calls[*begun % s.calls.size()];
     call.busy = true;
     call.request = *begun;
@@ -918,7 +934,7 @@ Result<std::span<const std::byte>> EndpointCore::describe(SessionState& s, std::
     }
     slot.offered = 0;
     slot.in_place = false;
-    if (capacity > options.rdma_threshold) {
+    if (capacity > options.rdma_threshold && offers_unheard < rc_offers) {
         if (lend.response != nullptr) {
             write_into = lend.response->hold_.get()->region.remote().slice(0, capacity);
             slot.lent[1] = lend.response->hold_;
@@ -951,6 +967,7 @@ void EndpointCore::call_left_slot(SessionState& s, std::uint64_t request, bool h
         return;
     RcPath::ClientSlot& slot = s.rc.client_slots[request % s.calls.size()];
     if (heard_from_server) {
+        offers_unheard -= std::exchange(slot.offers_unheard, 0);
         slot.touched = false;
         slot.retired.clear();
         slot.retired_lent.clear();
@@ -1330,6 +1347,8 @@ void EndpointCore::end_session(SessionId id, std::string_view why) {
     for (asio::steady_timer* closer : s->closers)
         closer->cancel();
     rc_in_flight -= s->rc.transfers; // their completions, if they come, are a dead QP's
+    for (const RcPath::ClientSlot& slot : s->rc.client_slots) // nothing comes to a QP destroyed
+        offers_unheard -= slot.offers_unheard;
     table.release(id);
 }
 

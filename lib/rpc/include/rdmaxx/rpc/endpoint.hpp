@@ -67,7 +67,11 @@
 /// with an immediate whose completion at the client is the response: one round trip,
 /// no UD packet. (The server makes it the call's answer in its UD window once the
 /// WRITE completed: a resent request gets the response's size by UD, never a second
-/// WRITE; and the slot's next call is taken only then.)
+/// WRITE; and the slot's next call is taken only then.) Each immediate takes a receive
+/// of the endpoint's one SRQ for them (4,096): so that it never runs dry, at most 2,048
+/// calls of an endpoint may still get a response WRITTEN (an abandoned call's until its
+/// slot hears from the server again), and a call beyond offers no memory: its response
+/// comes in UD packets.
 /// Staging memory allows only what its role needs (remote READ of requests, remote
 /// WRITE of responses), and a slot's memory that an abandoned call's transfer may still
 /// touch is retired, not reused, until the server has provably moved past that call.
