@@ -1,7 +1,5 @@
 #include "rc_transport.hpp"
 
-#include <array>
-
 #include <rdmaxx/data/post.hpp>
 #include <rdmaxx/wrap/log.hpp>
 

@@ -197,17 +197,7 @@ std::expected<std::optional<CallEnd>, DropReason> ClientWindow::take(Slot& slot,
     if (is_response && header.rdma && !slot.request_rdma)
         return std::unexpected(DropReason::inconsistent);
 
-    ++slot.received;
-    --in_flight_;
-    slot.timeouts = 0;
-    slot.deadline = now + rto_.rto();
-    const bool sample = slot.received == slot.sent;
-    if (sample)
-        rto_.measured(now - slot.last_sent, slot.transmissions);
-    if (congestion_ != nullptr)
-        congestion_->answered(sample && slot.transmissions == Transmissions::once
-                                  ? std::optional(now - slot.last_sent)
-                                  : std::nullopt);
+    answered(slot, now);
     if (!is_response)
         return std::nullopt;
     if (header.index == 0) {
@@ -237,16 +227,24 @@ std::expected<CallEnd, DropReason> ClientWindow::written(std::uint64_t request, 
         return std::unexpected(DropReason::inconsistent);
     // the last request packet in flight, all before it answered: the answer to it, as
     // response packet 0 would be (anything else in flight is written off by end())
-    if (slot.sent == slot.request_packets && slot.received + 1 == slot.sent) {
-        ++slot.received;
-        --in_flight_;
-        rto_.measured(now - slot.last_sent, slot.transmissions);
-        if (congestion_ != nullptr)
-            congestion_->answered(slot.transmissions == Transmissions::once ? std::optional(now - slot.last_sent)
-                                                                           : std::nullopt);
-    }
+    if (slot.sent == slot.request_packets && slot.received + 1 == slot.sent)
+        answered(slot, now);
     slot.response_rdma = true;
     return end(slot, CallOutcome::ok, static_cast<std::uint32_t>(descriptor.size()), descriptor);
+}
+
+void ClientWindow::answered(Slot& slot, Clock::time_point now) noexcept {
+    ++slot.received;
+    --in_flight_;
+    slot.timeouts = 0;
+    slot.deadline = now + rto_.rto();
+    const bool sample = slot.received == slot.sent;
+    if (sample)
+        rto_.measured(now - slot.last_sent, slot.transmissions);
+    if (congestion_ != nullptr)
+        congestion_->answered(sample && slot.transmissions == Transmissions::once
+                                  ? std::optional(now - slot.last_sent)
+                                  : std::nullopt);
 }
 
 CallEnd ClientWindow::end(Slot& slot, CallOutcome outcome, std::uint32_t response_size,

@@ -228,6 +228,10 @@ private:
                                                            std::span<const std::byte> payload, Clock::time_point now);
     CallEnd end(Slot& slot, CallOutcome outcome, std::uint32_t response_size,
                 std::span<const std::byte> response = {}) noexcept;
+    // The slot's next position (received) was answered in order at `now`: its credit
+    // back, the RTO sampled when nothing else of it is in flight (Karn), and told to
+    // the congestion controller.
+    void answered(Slot& slot, Clock::time_point now) noexcept;
     void write_off(Slot& slot) noexcept; // its unanswered packets: lost
     void release(Slot& slot) noexcept;   // written off and free
 
