@@ -645,6 +645,100 @@ TEST_CASE("rpc large: past 2,048 calls that may still get a WRITTEN response, a 
     rig.held.clear();
 }
 
+TEST_CASE("rpc large: a request of up to 16 KiB is SENT whole over RC, neither READ nor sent in UD packets, "
+          "bytes checked") {
+    Rig rig(large, large);
+    add_sized(rig);
+    std::optional<rpc::Session> session;
+    int wrong = 0;
+    std::uint32_t whole = 0;
+    auto work = [&]() -> asio::awaitable<void> {
+        co_await connect_into(&rig, &session);
+        std::vector<std::byte> response(64 * 1024); // above the threshold: a descriptor call
+        std::uint32_t n = 0;
+        for (const std::size_t request_size : {32, 1000, 2000, 4096, 9000, 16 * 1024})
+            for (const std::uint32_t response_size : {8u, 20'000u}) {
+                const auto request = ask(n++, request_size, response_size);
+                // a descriptor of one UD packet goes as one; a larger one whole
+                whole += 40 + request.size() > session->info().payload_per_packet; // 40: the descriptor's head
+                const auto got = co_await session->call(sized, request, response, {.timeout = 20s});
+                const auto expected = message(static_cast<std::uint32_t>(request.size()), response_size);
+                wrong += !got || *got != expected.size() || !echoed(response, expected);
+            }
+    };
+    run(rig.io, work(), 60s);
+    CHECK(wrong == 0);
+    CHECK(whole >= 6); // 10 at rxe's default MTU of 1024
+    const auto& c = rig.client->counters();
+    const auto& s = rig.server->counters();
+    CHECK(c.rdma_sends >= whole); // a resend after an RTO is SENT again
+    CHECK(c.rdma_sends <= whole + c.retransmissions);
+    CHECK(s.rdma_reads == 0);
+    CHECK(s.rdma_writes == 6); // the 20,000-byte responses
+    CHECK(s.request_copies == 0); // each whole request lent to its handler where it arrived
+    CHECK(s.dropped() == 0);
+    MESSAGE("client SENDs ", c.rdma_sends, ", retransmissions ", c.retransmissions);
+}
+
+TEST_CASE("rpc large: with every message on the RC path, a 2 KiB echo is one SEND and one WRITE, not a READ") {
+    rpc::EndpointOptions every = large;
+    every.rdma_threshold = 0;
+    Rig rig(every, every);
+    std::optional<rpc::Session> session;
+    int wrong = 0;
+    auto work = [&]() -> asio::awaitable<void> {
+        co_await connect_into(&rig, &session);
+        std::vector<std::byte> response(4096);
+        for (std::uint32_t n = 0; n < 20; ++n) {
+            const auto request = message(n, 2048);
+            const auto got = co_await session->call(echo, request, response, {.timeout = 20s});
+            wrong += !got || *got != request.size() || !echoed(response, request);
+        }
+    };
+    run(rig.io, work(), 60s);
+    CHECK(wrong == 0);
+    CHECK(rig.client->counters().rdma_sends >= 20);
+    CHECK(rig.server->counters().rdma_reads == 0);
+    CHECK(rig.server->counters().rdma_writes == 20);
+}
+
+TEST_CASE("rpc large: past the server's receive buffers for whole requests, a session sends its requests as "
+          "before; a session's end gives its buffers back") {
+    // 256 buffers, a window's worth per session: two sessions of 128 take them all
+    rpc::EndpointOptions wide = large;
+    wide.window = 128;
+    Rig rig(wide, wide);
+    add_sized(rig);
+    std::vector<std::optional<rpc::Session>> sessions(4);
+    int wrong = 0;
+    auto call_on = [&](std::size_t k) -> asio::awaitable<void> {
+        co_await connect_into(&rig, &sessions[k]);
+        std::vector<std::byte> response(64 * 1024);
+        const auto request = ask(static_cast<std::uint32_t>(k), 3000, 100);
+        const auto got = co_await sessions[k]->call(sized, request, response, {.timeout = 20s});
+        wrong += !got || *got != 100 || !echoed(response, message(3000, 100));
+    };
+    const auto sends = [&] { return rig.client->counters().rdma_sends; };
+    const auto copies = [&] { return rig.server->counters().request_copies; };
+    auto work = [&]() -> asio::awaitable<void> {
+        co_await call_on(0);
+        co_await call_on(1);
+        const auto sent = sends();
+        CHECK(sent >= 2);
+        CHECK(copies() == 0);
+        co_await call_on(2); // no buffer left for it: its request goes inline in UD packets
+        CHECK(sends() == sent);
+        CHECK(copies() == 4); // 3,040 bytes: the packets of 992 copied into the window
+        co_await sessions[0]->close();
+        sessions[0].reset();
+        co_await call_on(3); // session 0's buffers
+        CHECK(sends() > sent);
+        CHECK(copies() == 4);
+    };
+    run(rig.io, work(), 60s);
+    CHECK(wrong == 0);
+}
+
 TEST_CASE("rpc large: MessageBuffer misuse is a programming error naming the caller") {
     Rig rig(large, large);
     RDMAXX_CHECK_DEATH(must(rig.client->alloc_buffer(0, rpc::BufferUse::request)), "alloc_buffer");

@@ -11,8 +11,8 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
     namespace rpc = rdmaxx::rpc::detail;
-    // MTU 256: small enough that a fuzzed message spans many packets
-    static const rpc::PacketLimits limits(1 << 16, 256 - rpc::header_bytes);
+    // MTU 256: small enough that a fuzzed message spans many packets, or goes whole
+    static const rpc::PacketLimits limits(1 << 16, 256 - rpc::header_bytes, 1 << 16);
     const std::span bytes(reinterpret_cast<const std::byte*>(data), size);
     const auto header = rpc::decode(bytes, limits);
     if (header) {

@@ -1,7 +1,7 @@
 // libFuzzer target: a session's two windows (slots.hpp) between an honest client and an
 // honest server, with hostile packets (any bytes decode() accepts) thrown at either end
-// among the honest ones, calls abandoned, responses WRITTEN over the RC path (real or
-// forged), and time moving. Whatever the peer sends is dropped or taken: never an
+// among the honest ones, calls abandoned, requests sent whole, responses WRITTEN over
+// the RC path (real or forged), and time moving. Whatever the peer sends is dropped or taken: never an
 // abort (the windows' preconditions are programming errors, which only their driver
 // can commit: this one keeps them), nor memory out of bounds (ASan watches), nor more
 // packets in flight than the session's credits, nor a credit lost.
@@ -23,8 +23,8 @@ namespace {
 namespace rpc = rdmaxx::rpc::detail;
 
 constexpr std::uint32_t window = 4, credits = 6;
-// MTU 256: a message of a few hundred bytes spans several packets
-const rpc::PacketLimits limits(4096, 256 - rpc::header_bytes);
+// MTU 256: a message of a few hundred bytes spans several packets, or goes whole
+const rpc::PacketLimits limits(4096, 256 - rpc::header_bytes, 4096);
 const rpc::Route client_route{.local = {.number = 1, .generation = 7}, .remote = {.number = 2, .generation = 9}};
 const rpc::Route server_route{.local = client_route.remote, .remote = client_route.local};
 
@@ -105,9 +105,10 @@ struct Session {
         case 0: { // the client begins a call
             const std::uint32_t size = p.next(2) % (limits.max_message() + 1);
             const std::uint32_t capacity = p.next(2);
-            const bool rdma = p.next() & 1;
+            const std::uint32_t form = p.next();
+            const bool rdma = form & 1, whole = rdma && (form & 2);
             scratch.assign(size, std::byte{0x5a});
-            if (const auto begun = client.begin(3, scratch, capacity, rdma))
+            if (const auto begun = client.begin(3, scratch, capacity, rdma, rpc::ClientWindow::Keep::copy, whole))
                 live.push_back(*begun);
             break;
         }

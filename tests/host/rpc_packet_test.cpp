@@ -117,7 +117,8 @@ TEST_CASE("rpc packet: each malformed packet is dropped with its reason") {
     CHECK(dropped(with_byte(5, 1)) == DropReason::bad_status); // a request carries none
     for (std::size_t offset = 26; offset < header_bytes; ++offset)
         CHECK(dropped(with_byte(offset, 0x80)) == DropReason::reserved_set);
-    CHECK(dropped(with_byte(26, 2)) == DropReason::reserved_set); // flags other than rdma
+    CHECK(dropped(with_byte(26, 2)) == DropReason::reserved_set); // whole, without rdma
+    CHECK(dropped(with_byte(26, 4)) == DropReason::reserved_set); // flags other than rdma and whole
     // the rdma flag: a request's or an ok response's only
     CHECK(dropped(valid(by_rdma(like_request(Kind::credit_return, 2)))) == DropReason::reserved_set);
     CHECK(dropped(valid(by_rdma(like_request(Kind::request_for_response, 1)))) == DropReason::reserved_set);
@@ -242,4 +243,44 @@ TEST_CASE("rpc packet: limits no index can number are a programming error") {
 TEST_CASE("rpc packet: every drop reason has a name") {
     for (int r = 0; r <= static_cast<int>(DropReason::handler_running); ++r)
         CHECK(to_string(static_cast<DropReason>(r)) != "unknown");
+}
+
+TEST_CASE("rpc packet: a whole request is one packet of its whole message, within whole_max, and only a "
+          "descriptor request or its in_progress carries the flag") {
+    const PacketLimits whole_limits(100'000, mtu - header_bytes, 16'424);
+    PacketHeader whole = by_rdma(like_request(Kind::request, 0, Status::ok, 5000)); // 6 UD packets' worth
+    whole.whole = true;
+    const auto bytes = packet(whole, 5000);
+    const auto got = decode(bytes, whole_limits);
+    REQUIRE(got.has_value());
+    CHECK(*got == whole);
+    CHECK(static_cast<std::uint8_t>(bytes[26]) == 3); // rdma and whole
+    CHECK(packets_of(5000, true, 992) == 1);
+    CHECK(payload_bytes(5000, 0, 992, true) == 5000);
+    CHECK(payload_bytes(5000, 1, 992, true) == 0);
+
+    CHECK(dropped(bytes, limits) == DropReason::too_large); // an endpoint that takes none (whole_max 0)
+    CHECK(dropped(packet(whole, 4999), whole_limits) == DropReason::bad_length);
+    CHECK(dropped(packet(whole, 992), whole_limits) == DropReason::bad_length); // a UD packet's share
+    whole.message_size = 16'425;
+    CHECK(dropped(packet(whole, 16'425), whole_limits) == DropReason::too_large);
+    whole.message_size = 5000;
+    whole.index = 1;
+    CHECK(dropped(packet(whole, 0), whole_limits) == DropReason::bad_index);
+
+    // the in_progress about it names packet 0 of 1
+    PacketHeader progress = like_request(Kind::in_progress, 0, Status::ok, 5000);
+    progress.whole = true;
+    const auto answered = decode(packet(progress, 0), whole_limits);
+    REQUIRE(answered.has_value());
+    CHECK(*answered == progress);
+    progress.index = 5; // the last of 6 UD packets: not a whole request's
+    CHECK(dropped(packet(progress, 0), whole_limits) == DropReason::bad_index);
+
+    // no other kind carries it
+    for (PacketHeader h : {like_request(Kind::credit_return, 0), like_request(Kind::request_for_response, 1),
+                           like_request(Kind::response, 0), by_rdma(like_request(Kind::response, 0)), reset}) {
+        h.whole = true;
+        CHECK(dropped(valid(h, whole_limits), whole_limits) == DropReason::reserved_set);
+    }
 }

@@ -32,6 +32,11 @@ rdmaxx::Endpoint qp_endpoint() {
 
 const RcMessage offer{.kind = RcMessage::Kind::offer, .available = true, .qp = qp_endpoint()};
 const RcMessage unavailable{.kind = RcMessage::Kind::answer, .available = false, .qp = {}};
+const RcMessage whole_answer{.kind = RcMessage::Kind::answer,
+                             .available = true,
+                             .qp = qp_endpoint(),
+                             .whole_max = 0x4028,
+                             .whole_receives = 8};
 
 std::vector<std::byte> bytes_of(const RcMessage& m) {
     const auto a = encode(m);
@@ -42,17 +47,24 @@ std::vector<std::byte> bytes_of(const RcMessage& m) {
 
 TEST_CASE("rpc rc codec: the setup messages and the goodbye round-trip through their 40 bytes") {
     for (const RcMessage& m : {offer, RcMessage{.kind = RcMessage::Kind::answer, .available = true, .qp = qp_endpoint()},
-                               unavailable, RcMessage{.kind = RcMessage::Kind::goodbye, .available = false, .qp = {}}}) {
+                               whole_answer, unavailable,
+                               RcMessage{.kind = RcMessage::Kind::goodbye, .available = false, .qp = {}}}) {
         const auto bytes = bytes_of(m);
         CHECK(must(decode_rc_prefix(std::span(bytes).first<rc_prefix_bytes>())) == rc_message_bytes);
         CHECK(must(decode_rc(bytes)) == m);
     }
     const auto bytes = bytes_of(offer);
-    const std::vector<std::uint8_t> head = {'R', 'X', 'R', 'C', 0, 2, 0, 40, 1, 0, 0, 0,
+    const std::vector<std::uint8_t> head = {'R', 'X', 'R', 'C', 0, 3, 0, 40, 1, 0, 0, 0,
                                             0,   0xab, 0xcd, 0xef, 0, 0x12, 0x34, 0x56};
     for (std::size_t i = 0; i < head.size(); ++i)
         CHECK(static_cast<std::uint8_t>(bytes[i]) == head[i]);
     CHECK(static_cast<std::uint8_t>(bytes[38]) == 3); // IBV_MTU_1024
+    CHECK(static_cast<std::uint8_t>(bytes[39]) == 0);
+    const auto answer = bytes_of(whole_answer);
+    CHECK(static_cast<std::uint8_t>(answer[8]) == 2);
+    CHECK(static_cast<std::uint8_t>(answer[10]) == 0x40); // whole max, big-endian
+    CHECK(static_cast<std::uint8_t>(answer[11]) == 0x28);
+    CHECK(static_cast<std::uint8_t>(answer[39]) == 8); // whole receives
 }
 
 TEST_CASE("rpc rc codec: each malformed setup message is a protocol Error that says what") {
@@ -64,14 +76,25 @@ TEST_CASE("rpc rc codec: each malformed setup message is a protocol Error that s
     };
     check_protocol_error(decode_rc(with_byte(0, 'Q')), "wrong magic");
     check_protocol_error(decode_rc(with_byte(5, 1)), "version 1"); // before responses came by WRITE_WITH_IMM
-    check_protocol_error(decode_rc(with_byte(5, 3)), "version 3");
+    check_protocol_error(decode_rc(with_byte(5, 2)), "version 2"); // before whole requests
+    check_protocol_error(decode_rc(with_byte(5, 4)), "version 4");
     check_protocol_error(decode_rc(with_byte(7, 41)), "length 41");
     check_protocol_error(decode_rc(with_byte(8, 0)), "kind 0 is unknown");
     check_protocol_error(decode_rc(with_byte(8, 4)), "kind 4 is unknown");
     check_protocol_error(decode_rc(with_byte(8, 3)), "a goodbye with more than its kind"); // an offer's QP
     check_protocol_error(decode_rc(with_byte(9, 1)), "status 1 for kind 1"); // an offer is never unavailable
-    check_protocol_error(decode_rc(with_byte(10, 1)), "reserved");
-    check_protocol_error(decode_rc(with_byte(39, 1)), "reserved");
+    // whole requests are the server's to offer, in an available answer, both fields or neither
+    check_protocol_error(decode_rc(with_byte(10, 1)), "whole requests offered by other than an available answer");
+    check_protocol_error(decode_rc(with_byte(39, 1)), "whole requests offered by other than an available answer");
+    auto answer_bytes = bytes_of(whole_answer);
+    answer_bytes[39] = std::byte{0};
+    check_protocol_error(decode_rc(answer_bytes), "whole requests of up to 16424 bytes, 0 at once");
+    answer_bytes = bytes_of(whole_answer);
+    answer_bytes[10] = answer_bytes[11] = std::byte{0};
+    check_protocol_error(decode_rc(answer_bytes), "whole requests of up to 0 bytes, 8 at once");
+    auto unavailable_bytes = bytes_of(unavailable);
+    unavailable_bytes[39] = std::byte{1};
+    check_protocol_error(decode_rc(unavailable_bytes), "whole requests offered by other than an available answer");
     check_protocol_error(decode_rc(with_byte(12, 1)), "wider than 24 bits");
     check_protocol_error(decode_rc(with_byte(16, 1)), "wider than 24 bits");
     check_protocol_error(decode_rc(with_byte(38, 0)), "MTU code 0");

@@ -861,3 +861,80 @@ TEST_CASE("rpc slots: a response written over the RC path ends its descriptor ca
     const auto plain = wire.begin(make_request(8, 8));
     CHECK(wire.client.written(plain, written, wire.now).error() == DropReason::inconsistent);
 }
+
+TEST_CASE("rpc slots: a whole request is one packet whatever its size, lent to its handler, and its answers "
+          "name it whole") {
+    const PacketLimits whole_limits(1 << 16, per, 1 << 16);
+    ClientWindow client(ClientOptions{}, limits, client_route);
+    ServerWindow server(8, limits, server_route);
+    const Bytes descriptor = make_request(5 * per, 8); // five UD packets' worth
+    const auto started = client.begin(3, descriptor, 1 << 16, true, ClientWindow::Keep::copy, true);
+    REQUIRE(started.has_value());
+    Clock::time_point now{};
+    const auto sent = client.next_packet(now);
+    REQUIRE(sent.has_value());
+    CHECK(sent->header.whole);
+    CHECK(sent->header.rdma);
+    CHECK(sent->header.index == 0);
+    CHECK(std::ranges::equal(sent->payload, descriptor));
+    CHECK_FALSE(client.next_packet(now).has_value()); // the whole request was the one packet
+    CHECK(client.in_flight() == 1);
+
+    const Bytes bytes = frame(*sent);
+    const auto header = decode(bytes, whole_limits);
+    REQUIRE(header.has_value());
+    const auto step = server.receive(*header, std::span(bytes).subspan(header_bytes));
+    REQUIRE(step.has_value());
+    const auto* call = std::get_if<HandlerCall>(&*step);
+    REQUIRE(call != nullptr);
+    CHECK(call->lent); // one packet: lent where it arrived, not copied
+    CHECK(std::ranges::equal(call->message, descriptor));
+
+    // resent after an RTO while the handler runs: in_progress, whole too, taken by the client
+    now = *client.next_deadline();
+    CHECK_FALSE(client.expire(now).has_value());
+    const auto again = client.next_packet(now);
+    REQUIRE(again.has_value());
+    CHECK(again->header == sent->header);
+    const auto progress = server.receive(again->header, again->payload);
+    REQUIRE(progress.has_value());
+    const auto* busy = std::get_if<Outgoing>(&*progress);
+    REQUIRE(busy != nullptr);
+    CHECK(busy->header.kind == Kind::in_progress);
+    CHECK(busy->header.whole);
+    const Bytes busy_bytes = frame(*busy);
+    const auto busy_header = decode(busy_bytes, whole_limits);
+    REQUIRE(busy_header.has_value());
+    const auto heard = client.receive(*busy_header, {}, now);
+    REQUIRE(heard.has_value());
+    CHECK_FALSE(heard->has_value());
+    CHECK(client.in_flight() == 0);
+
+    // a credit return names a request sent in packets: not this one's
+    PacketHeader credit = busy->header;
+    credit.kind = Kind::credit_return;
+    credit.whole = false;
+    const auto forged = client.receive(credit, {}, now);
+    REQUIRE_FALSE(forged.has_value());
+    CHECK(forged.error() == DropReason::inconsistent);
+    // nor may the request come again in packets
+    PacketHeader in_packets = sent->header;
+    in_packets.whole = false;
+    const auto split = server.receive(in_packets, std::span(descriptor).first(per));
+    REQUIRE_FALSE(split.has_value());
+    CHECK(split.error() == DropReason::inconsistent);
+
+    const Bytes answer_descriptor(4, std::byte{9});
+    const Outgoing response = server.respond(call->request, Status::ok, answer_descriptor, true);
+    CHECK_FALSE(response.header.whole); // a response travels as it always does
+    now += std::chrono::milliseconds(100); // past the resend the in_progress asked for
+    REQUIRE(client.next_packet(now).has_value());
+    const auto ended = client.receive(response.header, response.payload, now);
+    REQUIRE(ended.has_value());
+    REQUIRE(ended->has_value());
+    CHECK((*ended)->outcome == CallOutcome::ok);
+    CHECK((*ended)->rdma);
+
+    RDMAXX_CHECK_DEATH((void)client.begin(3, descriptor, 8, false, ClientWindow::Keep::copy, true),
+                       "a whole request that is not a descriptor");
+}

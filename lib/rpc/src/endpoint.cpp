@@ -148,6 +148,20 @@ constexpr std::uint32_t rc_receives = rc_cq_depth / 2;
 // server's WRITE, which fails after its RNR retries, and ends the session). A call past
 // it offers no memory: its response comes in UD packets.
 constexpr std::uint32_t rc_offers = rc_receives / 2;
+// A request whose descriptor (with the request inline) is at most this many bytes, and
+// more than one UD packet, is SENT whole over the RC QP (packet.hpp) rather than READ
+// or sent in UD packets: into one of the server endpoint's rc_whole_receives buffers.
+// The server keeps a session at most its window's worth of them (and 255) on their way,
+// while it has buffers to spare: a session past them READs. A client has at most
+// rc_sends SENDs in flight at once: one past them waits for its RTO, as a lost packet.
+constexpr std::uint32_t whole_max_message = request_descriptor_bytes + 16 * 1024;
+constexpr std::uint32_t rc_whole_receives = 256;
+constexpr std::uint32_t rc_sends = 256;
+static_assert(rc_receives + rc_whole_receives + rc_budget + rc_sends < rc_cq_depth);
+static_assert(whole_max_message <= 0xffff); // RcMessage::whole_max
+
+// A client SEND's wr_id: a transfer's (its session and window slot) with this bit.
+constexpr std::uint64_t client_send_bit = std::uint64_t{1} << 59;
 
 } // namespace
 
@@ -162,6 +176,10 @@ struct RcPath {
     // server may READ and WRITE), retired the same way (`retired_lent`).
     struct ClientSlot {
         std::optional<MemoryRegion> request, response;
+        // a whole request, a packet header's room in front; retired, not rewritten,
+        // while a SEND may still read it
+        std::optional<MemoryRegion> whole;
+        std::uint32_t sends = 0; // the slot's SENDs in flight
         std::uint32_t offered = 0; // response bytes the slot's call offered
         // calls of the slot that offered memory, not heard from since: each may still
         // get a response WRITTEN (counted in EndpointCore::offers_unheard too)
@@ -169,6 +187,7 @@ struct RcPath {
         bool rdma = false;         // its call is a descriptor call
         bool in_place = false;     // its response is WRITTEN into the call's MessageBuffer
         bool touched = false;
+        // freed once neither the server (touched) nor a SEND of the slot may reach them
         std::vector<MemoryRegion> retired;
         std::array<BufferHold, 2> lent;
         std::vector<BufferHold> retired_lent;
@@ -197,6 +216,11 @@ struct RcPath {
     std::vector<ClientSlot> client_slots;
     std::vector<ServerSlot> server_slots;
     std::uint32_t transfers = 0; // server: posted, not completed
+    // whole requests: the largest descriptor the server takes whole, and how many of the
+    // session's may be on their way (client: what the server's answer said; server:
+    // the receives it keeps for the session); 0: none
+    std::uint32_t whole_max = 0, whole_grant = 0;
+    std::uint32_t sends = 0; // client: SENDs in flight
     // server: descriptor requests that came while this end's own offer was still out
     // (the peer was ready first): handled once the path is, refused if it never is
     std::vector<HandlerCall> waiting;
@@ -271,10 +295,18 @@ struct EndpointCore {
         static_cast<EndpointCore*>(self)->take(from, packet);
     }
     void take(UdSource from, std::span<const std::byte> packet);
+    // The session a packet (UD, or a whole request) names and its header, checked with
+    // that session's limits; nothing: dropped, counted by reason.
+    struct Addressed {
+        SessionState* session;
+        PacketHeader header;
+    };
+    std::optional<Addressed> addressed(std::span<const std::byte> packet);
     void serve(SessionState& s, const PacketHeader& header, std::span<const std::byte> payload);
     bool hold_until_written(SessionState& s, const PacketHeader& header, std::span<const std::byte> payload);
     void drop(DropReason reason) noexcept { ++counters.drops[static_cast<std::size_t>(reason)]; }
     void send(SessionState& s, const Outgoing& out, const BufferHold* memory = nullptr);
+    void send_whole(SessionState& s, const Outgoing& out);
     // What may go, goes; `now`: the caller's reading of the clock (one per event).
     void pump(SessionState& s, Clock::time_point now);
 
@@ -303,8 +335,12 @@ struct EndpointCore {
 
     // the RC path
     bool wants_rdma(const SessionState& s, std::size_t request, std::uint32_t capacity) const noexcept;
-    Result<std::span<const std::byte>> describe(SessionState& s, std::span<const std::byte> request,
-                                                std::uint32_t capacity, CallBuffers lend);
+    struct Description {
+        std::span<const std::byte> message;
+        bool whole = false; // SENT whole over RC, from the slot's staging memory
+    };
+    Result<Description> describe(SessionState& s, std::span<const std::byte> request, std::uint32_t capacity,
+                                 CallBuffers lend);
     void call_left_slot(SessionState& s, std::uint64_t request, bool heard_from_server);
     void renew_reachable(SessionState& s, const PendingCall& call);
     void renew(MessageBuffer& buffer, bool keep_bytes);
@@ -319,6 +355,11 @@ struct EndpointCore {
     }
     void transfer_done(const WorkCompletion& completion);
     void take_written(const WorkCompletion& completion);
+    void take_whole(const WorkCompletion& completion);
+    void sent_whole(const WorkCompletion& completion, SessionId session, std::uint32_t slot);
+    // Ends session `id` from the io_context's queue: a failure found where the caller
+    // goes on with the session.
+    void end_session_soon(SessionId id, std::string why);
     void post_waiting();
 
     // sessions
@@ -376,6 +417,8 @@ struct EndpointCore {
     std::vector<std::byte> descriptor; // the request descriptor being built (reused)
     std::uint32_t rc_in_flight = 0;    // server transfers posted on live sessions' QPs
     std::uint32_t offers_unheard = 0;  // client: the ClientSlots' offers_unheard, summed (rc_offers)
+    std::uint32_t sends_in_flight = 0; // client: the sessions' RC sends, summed (rc_sends)
+    std::uint32_t whole_granted = 0;   // server: the sessions' whole_grant, summed (rc_whole_receives)
     struct WaitingTransfer {
         SessionId session;
         std::uint32_t slot = 0;
@@ -395,16 +438,31 @@ EndpointCore::~EndpointCore() {
 // ---------------------------------------------------------------------------------
 // Packets
 
-void EndpointCore::take(UdSource from, std::span<const std::byte> packet) {
+std::optional<EndpointCore::Addressed> EndpointCore::addressed(std::span<const std::byte> packet) {
     const auto id = peek_session(packet);
-    if (!id)
-        return drop(DropReason::too_short);
+    if (!id) {
+        drop(DropReason::too_short);
+        return std::nullopt;
+    }
     SessionState* s = table.lookup(*id);
-    if (s == nullptr)
-        return drop(DropReason::stale_session);
+    if (s == nullptr) {
+        drop(DropReason::stale_session);
+        return std::nullopt;
+    }
     const auto header = decode(packet, s->packets);
-    if (!header)
-        return drop(header.error());
+    if (!header) {
+        drop(header.error());
+        return std::nullopt;
+    }
+    return Addressed{.session = s, .header = *header};
+}
+
+void EndpointCore::take(UdSource from, std::span<const std::byte> packet) {
+    const auto to = addressed(packet);
+    if (!to)
+        return;
+    SessionState* s = to->session;
+    const PacketHeader* header = &to->header;
     if (from.qpn != s->peer.endpoint.qpn)
         return drop(DropReason::wrong_source);
     const auto payload = packet.subspan(header_bytes);
@@ -468,6 +526,40 @@ void EndpointCore::send(SessionState& s, const Outgoing& out, const BufferHold* 
         ++counters.send_stalls; // lost: the client's RTO sends it (or what asks for it) again
 }
 
+// A whole request goes from its slot's staging memory, the header written into the
+// room in front of the payload (a resend writes the same bytes). Past the server's
+// receives for the session, or the endpoint's SENDs, it is not sent: lost, its RTO
+// sends it again.
+void EndpointCore::send_whole(SessionState& s, const Outgoing& out) {
+    const auto k = static_cast<std::uint32_t>(out.header.request % s.calls.size());
+    RcPath::ClientSlot& slot = s.rc.client_slots[k];
+    if (!s.rc.qp || s.rc.sends >= s.rc.whole_grant || sends_in_flight >= rc_sends) {
+        ++counters.send_stalls;
+        return;
+    }
+    const auto at = offset_within(out.payload, slot.whole);
+    require(at && *at == header_bytes, std::source_location::current(),
+            "rpc: a whole request of session {} outside its slot's staging memory", s.local.number);
+    encode(out.header, std::span<std::byte, header_bytes>(slot.whole->data(), header_bytes));
+    if (auto posted = RcTransport::send(*s.rc.qp, slot.whole->slice(0, header_bytes + out.payload.size()),
+                                        transfer_id(s.local, k, RcTransport::Op::read) | client_send_bit);
+        !posted) {
+        end_session_soon(s.local, fmt::format("posting a whole request: {}", posted.error().message()));
+        return;
+    }
+    ++slot.sends;
+    ++s.rc.sends;
+    ++sends_in_flight;
+    ++counters.rdma_sends;
+}
+
+void EndpointCore::end_session_soon(SessionId id, std::string why) {
+    asio::post(executor, [anchor = anchor, id, why = std::move(why)] {
+        if (EndpointCore* core = *anchor)
+            core->end_session(id, why);
+    });
+}
+
 void EndpointCore::pump(SessionState& s, Clock::time_point now) {
     if (!s.client)
         return;
@@ -475,6 +567,10 @@ void EndpointCore::pump(SessionState& s, Clock::time_point now) {
         const auto out = s.client->next_packet(now);
         if (!out)
             break;
+        if (out->header.whole) {
+            send_whole(s, *out);
+            continue;
+        }
         const PendingCall& call = s.calls[out->header.request % s.calls.size()];
         const bool gathered = out->header.kind == Kind::request && call.sending.get() != nullptr &&
                               !out->payload.empty();
@@ -539,7 +635,7 @@ bool EndpointCore::try_begin(SessionState& s, std::uint8_t type, std::span<const
         .request = buffers.request != nullptr && buffers.request->hold_.sole() ? buffers.request : nullptr,
         .response = buffers.response != nullptr && buffers.response->hold_.sole() ? buffers.response : nullptr};
     std::span<const std::byte> message = request;
-    bool rdma = false;
+    bool rdma = false, whole = false;
     if (wants_rdma(s, request.size(), capacity)) {
         if (s.rc.state == RcPath::State::none)
             offer_rc(s);
@@ -547,16 +643,20 @@ bool EndpointCore::try_begin(SessionState& s, std::uint8_t type, std::span<const
             return false; // until the server answers (or the offer times out)
         if (s.rc.state == RcPath::State::ready) {
             if (auto described = describe(s, request, capacity, lend); described) {
-                message = *described;
+                message = described->message;
                 rdma = true;
+                whole = described->whole;
             } else {
                 logger()->warn("rdmaxx rpc: staging a large call of session {} (it goes by UD): {}", s.local.number,
                                described.error());
             }
         }
     }
-    const auto keep = !rdma && lend.request != nullptr ? ClientWindow::Keep::borrow : ClientWindow::Keep::copy;
-    const auto begun = s.client->begin(type, message, capacity, rdma, keep);
+    // a call with MessageBuffers sends its request packets from its buffer; a whole
+    // request goes from the staging memory describe() copied it into
+    const bool from_buffer = !rdma && lend.request != nullptr;
+    const auto keep = from_buffer || whole ? ClientWindow::Keep::borrow : ClientWindow::Keep::copy;
+    const auto begun = s.client->begin(type, message, capacity, rdma, keep, whole);
     if (!begun)
         return false;
     if (!rdma && keep == ClientWindow::Keep::copy && !request.empty())
@@ -574,7 +674,7 @@ bool EndpointCore::try_begin(SessionState& s, std::uint8_t type, std::span<const
     call.request = *begun;
     call.response = response;
     call.buffers = buffers;
-    call.sending = keep == ClientWindow::Keep::borrow ? lend.request->hold_ : BufferHold{};
+    call.sending = from_buffer ? lend.request->hold_ : BufferHold{};
     call.deadline = deadline;
     call.handler = std::move(handler);
     call.handler.on_cancel(
@@ -829,6 +929,19 @@ void EndpointCore::handle(SessionState& s, const HandlerCall& call) {
     post_transfer(s, k);
 }
 
+namespace {
+
+// Whether the handler of `request` answered with a response the RC path WRITEs (the
+// window learns of it when the WRITE completes).
+bool writing_response(const SessionState& s, std::uint64_t request) noexcept {
+    if (s.rc.server_slots.empty())
+        return false;
+    const RcPath::ServerSlot& slot = s.rc.server_slots[request % s.rc.server_slots.size()];
+    return slot.phase == RcPath::ServerSlot::Phase::writing && slot.call == request;
+}
+
+} // namespace
+
 // `lent`: the whole request message as the window lent it (`message` lies in it), to
 // keep if the handler returns without answering.
 void EndpointCore::run_handler(SessionState& s, std::uint8_t type, std::uint64_t request,
@@ -850,7 +963,7 @@ void EndpointCore::run_handler(SessionState& s, std::uint8_t type, std::uint64_t
     if (lent.empty())
         return;
     SessionState* still = table.lookup(id);
-    if (still == nullptr || !still->server->awaiting(request))
+    if (still == nullptr || !still->server->awaiting(request) || writing_response(*still, request))
         return; // answered (or the session ended) while the packet was there to read
     const auto kept = still->server->keep(request, lent);
     still->views[request % still->views.size()] =
@@ -912,14 +1025,19 @@ bool EndpointCore::wants_rdma(const SessionState& s, std::size_t request, std::u
 // The descriptor of a call about to begin in the next slot (its window slot is free):
 // a large request copied into the slot's staging memory, memory offered for a large
 // response; or the call's MessageBuffers in `lend` themselves (a buffer above the
-// threshold is registered for the remote access its use needs).
-Result<std::span<const std::byte>> EndpointCore::describe(SessionState& s, std::span<const std::byte> request,
-                                                         std::uint32_t capacity, CallBuffers lend) {
+// threshold is registered for the remote access its use needs). A request the server
+// takes whole goes inline, whole, from the slot's staging memory instead of being READ
+// (or sent in UD packets).
+Result<EndpointCore::Description> EndpointCore::describe(SessionState& s, std::span<const std::byte> request,
+                                                        std::uint32_t capacity, CallBuffers lend) {
     RcPath::ClientSlot& slot = s.rc.client_slots[s.client->next_request() % s.calls.size()];
     std::vector<MemoryRegion>* retire = slot.touched ? &slot.retired : nullptr;
+    const std::size_t inline_size = request_descriptor_bytes + request.size();
+    const bool whole = s.rc.whole_grant > 0 && inline_size <= s.rc.whole_max &&
+                       inline_size > s.limits.payload_per_packet;
     RemoteMemory read_from{}, write_into{};
     slot.lent = {};
-    if (request.size() > options.rdma_threshold) {
+    if (request.size() > options.rdma_threshold && !whole) {
         if (lend.request != nullptr) {
             read_from = lend.request->hold_.get()->region.remote().slice(0, request.size());
             slot.lent[0] = lend.request->hold_;
@@ -949,12 +1067,24 @@ Result<std::span<const std::byte>> EndpointCore::describe(SessionState& s, std::
         slot.offered = capacity;
     }
     const auto head = encode_request_head(read_from, write_into);
+    if (whole) {
+        auto region = staging(transport->pd(), slot.whole, header_bytes + inline_size, Access::none,
+                              slot.touched || slot.sends > 0 ? &slot.retired : nullptr);
+        if (!region)
+            return std::unexpected(std::move(region.error()));
+        std::byte* at = (*region)->data() + header_bytes;
+        std::memcpy(at, head.data(), head.size());
+        if (!request.empty())
+            std::memcpy(at + head.size(), request.data(), request.size());
+        ++counters.message_copies;
+        return Description{.message = {at, inline_size}, .whole = true};
+    }
     descriptor.assign(head.begin(), head.end());
     if (read_from.length == 0 && !request.empty()) {
         descriptor.insert(descriptor.end(), request.begin(), request.end());
         ++counters.message_copies;
     }
-    return std::span<const std::byte>(descriptor);
+    return Description{.message = descriptor, .whole = false};
 }
 
 // A call left its window slot: with an answer from the server (which serves a slot's
@@ -969,7 +1099,8 @@ void EndpointCore::call_left_slot(SessionState& s, std::uint64_t request, bool h
     if (heard_from_server) {
         offers_unheard -= std::exchange(slot.offers_unheard, 0);
         slot.touched = false;
-        slot.retired.clear();
+        if (slot.sends == 0)
+            slot.retired.clear();
         slot.retired_lent.clear();
     } else if (slot.rdma) {
         slot.touched = true;
@@ -1012,8 +1143,12 @@ void EndpointCore::renew(MessageBuffer& buffer, bool keep_bytes) {
 
 Result<QueuePair> EndpointCore::make_rc_qp(RcRole role, std::uint32_t depth) {
     if (!rc) {
-        auto made = RcTransport::create(executor.context(), transport->context(), transport->pd(), rc_cq_depth,
-                                        rc_receives, options.drive, &EndpointCore::transfer_done, this);
+        auto made = RcTransport::create(executor.context(), transport->context(), transport->pd(),
+                                        {.depth = rc_cq_depth,
+                                         .receives = rc_receives,
+                                         .whole_receives = rc_whole_receives,
+                                         .whole_bytes = static_cast<std::uint32_t>(header_bytes) + whole_max_message},
+                                        options.drive, &EndpointCore::transfer_done, this);
         if (!made)
             return std::unexpected(std::move(made.error()));
         rc = std::move(*made);
@@ -1023,11 +1158,12 @@ Result<QueuePair> EndpointCore::make_rc_qp(RcRole role, std::uint32_t depth) {
 
 namespace {
 
-// The role of this end's RC QP on session `s`, and its send queue's depth.
+// The role of this end's RC QP on session `s`, and its send queue's depth (a server's
+// transfers; a client's SENDs, at most the server's grant, itself at most the window).
 std::pair<RcRole, std::uint32_t> rc_role(const SessionState& s) noexcept {
     if (s.client && s.server)
         return {RcRole::both, s.limits.window};
-    return s.initiator ? std::pair{RcRole::client, 1u} : std::pair{RcRole::server, s.limits.window};
+    return {s.initiator ? RcRole::client : RcRole::server, s.limits.window};
 }
 
 } // namespace
@@ -1102,8 +1238,19 @@ Result<std::optional<std::array<std::byte, rc_message_bytes>>> EndpointCore::tak
         Result<void> up = qp ? qp->connect(message.qp) : std::unexpected(qp.error());
         if (up) {
             s.rc.qp.emplace(std::move(*qp));
-            rc_ready(s);
             answer = {.kind = RcMessage::Kind::answer, .available = true, .qp = s.rc.qp->endpoint()};
+            if (role == RcRole::server) {
+                // receives for the session's whole requests, while the endpoint has them
+                s.rc.whole_grant = std::min({s.limits.window, 255u, rc_whole_receives - whole_granted});
+                if (s.rc.whole_grant > 0) {
+                    whole_granted += s.rc.whole_grant;
+                    s.rc.whole_max = std::min(whole_max_message, s.limits.max_request);
+                    s.packets = PacketLimits(s.packets.max_message(), s.packets.payload_per_packet(), s.rc.whole_max);
+                    answer.whole_max = static_cast<std::uint16_t>(s.rc.whole_max);
+                    answer.whole_receives = static_cast<std::uint8_t>(s.rc.whole_grant);
+                }
+            }
+            rc_ready(s);
         } else {
             logger()->warn("rdmaxx rpc: session {}: no RC QP for the peer (it keeps to UD): {}", s.local.number,
                            up.error());
@@ -1128,6 +1275,11 @@ Result<std::optional<std::array<std::byte, rc_message_bytes>>> EndpointCore::tak
                        up.error());
         rc_unavailable(s);
     } else {
+        // the server's receives for whole requests, within what this end sends at all
+        // (a hostile answer's sizes bound only what this end sends it)
+        s.rc.whole_grant = std::min<std::uint32_t>(message.whole_receives, s.limits.window);
+        s.rc.whole_max = std::min({std::uint32_t{message.whole_max}, whole_max_message, s.limits.max_request});
+        s.packets = PacketLimits(s.packets.max_message(), s.packets.payload_per_packet(), s.rc.whole_max);
         rc_ready(s);
     }
     if (SessionState* still = table.lookup(id); still != nullptr && still->client) {
@@ -1193,9 +1345,13 @@ void EndpointCore::transfer_done(const WorkCompletion& wc) {
     const std::uint64_t id = wc.wr_id();
     if (id == RcTransport::receive_id)
         return take_written(wc);
+    if ((id & RcTransport::whole_receive_bit) != 0)
+        return take_whole(wc);
     const SessionId session{.number = static_cast<std::uint16_t>(id >> 43),
                             .generation = static_cast<std::uint32_t>(id >> 11)};
     const auto k = static_cast<std::uint32_t>((id >> 1) & 0x3ff);
+    if ((id & client_send_bit) != 0)
+        return sent_whole(wc, session, k);
     SessionState* s = table.lookup(session);
     if (s == nullptr || !s->rc.qp || s->rc.qp->qpn() != wc.qp_num())
         return post_waiting(); // a completion of a QP gone with its session
@@ -1274,6 +1430,45 @@ void EndpointCore::take_written(const WorkCompletion& wc) {
     pump(*s, now);
 }
 
+// A whole request's SEND is complete: the slot's staging memory is this end's again
+// once no SEND of the slot may read it (and the server is past what an abandoned call
+// offered: touched). A failed SEND ends the session, as a failed transfer does.
+void EndpointCore::sent_whole(const WorkCompletion& wc, SessionId session, std::uint32_t k) {
+    SessionState* s = table.lookup(session);
+    if (s == nullptr || !s->rc.qp || s->rc.qp->qpn() != wc.qp_num())
+        return; // a QP gone with its session (whose end settled the counts)
+    --sends_in_flight;
+    --s->rc.sends;
+    RcPath::ClientSlot& slot = s->rc.client_slots[k];
+    if (!wc.ok())
+        return end_session(session, fmt::format("a whole request's SEND failed: {}", wc.error().message()));
+    if (--slot.sends == 0 && !slot.touched)
+        slot.retired.clear();
+}
+
+// A whole request SENT into one of this end's receive buffers (the transport posts it
+// again once this returns: what the handler keeps, the window copies). Untrusted as
+// any packet, and it must come over its session's RC QP.
+void EndpointCore::take_whole(const WorkCompletion& wc) {
+    if (!wc.ok()) {
+        logger()->warn("rdmaxx rpc: a whole request's receive failed: {}", wc.error().message());
+        return;
+    }
+    if (wc.imm())
+        return drop(DropReason::wrong_kind); // nothing writes into a server's QP
+    const auto packet = rc->received(wc);
+    const auto to = addressed(packet);
+    if (!to)
+        return;
+    SessionState* s = to->session;
+    const PacketHeader* header = &to->header;
+    if (!s->rc.qp || s->rc.qp->qpn() != wc.qp_num())
+        return drop(DropReason::wrong_source);
+    if (!s->server || header->kind != Kind::request || !header->whole)
+        return drop(DropReason::wrong_kind);
+    serve(*s, *header, packet.subspan(header_bytes));
+}
+
 void EndpointCore::post_waiting() {
     while (rc_in_flight < rc_budget && !rc_waiting.empty()) {
         const WaitingTransfer next = rc_waiting.front();
@@ -1347,6 +1542,8 @@ void EndpointCore::end_session(SessionId id, std::string_view why) {
     for (asio::steady_timer* closer : s->closers)
         closer->cancel();
     rc_in_flight -= s->rc.transfers; // their completions, if they come, are a dead QP's
+    sends_in_flight -= s->rc.sends;
+    whole_granted -= s->rc.whole_grant;
     for (const RcPath::ClientSlot& slot : s->rc.client_slots) // nothing comes to a QP destroyed
         offers_unheard -= slot.offers_unheard;
     table.release(id);

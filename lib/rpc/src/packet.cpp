@@ -7,6 +7,7 @@ namespace rdmaxx::rpc::detail {
 namespace {
 
 constexpr std::uint8_t flag_rdma = 1;
+constexpr std::uint8_t flag_whole = 2;
 
 bool known_kind(std::uint8_t raw) noexcept {
     return raw >= static_cast<std::uint8_t>(Kind::request) && raw <= static_cast<std::uint8_t>(Kind::in_progress);
@@ -45,7 +46,7 @@ bool index_fits(Kind kind, std::uint32_t index, std::uint32_t packets) noexcept 
 // The message size and payload the kind and index require.
 bool length_fits(const PacketHeader& h, std::size_t payload, std::uint32_t payload_per_packet) noexcept {
     switch (h.kind) {
-    case Kind::request: return payload == payload_bytes(h.message_size, h.index, payload_per_packet);
+    case Kind::request: return payload == payload_bytes(h.message_size, h.index, payload_per_packet, h.whole);
     case Kind::response:
         return (h.status == Status::ok || h.message_size == 0) &&
                payload == payload_bytes(h.message_size, h.index, payload_per_packet);
@@ -84,8 +85,9 @@ std::string_view to_string(DropReason reason) noexcept {
     return "unknown";
 }
 
-PacketLimits::PacketLimits(std::uint32_t max_message, std::uint32_t payload_per_packet, std::source_location where)
-    : max_message_(max_message), payload_per_packet_(payload_per_packet) {
+PacketLimits::PacketLimits(std::uint32_t max_message, std::uint32_t payload_per_packet, std::uint32_t whole_max,
+                           std::source_location where)
+    : max_message_(max_message), payload_per_packet_(payload_per_packet), whole_max_(whole_max) {
     require(payload_per_packet > 0, where, "PacketLimits: 0 bytes of payload per packet");
     require(packet_count(max_message, payload_per_packet) <= max_packets, where,
             "PacketLimits: a {}-byte message takes more than {} packets of {} bytes", max_message, max_packets,
@@ -104,7 +106,7 @@ void encode(const PacketHeader& h, std::span<std::byte, header_bytes> out) noexc
     wire::put(at + 12, h.message_size, 4);
     wire::put(at + 16, h.request, 8);
     wire::put(at + 24, h.index, 2);
-    wire::put(at + 26, h.rdma ? flag_rdma : 0, 1);
+    wire::put(at + 26, (h.rdma ? flag_rdma : 0) | (h.whole ? flag_whole : 0), 1);
     wire::put(at + 27, 0, 5);
 }
 
@@ -132,11 +134,15 @@ std::expected<PacketHeader, DropReason> decode(std::span<const std::byte> packet
     if (!status_fits(kind, raw_status))
         return refuse(DropReason::bad_status);
     const auto flags = static_cast<std::uint8_t>(wire::get(at + 26, 1));
-    if ((flags & ~flag_rdma) != 0 || wire::get(at + 27, 5) != 0)
+    if ((flags & ~(flag_rdma | flag_whole)) != 0 || wire::get(at + 27, 5) != 0)
         return refuse(DropReason::reserved_set);
     // a descriptor is a request's or an answered (ok) response's
     const bool rdma = (flags & flag_rdma) != 0;
     if (rdma && kind != Kind::request && !(kind == Kind::response && raw_status == 0))
+        return refuse(DropReason::reserved_set);
+    // whole: a descriptor request, or the in_progress about one
+    const bool whole = (flags & flag_whole) != 0;
+    if (whole && !(kind == Kind::request && rdma) && kind != Kind::in_progress)
         return refuse(DropReason::reserved_set);
     const PacketHeader h{.kind = kind,
                          .rpc_type = static_cast<std::uint8_t>(wire::get(at + 4, 1)),
@@ -146,10 +152,11 @@ std::expected<PacketHeader, DropReason> decode(std::span<const std::byte> packet
                          .message_size = static_cast<std::uint32_t>(wire::get(at + 12, 4)),
                          .request = wire::get(at + 16, 8),
                          .index = static_cast<std::uint16_t>(wire::get(at + 24, 2)),
-                         .rdma = rdma};
-    if (h.message_size > limits.max_message())
+                         .rdma = rdma,
+                         .whole = whole};
+    if (h.message_size > (whole ? limits.whole_max() : limits.max_message()))
         return refuse(DropReason::too_large);
-    if (!index_fits(kind, h.index, packet_count(h.message_size, limits.payload_per_packet())))
+    if (!index_fits(kind, h.index, packets_of(h.message_size, whole, limits.payload_per_packet())))
         return refuse(DropReason::bad_index);
     if (!length_fits(h, packet.size() - header_bytes, limits.payload_per_packet()))
         return refuse(DropReason::bad_length);

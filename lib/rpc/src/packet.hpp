@@ -14,7 +14,8 @@
 //       12     4  message size: the whole request or response, not this packet
 //       16     8  request number: per session, increasing (slot = request % window)
 //       24     2  packet index (what it means per kind: below)
-//       26     1  flags: bit 0 "rdma" (requests and responses only; below), others 0
+//       26     1  flags: bit 0 "rdma" (requests and responses only; below), bit 1
+//                 "whole" (below), others 0
 //       27     1  reserved, 0
 //       28     4  reserved, 0
 //       32     n  payload: packet `index` of the message, request and response only
@@ -38,7 +39,14 @@
 // client's memory the server READs and the memory it may WRITE the response into; the
 // response's says how many bytes it wrote). Every packet of a message has the same flag.
 //
-// "packets" is packet_count(message size, payload_per_packet): every packet but the
+// A request with the whole flag (a descriptor: the rdma flag too) is one packet however
+// large (up to PacketLimits::whole_max): it travels as a SEND over the session's RC QP
+// into a receive buffer of the server's (rc_transport.hpp), not as UD packets. An
+// in_progress answer to it carries the flag too (it names packet 0 of 1); no other kind
+// may. What it saves: a request of a few KiB is one message, not a UD packet per MTU
+// (each a system call on Soft-RoCE) or a descriptor and the server's READ (a round trip).
+//
+// "packets" is packets_of(message size, whole, payload_per_packet): every packet but the
 // last carries payload_per_packet bytes; a 0-byte message is one empty packet. A
 // response whose status is not ok carries an empty message. A response's status is
 // ok, no_handler, too_large, handler_dropped or transfer_failed; a reset's is
@@ -129,17 +137,20 @@ class PacketLimits {
 public:
     // `max_message`: the largest message (request or response) in bytes.
     // `payload_per_packet`: the path MTU minus header_bytes.
+    // `whole_max`: the largest message a whole request may carry (0: none is taken).
     // Programming error: payload_per_packet 0, or a max_message of more packets than an
     // index can number (65,536).
-    PacketLimits(std::uint32_t max_message, std::uint32_t payload_per_packet,
+    PacketLimits(std::uint32_t max_message, std::uint32_t payload_per_packet, std::uint32_t whole_max = 0,
                  std::source_location where = std::source_location::current());
 
     std::uint32_t max_message() const noexcept { return max_message_; }
     std::uint32_t payload_per_packet() const noexcept { return payload_per_packet_; }
+    std::uint32_t whole_max() const noexcept { return whole_max_; }
 
 private:
     std::uint32_t max_message_;
     std::uint32_t payload_per_packet_;
+    std::uint32_t whole_max_;
 };
 
 // A session as packets name it: an entry of the receiver's session table and that
@@ -160,6 +171,7 @@ struct PacketHeader {
     std::uint64_t request = 0;
     std::uint16_t index = 0;
     bool rdma = false; // the message is a descriptor: its bytes travel by RDMA
+    bool whole = false; // a request sent whole over RC, or an in_progress about one
     friend bool operator==(const PacketHeader&, const PacketHeader&) = default;
 };
 
@@ -167,8 +179,16 @@ struct PacketHeader {
 constexpr std::uint32_t packet_count(std::uint32_t size, std::uint32_t payload_per_packet) noexcept {
     return size == 0 ? 1 : static_cast<std::uint32_t>((std::uint64_t{size} + payload_per_packet - 1) / payload_per_packet);
 }
-// The bytes packet `index` of a message of `size` bytes carries (0 past the end).
-constexpr std::uint32_t payload_bytes(std::uint32_t size, std::uint32_t index, std::uint32_t payload_per_packet) noexcept {
+// The packets of a message of `size` bytes, sent whole (1) or in UD packets.
+constexpr std::uint32_t packets_of(std::uint32_t size, bool whole, std::uint32_t payload_per_packet) noexcept {
+    return whole ? 1 : packet_count(size, payload_per_packet);
+}
+// The bytes packet `index` of a message of `size` bytes carries (0 past the end); a
+// whole message's one packet carries all.
+constexpr std::uint32_t payload_bytes(std::uint32_t size, std::uint32_t index, std::uint32_t payload_per_packet,
+                                      bool whole = false) noexcept {
+    if (whole)
+        return index == 0 ? size : 0;
     const std::uint64_t offset = std::uint64_t{index} * payload_per_packet;
     return offset >= size ? 0 : static_cast<std::uint32_t>(std::min<std::uint64_t>(payload_per_packet, size - offset));
 }

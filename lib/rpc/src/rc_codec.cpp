@@ -32,6 +32,8 @@ std::array<std::byte, rc_message_bytes> encode(const RcMessage& m) noexcept {
     std::memcpy(at + 20, m.qp.gid.bytes.data(), m.qp.gid.bytes.size());
     wire::put(at + 36, m.qp.lid, 2);
     wire::put(at + 38, static_cast<std::uint8_t>(m.qp.mtu), 1);
+    wire::put(at + 10, m.whole_max, 2);
+    wire::put(at + 39, m.whole_receives, 1);
     return out;
 }
 
@@ -64,9 +66,18 @@ Result<RcMessage> decode_rc(std::span<const std::byte> bytes) {
     }
     if (status > 1 || (status == 1 && kind == 1))
         return std::unexpected(bad(call, fmt::format("status {} for kind {}", status, kind)));
-    if (wire::get(at + 10, 2) != 0 || wire::get(at + 39, 1) != 0)
-        return std::unexpected(bad(call, "reserved field is not 0"));
-    RcMessage m{.kind = static_cast<RcMessage::Kind>(kind), .available = status == 0, .qp = {}};
+    const auto whole_max = static_cast<std::uint16_t>(wire::get(at + 10, 2));
+    const auto whole_receives = static_cast<std::uint8_t>(wire::get(at + 39, 1));
+    if ((whole_max != 0 || whole_receives != 0) && (kind != 2 || status != 0))
+        return std::unexpected(bad(call, "whole requests offered by other than an available answer"));
+    if ((whole_max == 0) != (whole_receives == 0))
+        return std::unexpected(bad(call, fmt::format("whole requests of up to {} bytes, {} at once", whole_max,
+                                                     whole_receives)));
+    RcMessage m{.kind = static_cast<RcMessage::Kind>(kind),
+                .available = status == 0,
+                .qp = {},
+                .whole_max = whole_max,
+                .whole_receives = whole_receives};
     if (!m.available) {
         if (std::any_of(at + 12, at + rc_message_bytes, [](std::byte b) { return b != std::byte{0}; }))
             return std::unexpected(bad(call, "an unavailable answer with a QP"));

@@ -18,13 +18,16 @@
 //        9     1  status: 0 a QP follows (goodbye: 0, and no QP); 1 unavailable
 //                 (answer only: the server has no RC QP for the session; the client
 //                 keeps to UD)
-//       10     2  reserved, 0
+//       10     2  whole max (answer only, else 0): the largest request descriptor the
+//                 server takes whole, SENT into its receive buffers (packet.hpp); 0: none
 //       12     4  QPN of the sender's RC QP (24 bits)
 //       16     4  its first PSN (24 bits)
 //       20    16  GID of its port
 //       36     2  LID of its port
 //       38     1  MTU of its port, an ibv_mtu (1..5)
-//       39     1  reserved, 0
+//       39     1  whole receives (answer only, else 0): how many whole requests of the
+//                 session may be on their way at once (receive buffers the server keeps
+//                 for it); 0 exactly when whole max is
 // An unavailable answer's bytes 12..40 are 0, and a goodbye's bytes 9..40.
 //
 // A request descriptor (the message of a request with the rdma flag), 40 bytes and
@@ -70,7 +73,7 @@
 namespace rdmaxx::rpc::detail {
 
 inline constexpr std::uint32_t rc_magic = 0x52585243; // "RXRC"
-inline constexpr std::uint16_t rc_version = 2; // 2: responses by WRITE_WITH_IMM
+inline constexpr std::uint16_t rc_version = 3; // 2: responses by WRITE_WITH_IMM; 3: whole requests
 inline constexpr std::size_t rc_prefix_bytes = 8;
 inline constexpr std::size_t rc_message_bytes = 40;
 inline constexpr std::size_t request_descriptor_bytes = 40;
@@ -81,6 +84,8 @@ struct RcMessage {
     Kind kind = Kind::offer;
     bool available = true;    // false: an answer without a QP (and every goodbye)
     rdmaxx::Endpoint qp = {}; // when available
+    std::uint16_t whole_max = 0;     // an available answer's (above)
+    std::uint8_t whole_receives = 0; // an available answer's (above)
     friend bool operator==(const RcMessage&, const RcMessage&) = default;
 };
 

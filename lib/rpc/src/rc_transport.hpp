@@ -10,15 +10,23 @@
 //    `receives` zero-byte receives kept posted (each completion's is posted again at
 //    once), so a QP never runs out while fewer responses than that are in flight at
 //    the endpoint (beyond, the writer's RNR retries wait for a receive).
-//  * A server's RC QP only initiates: it allows the peer nothing.
+//    A client's QP also SENDs its whole requests (packet.hpp), from staging memory.
+//  * A server's RC QP initiates, and receives the whole requests its client SENDs: it
+//    allows the peer no memory access. Its receives come from a second SRQ of the
+//    transport, made with the first server QP: `whole_receives` buffers of
+//    `whole_bytes` each in one region (local write only). A buffer's completion goes
+//    to the Done function (received() gives its bytes), and the buffer is posted again
+//    once Done returns: what Done keeps of it, it copies.
 //  * On a both-ways session each end calls and serves: its QP is both (a target
 //    allowing remote READ and WRITE, and the initiator of its own end's transfers).
-//  * Every READ and WRITE is signaled and named by a wr_id the endpoint chooses; each
-//    completion, success or failure, goes to the Done function in the CQ's batch, and
-//    so does each receive's (wr_id receive_id).
-//  * The CQ has `depth` entries: the endpoint keeps the transfers in flight across all
-//    QPs, plus `receives`, well below it (the completions of a QP destroyed with
-//    transfers in flight may still come, uncounted).
+//    It takes its receives from the immediates' SRQ, so it takes no whole requests.
+//  * Every READ, WRITE and SEND is signaled and named by a wr_id the endpoint chooses
+//    (bits 62 and 63 clear); each completion, success or failure, goes to the Done
+//    function in the CQ's batch, and so does each receive's (wr_id receive_id, or
+//    whole_receive_bit with the buffer's index).
+//  * The CQ has `depth` entries: the endpoint keeps the transfers and SENDs in flight
+//    across all QPs, plus `receives` and `whole_receives`, well below it (the
+//    completions of a QP destroyed with transfers in flight may still come, uncounted).
 //
 // Thread safety: as the io_context (one thread).
 #pragma once
@@ -45,23 +53,35 @@ enum class RcRole : std::uint8_t { client, server, both };
 class RcTransport {
 public:
     using Done = void (*)(void* context, const WorkCompletion& completion);
-    // The wr_id of every receive (a transfer's wr_id never has bit 63 set).
+    // The wr_id of every immediate's receive (a transfer's wr_id never has bit 63 set).
     static constexpr std::uint64_t receive_id = std::uint64_t{1} << 63;
+    // A whole request's receive: this bit and the buffer's index.
+    static constexpr std::uint64_t whole_receive_bit = std::uint64_t{1} << 62;
 
+    struct Sizes {
+        std::uint32_t depth = 0;          // CQ entries
+        std::uint32_t receives = 0;       // the immediates' SRQ
+        std::uint32_t whole_receives = 0; // the whole requests' SRQ
+        std::uint32_t whole_bytes = 0;    // each of its buffers
+    };
     // Runtime errors: the device's (one without SRQs among them). Programming error:
-    // depth or receives 0, receives not below depth, a null done.
+    // a size 0, the receives together not below depth, a null done.
     static Result<std::unique_ptr<RcTransport>> create(asio::io_context& io, const Context& context,
-                                                       const ProtectionDomain& pd, std::uint32_t depth,
-                                                       std::uint32_t receives, async::DriveOptions drive, Done done,
-                                                       void* done_context,
+                                                       const ProtectionDomain& pd, Sizes sizes,
+                                                       async::DriveOptions drive, Done done, void* done_context,
                                                        std::source_location where = std::source_location::current());
     RcTransport(const RcTransport&) = delete;
     RcTransport& operator=(const RcTransport&) = delete;
 
     // An RC QP of `role` on the shared CQ, in RESET (connect() it towards the peer's).
-    // `depth`: the transfers a server (or both-role) QP may have in flight.
+    // `depth`: the WRs its send queue holds (a server's transfers, a client's SENDs).
+    // Runtime errors: the device's (the first server QP also makes the whole
+    // requests' SRQ and buffers).
     Result<QueuePair> create_qp(RcRole role, std::uint32_t depth, std::uint8_t port,
-                                std::optional<std::uint32_t> gid_index) const;
+                                std::optional<std::uint32_t> gid_index);
+
+    // The bytes a successful whole receive's completion brought, valid until Done returns.
+    std::span<const std::byte> received(const WorkCompletion& completion) const noexcept;
 
     enum class Op : std::uint8_t { read, write };
     // READs `remote` into `local` (op read) or WRITEs `local` to `remote` with the
@@ -69,17 +89,24 @@ public:
     // broken).
     static Result<void> post(QueuePair& qp, Op op, const LocalSlice& local, const RemoteMemory& remote,
                              std::uint64_t wr_id, std::uint32_t imm = 0);
+    // SENDs `local` (a whole request), signaled. Runtime error: the post failed.
+    static Result<void> send(QueuePair& qp, const LocalSlice& local, std::uint64_t wr_id);
 
 private:
-    RcTransport(const ProtectionDomain& pd, Done done, void* done_context)
-        : pd_(&pd), done_(done), done_context_(done_context) {}
+    RcTransport(const ProtectionDomain& pd, Sizes sizes, Done done, void* done_context)
+        : pd_(&pd), sizes_(sizes), done_(done), done_context_(done_context) {}
     static void take(void* self, std::span<const WorkCompletion> completions);
+    Result<void> post_whole_receive(std::uint32_t index);
 
     const ProtectionDomain* pd_;
+    Sizes sizes_;
     Done done_;
     void* done_context_;
     std::optional<async::CompletionQueue> cq_;
-    std::optional<SharedReceiveQueue> srq_; // destroyed before the CQ its QPs' receives complete in
+    // destroyed before the CQ their QPs' receives complete in
+    std::optional<SharedReceiveQueue> srq_;
+    std::optional<SharedReceiveQueue> whole_srq_; // made with the first server QP
+    std::optional<MemoryRegion> whole_buffers_;
 };
 
 } // namespace rdmaxx::rpc::detail

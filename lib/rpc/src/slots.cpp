@@ -27,9 +27,11 @@ PacketHeader header_for(const Route& route, Kind kind, std::uint64_t request, st
             .rdma = rdma};
 }
 
-// Packet `index` of `message`: its bytes.
+// Packet `index` of `message`: its bytes (a whole message's one packet: all).
 std::span<const std::byte> share(std::span<const std::byte> message, std::uint32_t index,
-                                 std::uint32_t payload_per_packet) noexcept {
+                                 std::uint32_t payload_per_packet, bool whole = false) noexcept {
+    if (whole)
+        return message;
     const auto size = static_cast<std::uint32_t>(message.size());
     return message.subspan(std::size_t{index} * payload_per_packet, payload_bytes(size, index, payload_per_packet));
 }
@@ -68,9 +70,10 @@ ClientWindow::ClientWindow(const ClientOptions& options, PacketLimits limits, Ro
 
 std::expected<std::uint64_t, WindowFull> ClientWindow::begin(std::uint8_t rpc_type, std::span<const std::byte> request,
                                                              std::uint32_t response_capacity, bool rdma, Keep keep,
-                                                             std::source_location where) {
+                                                             bool whole, std::source_location where) {
     require(request.size() <= limits_.max_message(), where, "ClientWindow::begin: a {}-byte request, the most is {}",
             request.size(), limits_.max_message());
+    require(!whole || rdma, where, "ClientWindow::begin: a whole request that is not a descriptor");
     Slot& slot = slots_[next_request_ % slots_.size()];
     if (slot.busy)
         return std::unexpected(WindowFull{slot.request});
@@ -84,8 +87,9 @@ std::expected<std::uint64_t, WindowFull> ClientWindow::begin(std::uint8_t rpc_ty
         slot.request_view = request;
     }
     slot.request_rdma = rdma;
+    slot.request_whole = whole;
     slot.response_rdma = false;
-    slot.request_packets = packet_count(static_cast<std::uint32_t>(request.size()), limits_.payload_per_packet());
+    slot.request_packets = packets_of(static_cast<std::uint32_t>(request.size()), whole, limits_.payload_per_packet());
     slot.response_capacity = response_capacity;
     slot.response_packets = 0;
     slot.response_bytes.clear();
@@ -111,11 +115,14 @@ std::uint32_t ClientWindow::sendable(const Slot& slot) noexcept {
 }
 
 Outgoing ClientWindow::packet_at(const Slot& slot, std::uint32_t position) const noexcept {
-    if (position < slot.request_packets)
-        return {header_for(route_, Kind::request, slot.request, slot.rpc_type,
-                           static_cast<std::uint32_t>(slot.request_view.size()), position, Status::ok,
-                           slot.request_rdma),
-                share(slot.request_view, position, limits_.payload_per_packet())};
+    if (position < slot.request_packets) {
+        Outgoing out{header_for(route_, Kind::request, slot.request, slot.rpc_type,
+                                static_cast<std::uint32_t>(slot.request_view.size()), position, Status::ok,
+                                slot.request_rdma),
+                     share(slot.request_view, position, limits_.payload_per_packet(), slot.request_whole)};
+        out.header.whole = slot.request_whole;
+        return out;
+    }
     return {header_for(route_, Kind::request_for_response, slot.request, slot.rpc_type,
                        static_cast<std::uint32_t>(slot.response_bytes.size()), position - slot.request_packets + 1),
             {}};
@@ -168,8 +175,9 @@ std::expected<std::optional<CallEnd>, DropReason> ClientWindow::take(Slot& slot,
                                                                      std::span<const std::byte> payload,
                                                                      Clock::time_point now) {
     const bool is_response = header.kind == Kind::response;
+    // an answer about the request names it as it was sent (whole or in packets)
     if (header.rpc_type != slot.rpc_type ||
-        (!is_response && header.message_size != slot.request_view.size()))
+        (!is_response && (header.message_size != slot.request_view.size() || header.whole != slot.request_whole)))
         return std::unexpected(DropReason::inconsistent);
     const std::uint32_t position = is_response ? slot.request_packets - 1 + header.index : header.index;
     if (position < slot.received)
@@ -345,9 +353,10 @@ std::expected<ServerStep, DropReason> ServerWindow::take_request(Slot& slot, con
         slot.request = header.request;
         slot.rpc_type = header.rpc_type;
         slot.request_rdma = header.rdma;
+        slot.request_whole = header.whole;
         slot.response_rdma = false;
         slot.request_size = header.message_size;
-        slot.request_packets = packet_count(header.message_size, limits_.payload_per_packet());
+        slot.request_packets = packets_of(header.message_size, header.whole, limits_.payload_per_packet());
         slot.received = 0;
         slot.response_bytes.clear(); // the previous call's response: released
         if (slot.request_packets == 1) {
@@ -363,7 +372,7 @@ std::expected<ServerStep, DropReason> ServerWindow::take_request(Slot& slot, con
         }
         slot.request_bytes.resize(header.message_size);
     } else if (header.message_size != slot.request_size || header.rpc_type != slot.rpc_type ||
-               header.rdma != slot.request_rdma) {
+               header.rdma != slot.request_rdma || header.whole != slot.request_whole) {
         return std::unexpected(DropReason::inconsistent);
     } else if (header.index < slot.received) {
         // a retransmission: its answer was lost (or is late)
@@ -446,9 +455,11 @@ Outgoing ServerWindow::credit_return(const Slot& slot, std::uint16_t index) cons
 }
 
 Outgoing ServerWindow::in_progress(const Slot& slot) const noexcept {
-    return {header_for(route_, Kind::in_progress, slot.request, slot.rpc_type, slot.request_size,
-                       slot.request_packets - 1),
-            {}};
+    Outgoing out{header_for(route_, Kind::in_progress, slot.request, slot.rpc_type, slot.request_size,
+                            slot.request_packets - 1),
+                 {}};
+    out.header.whole = slot.request_whole;
+    return out;
 }
 
 Outgoing ServerWindow::response_packet(const Slot& slot, std::uint16_t index) const noexcept {

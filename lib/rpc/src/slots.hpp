@@ -22,6 +22,9 @@
 //   n_req-1          request packet n_req-1 (the last)  response packet 0 (after the handler)
 //   n_req-1+k        request_for_response, index k      response packet k   (1 <= k < n_resp)
 //
+// A whole request (a descriptor sent as one packet over the session's RC QP: packet.hpp)
+// has n_req = 1, whatever its size.
+//
 // The client learns n_resp from response packet 0 (its message size), so it asks for
 // packets 1.. only then. It counts positions: `sent` (num_tx) and `received` (num_rx, in
 // order). It takes an answer only for position `received`, and only while
@@ -151,12 +154,13 @@ public:
 
     // Starts a call of handler `rpc_type` with the message `request` that accepts a
     // response of up to `response_capacity` bytes; `rdma`: the message is a
-    // descriptor (packet.hpp), and so may the response be. Returns its request number,
-    // which names it from now on.
-    // Programming error: a request above limits.max_message().
+    // descriptor (packet.hpp), and so may the response be; `whole`: the descriptor goes
+    // whole, as one packet (over RC: the driver sends a packet with the whole flag
+    // there). Returns its request number, which names it from now on.
+    // Programming error: a request above limits.max_message(); whole without rdma.
     std::expected<std::uint64_t, WindowFull> begin(std::uint8_t rpc_type, std::span<const std::byte> request,
                                                    std::uint32_t response_capacity, bool rdma = false,
-                                                   Keep keep = Keep::copy,
+                                                   Keep keep = Keep::copy, bool whole = false,
                                                    std::source_location where = std::source_location::current());
 
     // The call's caller is gone: its slot is free, whatever the server still sends for
@@ -207,6 +211,7 @@ private:
         std::vector<std::byte> request_bytes;   // a copied request
         std::span<const std::byte> request_view; // the request: request_bytes, or borrowed
         bool request_rdma = false, response_rdma = false; // descriptors
+        bool request_whole = false;          // one packet, over RC
         std::uint32_t request_packets = 0;   // n_req
         std::uint32_t response_capacity = 0;
         std::uint32_t response_packets = 0;  // n_resp; 0 until response packet 0 arrives
@@ -319,6 +324,7 @@ private:
         std::uint64_t request = 0;
         std::uint8_t rpc_type = 0;
         bool request_rdma = false, response_rdma = false; // descriptors
+        bool request_whole = false;
         bool lent = false;          // the request is the handler's loan, not in request_bytes
         std::uint32_t request_size = 0;
         std::vector<std::byte> request_bytes;

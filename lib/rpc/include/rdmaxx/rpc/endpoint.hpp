@@ -72,9 +72,20 @@
 /// calls of an endpoint may still get a response WRITTEN (an abandoned call's until its
 /// slot hears from the server again), and a call beyond offers no memory: its response
 /// comes in UD packets.
+/// A request the server takes whole (up to 16 KiB with its 40-byte descriptor, and
+/// more than one UD packet) is not READ, nor sent in UD packets: it is copied into the
+/// slot's staging memory and SENT, as one message, over the RC QP into one of the
+/// server endpoint's 256 receive buffers for them, where its handler reads it in place
+/// (a call ~ UCX's eager protocol: one SEND, then the response). The server keeps
+/// each session at most its window's worth of those buffers (and 255), while it has
+/// them to spare, and says so in its answer to the offer; a session past them (or a
+/// both-ways session, whose QPs take their receives from the immediates' SRQ) sends
+/// its requests as before.
 /// Staging memory allows only what its role needs (remote READ of requests, remote
-/// WRITE of responses), and a slot's memory that an abandoned call's transfer may still
-/// touch is retired, not reused, until the server has provably moved past that call.
+/// WRITE of responses, neither for a whole request's SEND), and a slot's memory that an
+/// abandoned call's transfer, or a SEND not yet complete, may still touch is retired,
+/// not reused, until the server has provably moved past that call and the SEND is
+/// complete.
 /// If the server cannot set up an RC QP (or does not answer within setup_timeout),
 /// the session carries large messages as UD packets. An RC transfer that fails ends
 /// the session (its calls: session reset). Staging memory is per window slot, sized by
@@ -218,6 +229,7 @@ struct Counters {
                                        ///< one-packet request answered by its handler: none)
     std::uint64_t rdma_reads = 0;      ///< large requests READ from clients (server)
     std::uint64_t rdma_writes = 0;     ///< large responses WRITTEN into clients' memory (server)
+    std::uint64_t rdma_sends = 0;      ///< requests SENT whole over a session's RC QP (client)
     std::uint64_t held_for_write = 0;  ///< requests of a slot's next call held until the WRITE
                                        ///< of the slot's last response completed (server: the
                                        ///< client had the response first), not dropped
