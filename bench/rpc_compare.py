@@ -440,7 +440,7 @@ def sweep(args, device, gid, sizes):
     table = (f"# lib/rpc's round trip by size ({device}, {args.rounds} rounds alternating)\n\n"
              "Round trips in us, each tool's best round / median of the rounds (range); ratios of the best "
              "rounds (of the medians), rdmaxx / UCX: below 1 is faster. rpc: rdmaxx-perf rpc_lat, busy, with "
-             "lib/rpc's default rdma_threshold (16 KiB: above it the RC path); rpc RC: every message on the "
+             "lib/rpc's default rdma_threshold (one UD packet's payload: above it the RC path); rpc RC: every message on the "
              "session's RC path (--rdma-threshold 0); UCX: ucp_am_lat's median half round trip doubled"
              f"{f' ({ucx_name})' if ucx_name else ' (did not run on this device)'}; ib_send_lat RC doubled, "
              "for reference. Soft-RoCE under QEMU TCG: only the ratios of one run mean anything.\n\n"

@@ -1253,8 +1253,9 @@ struct PeerFinishes {
 };
 
 // On a both-ways session the server calls the client, which holds the calls; the client
-// closes meanwhile. The server calls on until one is refused (the goodbye has come),
-// then the client answers the held calls: they finish, and only then the session ends.
+// closes meanwhile. The server calls on until one is refused (the goodbye has come: a
+// call waiting for a window slot, the held calls' slots, ends then, not begun), then
+// the client answers the held calls: they finish, and only then the session ends.
 asio::awaitable<void> close_while_called(Rig* rig, std::optional<rpc::Session>* session,
                                          std::vector<rpc::Session>* accepted, PeerFinishes* out) {
     co_await connect_into(rig, session);

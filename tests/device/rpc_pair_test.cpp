@@ -59,7 +59,8 @@ std::vector<std::byte> message(std::uint64_t n, std::size_t size, std::uint8_t s
 }
 // Mostly small, some of many packets (up to 8 KiB), one in 400 or so large (16 KiB + 1
 // to 1 MiB: the RC path, whose transfers at 5 % loss take seconds under emulation),
-// each way.
+// each way. The endpoints' rdma_threshold is 16 KiB (kib16), so that the small and the
+// many-packet ones test go-back-N over UD.
 constexpr std::size_t kib16 = 16 * 1024, mib = 1 << 20;
 constexpr std::uint64_t large_request_every = 397, large_response_every = 421;
 std::size_t request_size(std::uint64_t n) {
@@ -128,9 +129,13 @@ TEST_CASE("rpc across a wire losing 1 % and 5 % of packets: 2,000 calls of 32 B 
                                                       .listen_port = port,
                                                       .listen_address = env("RDMAXX_PAIR_A_ADDR"),
                                                       .max_request = mib,
-                                                      .max_response = mib}));
-        auto client = must(rpc::Endpoint::create(
-            io, {.device = env("RDMAXX_PAIR_B_DEV"), .gid_index = gid_index, .max_request = mib, .max_response = mib}));
+                                                      .max_response = mib,
+                                                      .rdma_threshold = kib16}));
+        auto client = must(rpc::Endpoint::create(io, {.device = env("RDMAXX_PAIR_B_DEV"),
+                                                      .gid_index = gid_index,
+                                                      .max_request = mib,
+                                                      .max_response = mib,
+                                                      .rdma_threshold = kib16}));
         Server state;
         server->set_handler(work, [&state](rpc::Request request, rpc::Responder responder) {
             std::uint64_t n = 0;

@@ -97,8 +97,9 @@ struct QueuedCall {
 Error call_error(int errnum, std::string detail) { return Error::from_errno("rpc::Session::call", errnum, std::move(detail)); }
 
 // Staging memory is allocated in powers of two from this size up (a slot that grows
-// re-registers rarely).
-constexpr std::size_t min_staging = 64 * 1024;
+// re-registers rarely; one that carries messages of a few KiB, as the default
+// threshold sends over RC, keeps little).
+constexpr std::size_t min_staging = 4 * 1024;
 
 // The region `held` if it holds `size` bytes and no transfer may still touch it, else
 // a new one of `access`. `retire_into`: a transfer may still touch `held`, which goes
@@ -373,6 +374,8 @@ struct EndpointCore {
     SessionState& attach(SessionId local, const SessionId& remote, const UdAddress& peer, AddressHandle ah,
                          const SessionLimits& limits, bool initiator, bool both_ways);
     void end_session(SessionId id, std::string_view why);
+    // The calls waiting for a window slot end, not begun (connection reset: `why`).
+    void fail_queued(SessionState& s, std::string_view why);
     // Sends `message` on the session's control connection, after those before it: one
     // write at a time (Asio's rule for a stream; a server's setup reply is one too),
     // from the outbox, once the session's watcher has the connection.
@@ -414,6 +417,8 @@ struct EndpointCore {
     bool ticking = false;
     std::vector<SessionId> active; // client sessions with calls in flight or queued
     std::uint32_t handles = 0;     // Session handles alive
+    // EndpointOptions::rdma_threshold, or one UD packet's payload at the port's MTU
+    std::uint32_t rdma_threshold = 0;
     std::vector<std::byte> descriptor; // the request descriptor being built (reused)
     std::uint32_t rc_in_flight = 0;    // server transfers posted on live sessions' QPs
     std::uint32_t offers_unheard = 0;  // client: the ClientSlots' offers_unheard, summed (rc_offers)
@@ -980,7 +985,7 @@ void EndpointCore::respond(std::uint16_t number, std::uint32_t generation, std::
         RcPath::ServerSlot& slot = s->rc.server_slots[k];
         if (slot.phase == RcPath::ServerSlot::Phase::handling && slot.call == request) {
             slot.phase = RcPath::ServerSlot::Phase::idle;
-            if (status == Status::ok && response.size() > options.rdma_threshold &&
+            if (status == Status::ok && response.size() > rdma_threshold &&
                 response.size() <= slot.target.length) {
                 slot.response_size = static_cast<std::uint32_t>(response.size());
                 slot.response_in_request = offset_within(response, slot.request);
@@ -1015,7 +1020,7 @@ void EndpointCore::respond(std::uint16_t number, std::uint32_t generation, std::
 bool EndpointCore::wants_rdma(const SessionState& s, std::size_t request, std::uint32_t capacity) const noexcept {
     if (s.rc.state == RcPath::State::unavailable)
         return false;
-    const std::uint32_t threshold = options.rdma_threshold;
+    const std::uint32_t threshold = rdma_threshold;
     if (request > threshold)
         return true;
     // a small request offers memory for a large response: inline, within the session's limit
@@ -1032,12 +1037,13 @@ Result<EndpointCore::Description> EndpointCore::describe(SessionState& s, std::s
                                                         std::uint32_t capacity, CallBuffers lend) {
     RcPath::ClientSlot& slot = s.rc.client_slots[s.client->next_request() % s.calls.size()];
     std::vector<MemoryRegion>* retire = slot.touched ? &slot.retired : nullptr;
+    // (a MessageBuffer's request is READ from the buffer: never copied)
     const std::size_t inline_size = request_descriptor_bytes + request.size();
-    const bool whole = s.rc.whole_grant > 0 && inline_size <= s.rc.whole_max &&
+    const bool whole = lend.request == nullptr && s.rc.whole_grant > 0 && inline_size <= s.rc.whole_max &&
                        inline_size > s.limits.payload_per_packet;
     RemoteMemory read_from{}, write_into{};
     slot.lent = {};
-    if (request.size() > options.rdma_threshold && !whole) {
+    if (request.size() > rdma_threshold && !whole) {
         if (lend.request != nullptr) {
             read_from = lend.request->hold_.get()->region.remote().slice(0, request.size());
             slot.lent[0] = lend.request->hold_;
@@ -1052,7 +1058,7 @@ Result<EndpointCore::Description> EndpointCore::describe(SessionState& s, std::s
     }
     slot.offered = 0;
     slot.in_place = false;
-    if (capacity > options.rdma_threshold && offers_unheard < rc_offers) {
+    if (capacity > rdma_threshold && offers_unheard < rc_offers) {
         if (lend.response != nullptr) {
             write_into = lend.response->hold_.get()->region.remote().slice(0, capacity);
             slot.lent[1] = lend.response->hold_;
@@ -1535,8 +1541,7 @@ void EndpointCore::end_session(SessionId id, std::string_view why) {
             renew_reachable(*s, call);
             finish(call, *s, std::unexpected(call_error(ECONNRESET, std::string(why))));
         }
-    for (QueuedCall& queued : s->queued)
-        fail(std::move(queued.handler), call_error(ECONNRESET, std::string(why)));
+    fail_queued(*s, why);
     if (s->control != nullptr)
         s->control->close();
     for (asio::steady_timer* closer : s->closers)
@@ -1547,6 +1552,11 @@ void EndpointCore::end_session(SessionId id, std::string_view why) {
     for (const RcPath::ClientSlot& slot : s->rc.client_slots) // nothing comes to a QP destroyed
         offers_unheard -= slot.offers_unheard;
     table.release(id);
+}
+
+void EndpointCore::fail_queued(SessionState& s, std::string_view why) {
+    for (QueuedCall& queued : std::exchange(s.queued, {}))
+        fail(std::move(queued.handler), call_error(ECONNRESET, std::string(why)));
 }
 
 void EndpointCore::calls_finished(SessionState& s) {
@@ -1734,8 +1744,10 @@ asio::awaitable<void> EndpointCore::watch(Anchor anchor, SessionId id, ControlCh
             break;
         }
         if (message->kind == RcMessage::Kind::goodbye) {
-            // its calls have finished; this end's finish first (tick() ends the session)
+            // its calls have finished; this end's in flight finish first (tick() ends the
+            // session), and those waiting for a slot never begin
             s->peer_closing = true;
+            core->fail_queued(*s, "the peer is closing the session");
             if (s->calls_done()) {
                 why = "the peer closed the session";
                 break;
@@ -2015,6 +2027,7 @@ Result<std::unique_ptr<Endpoint>> Endpoint::create(asio::io_context& io, Endpoin
         return std::unexpected(std::move(transport.error()));
     core->transport = std::move(*transport);
     const std::uint32_t payload = core->transport->mtu() - static_cast<std::uint32_t>(detail::header_bytes);
+    core->rdma_threshold = o.rdma_threshold.value_or(payload);
     require(detail::packet_count(std::max(o.max_request, o.max_response), payload) <= detail::max_packets, where,
             "rpc::Endpoint: a max_request {} / max_response {} takes more than {} packets of {} bytes", o.max_request,
             o.max_response, detail::max_packets, payload);
@@ -2036,7 +2049,7 @@ Result<MessageBuffer> Endpoint::alloc_buffer(std::size_t capacity, BufferUse use
     require(capacity > 0 && capacity <= most, where,
             "rpc::Endpoint::alloc_buffer: a capacity of {} bytes (from 1 to the endpoint's max_{}, {})", capacity,
             use == BufferUse::request ? "request" : "response", most);
-    const bool remote = capacity > o.rdma_threshold; // the RC path may reach it
+    const bool remote = capacity > core_->rdma_threshold; // the RC path may reach it
     const Access access = use == BufferUse::request
                               ? (remote ? Access::remote_read : Access::none)
                               : (remote ? Access::local_write | Access::remote_write : Access::local_write);

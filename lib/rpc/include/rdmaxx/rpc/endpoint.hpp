@@ -89,7 +89,7 @@
 /// If the server cannot set up an RC QP (or does not answer within setup_timeout),
 /// the session carries large messages as UD packets. An RC transfer that fails ends
 /// the session (its calls: session reset). Staging memory is per window slot, sized by
-/// the largest message the slot has carried (in powers of two from 64 KiB) and kept for
+/// the largest message the slot has carried (in powers of two from 4 KiB) and kept for
 /// the session's life: at most window x (max_request + max_response) per session at
 /// each end.
 ///
@@ -173,13 +173,16 @@ struct EndpointOptions {
     std::uint32_t max_response = 64 * 1024; ///< bytes of a response
     /// @}
     /// A request above this many bytes, or a response buffer above it, takes the
-    /// session's RC path (set up over its control connection when first needed): the server
-    /// READs the request from the client's memory and WRITEs a response above it into
-    /// memory the client offered. Below, and when the RC path is unavailable, messages
-    /// travel as UD packets. UINT32_MAX: UD only. On Soft-RoCE (a system call per
-    /// packet) the RC path is the faster from 1 KiB on: 1-4 KiB suits it
-    /// (bench/results/rpc-sizes.md).
-    std::uint32_t rdma_threshold = 16 * 1024;
+    /// session's RC path (set up over its control connection when first needed): the
+    /// server takes the request whole (up to 16 KiB) or READs it from the client's
+    /// memory, and WRITEs a response above it into memory the client offered. Below, and
+    /// when the RC path is unavailable, messages travel as UD packets. Unset (the
+    /// default): one UD packet's payload at the port's MTU (its MTU less 32 bytes), so
+    /// a message of more than one packet takes the RC path, where a round trip is the
+    /// faster from 1 KiB on (on Soft-RoCE, 2-3x; bench/results/rpc-sizes.md). A larger
+    /// threshold keeps more sessions free of an RC QP and its staging memory (eRPC's
+    /// choice: everything over UD); UINT32_MAX: UD only.
+    std::optional<std::uint32_t> rdma_threshold;
     /// Congestion control of the sessions this endpoint calls through (congestion.hpp):
     /// empty (the default) for none, the credits alone limit a session.
     CongestionFactory congestion = {};
@@ -460,7 +463,8 @@ public:
     /// Ends the session gracefully, within `timeout`: from now on no call begins at
     /// either end (a call made through the session ends with "session reset"), the calls
     /// begun or queued at this end finish, each with its own result; then the peer is
-    /// told, finishes its own calls through the session (on a both-ways session) and
+    /// told, finishes its own calls through the session (on a both-ways session; its
+    /// calls still waiting for a window slot end at once, not begun: session reset) and
     /// ends it, and the session ends here: the result is success. Closing a session that
     /// has ended already (the peer closed it, its process died) also succeeds, at once;
     /// a close() while another runs (Endpoint::shutdown's) waits for the same end, with
