@@ -667,16 +667,25 @@ TEST_CASE("rpc large: a request of up to 16 KiB is SENT whole over RC, neither R
                 const auto expected = message(static_cast<std::uint32_t>(request.size()), response_size);
                 wrong += !got || *got != expected.size() || !echoed(response, expected);
             }
+        // with MessageBuffers: the request copied once into staging and SENT, the response
+        // WRITTEN into its buffer
+        Buffers b = buffers_for(*rig.client, n, 4096, 20'000, 64 * 1024);
+        const auto before = rig.client->counters();
+        const auto got = co_await session->call(sized, b.request, b.response, {.timeout = 20s});
+        wrong += !got || !answered(b.request, b.response, 20'000);
+        CHECK(rig.client->counters().rdma_sends > before.rdma_sends);
+        CHECK(rig.client->counters().message_copies == before.message_copies + 1);
+        ++whole;
     };
     run(rig.io, work(), 60s);
     CHECK(wrong == 0);
-    CHECK(whole >= 6); // 10 at rxe's default MTU of 1024
+    CHECK(whole >= 7); // 11 at rxe's default MTU of 1024
     const auto& c = rig.client->counters();
     const auto& s = rig.server->counters();
     CHECK(c.rdma_sends >= whole); // a resend after an RTO is SENT again
     CHECK(c.rdma_sends <= whole + c.retransmissions);
     CHECK(s.rdma_reads == 0);
-    CHECK(s.rdma_writes == 6); // the 20,000-byte responses
+    CHECK(s.rdma_writes == 7); // the 20,000-byte responses
     CHECK(s.request_copies == 0); // each whole request lent to its handler where it arrived
     CHECK(s.dropped() == 0);
     MESSAGE("client SENDs ", c.rdma_sends, ", retransmissions ", c.retransmissions);

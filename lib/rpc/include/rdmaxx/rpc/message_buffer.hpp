@@ -11,9 +11,11 @@
 /// A call made with MessageBuffers does not copy its request: the UD packets gather
 /// each header (from the endpoint's send buffers) and their share of the buffer, and a
 /// request above the endpoint's rdma_threshold is READ by the server straight from the
-/// buffer. A response above the threshold is WRITTEN by the server straight into the
-/// response buffer; a smaller one is copied out of the session's window into it, as
-/// for a call with spans.
+/// buffer; except one the server takes whole (up to 16 KiB, on the RC path: endpoint.hpp),
+/// which is copied into staging memory and SENT (one copy costs less than the READ's
+/// round trip: UCX's eager copy below its zero-copy size). A response above the
+/// threshold is WRITTEN by the server straight into the response buffer; a smaller one
+/// is copied out of the session's window into it, as for a call with spans.
 ///
 /// Rights: each buffer is registered with what its use needs and no more: a request
 /// buffer for local access, plus remote READ if its capacity is above rdma_threshold
