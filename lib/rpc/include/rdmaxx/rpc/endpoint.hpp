@@ -56,7 +56,8 @@
 /// counted by reason (Counters::drops) and dropped; a malformed or hostile session setup
 /// gets a refusal or an Error, and the endpoint serves the next peer.
 ///
-/// Large messages (above EndpointOptions::rdma_threshold) take the session's RC path:
+/// Large messages (above EndpointOptions::rdma_threshold: by default, those of more
+/// than one UD packet) take the session's RC path:
 /// a client's first large call sends an offer of an RC QP over the session's control
 /// connection and waits (in the queue of calls beyond the window) for the server's QP
 /// (on a both-ways session, either end's first large call; the QPs then carry both
@@ -90,17 +91,17 @@
 /// the session carries large messages as UD packets. An RC transfer that fails ends
 /// the session (its calls: session reset). Staging memory is per window slot, sized by
 /// the largest message the slot has carried (in powers of two from 4 KiB) and kept for
-/// the session's life: at most window x (max_request + max_response) per session at
-/// each end.
+/// the session's life: at most window x (max_request + max_response + 32 KiB for whole
+/// requests) per session at each end.
 ///
 /// Copies: a call with spans copies its request into its session's window (or staging
 /// memory) as it begins (a resend needs it), each packet into a send buffer
 /// (Counters::copies), and its response out of the window (or staging memory) into the
 /// caller's buffer (Counters::message_copies counts the whole-message copies). A call
-/// with MessageBuffers (message_buffer.hpp) copies neither its request nor a response
-/// above rdma_threshold. At the server, a one-packet request is not copied
-/// unless its handler returns without answering; the packets of a longer one are
-/// (Counters::request_copies). A large response is copied into staging memory for its
+/// with MessageBuffers (message_buffer.hpp) copies neither its request (unless it goes
+/// whole) nor a response above rdma_threshold. At the server, a one-packet request
+/// (a whole one included) is not copied unless its handler returns without answering;
+/// the packets of a longer one are (Counters::request_copies). A large response is copied into staging memory for its
 /// WRITE, unless it lies in the large request the server READ (an echo, a forwarded
 /// part): it is then WRITTEN from there.
 ///
