@@ -183,7 +183,7 @@ struct EndpointOptions {
     /// faster from 1 KiB on (on Soft-RoCE, 2-3x; bench/results/rpc-sizes.md). A larger
     /// threshold keeps more sessions free of an RC QP and its staging memory (eRPC's
     /// choice: everything over UD); UINT32_MAX: UD only.
-    std::optional<std::uint32_t> rdma_threshold;
+    std::optional<std::uint32_t> rdma_threshold = std::nullopt;
     /// Congestion control of the sessions this endpoint calls through (congestion.hpp):
     /// empty (the default) for none, the credits alone limit a session.
     CongestionFactory congestion = {};
