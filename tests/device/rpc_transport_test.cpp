@@ -1,20 +1,27 @@
 // lib/rpc's UD transport on a real device: packets of every length cross between two
 // transports of one process on one io_context, byte for byte, many more than the ring
 // holds (its buffers are posted again), with send buffers running out and coming back;
-// and gathered from memory the transport holds until each send completed.
+// and gathered from memory the transport holds until each send completed. Its RC
+// transport: receives a hostile peer fails are posted again.
 #include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <deque>
+#include <functional>
+#include <optional>
 #include <vector>
 
 #include <asio/io_context.hpp>
 #include <asio/post.hpp>
 
+#include <rdmaxx/data/post.hpp>
+
 #include <doctest/doctest.h>
 
 #include "../support/device.hpp"
+#include "rc_transport.hpp"
 #include "ud_transport.hpp"
 
 using namespace rdmaxx;
@@ -140,4 +147,92 @@ TEST_CASE("UD transport: payloads gathered from held memory arrive whole; the me
     CHECK(std::count(receiver.seen.begin(), receiver.seen.end(), 1) == total);
     CHECK(memory.get()->holders == 1);
     CHECK(a->failed_completions() == 0);
+}
+
+// ---------------------------------------------------------------------------------
+// A peer that breaks the QP it talks to with a SEND larger than the receive it lands
+// in (the receive fails: local length error). Each such receive is posted again, so
+// a hostile peer that reconnects and does it again cannot drain either SRQ: after
+// more failures than the SRQ holds, an honest SEND still finds a receive (without
+// the repost, it would wait in RNR retries forever).
+
+namespace {
+
+struct RcReceipts {
+    const RcTransport* transport = nullptr;
+    int failed_whole = 0, failed_immediate = 0;
+    std::vector<std::byte> whole; // the last successful whole receive's bytes
+    int empty_sends = 0;          // successful zero-byte receives
+    static void done(void* self, const WorkCompletion& wc) {
+        auto& r = *static_cast<RcReceipts*>(self);
+        const bool whole = (wc.wr_id() & RcTransport::whole_receive_bit) != 0;
+        if (!wc.ok())
+            ++(whole ? r.failed_whole : r.failed_immediate);
+        else if (whole)
+            r.whole.assign(r.transport->received(wc).begin(), r.transport->received(wc).end());
+        else if (wc.wr_id() == RcTransport::receive_id)
+            ++r.empty_sends;
+    }
+};
+
+void run_until(asio::io_context& io, const std::function<bool()>& done) {
+    const auto deadline = std::chrono::steady_clock::now() + 20s;
+    while (!done() && std::chrono::steady_clock::now() < deadline) {
+        io.restart();
+        io.run_for(5ms);
+    }
+    REQUIRE(done());
+}
+
+// A fresh QP of `role` on the transport and a fresh peer QP (its own CQ) connected to it.
+struct PeerLink {
+    QueuePair ours;
+    CompletionQueue cq;
+    QueuePair peer; // destroyed before its CQ
+    PeerLink(RcTransport& t, Context& context, ProtectionDomain& pd, RcRole role)
+        : ours(must(t.create_qp(role, 4, 1, std::nullopt))), cq(must(CompletionQueue::create(context, {.depth = 8}))),
+          peer(must(QueuePair::create(pd, {.type = QpType::rc, .send_cq = &cq, .recv_cq = &cq,
+                                           .caps = {.max_send_wr = 4, .max_recv_wr = 1}}))) {
+        must(ours.connect(peer.endpoint()));
+        must(peer.connect(ours.endpoint()));
+    }
+};
+
+// The peer of a new link SENDs `bytes` of `memory`.
+void send_from_peer(std::deque<PeerLink>& links, RcTransport& t, Context& context, ProtectionDomain& pd, RcRole role,
+                    const MemoryRegion& memory, std::size_t bytes) {
+    QueuePair& peer = links.emplace_back(t, context, pd, role).peer;
+    if (bytes == 0)
+        must(post_send(peer, Gather(std::span<const LocalSlice>{})));
+    else
+        must(post_send(peer, memory.slice(0, bytes)));
+}
+
+} // namespace
+
+TEST_CASE("RC transport: receives a hostile peer's oversized SENDs fail are posted again; neither SRQ drains") {
+    asio::io_context io;
+    auto context = must(Context::open());
+    auto pd = must(ProtectionDomain::create(context));
+    auto memory = must(MemoryRegion::allocate(pd, 256, Access::local_write));
+    for (std::size_t i = 0; i < 256; ++i)
+        memory.bytes()[i] = static_cast<std::byte>(i);
+    RcReceipts receipts;
+    auto transport = must(RcTransport::create(io, context, pd, {.depth = 64, .receives = 2, .whole_receives = 2,
+                                                                 .whole_bytes = 64},
+                                              {}, &RcReceipts::done, &receipts));
+    receipts.transport = transport.get();
+    std::deque<PeerLink> links; // destroyed before the transport
+    for (int n = 1; n <= 4; ++n) { // twice each SRQ's size
+        send_from_peer(links, *transport, context, pd, RcRole::server, memory, 65);
+        run_until(io, [&] { return receipts.failed_whole == n; });
+        send_from_peer(links, *transport, context, pd, RcRole::client, memory, 1);
+        run_until(io, [&] { return receipts.failed_immediate == n; });
+    }
+    send_from_peer(links, *transport, context, pd, RcRole::server, memory, 64);
+    run_until(io, [&] { return !receipts.whole.empty(); });
+    CHECK(std::equal(receipts.whole.begin(), receipts.whole.end(), memory.bytes().begin(), memory.bytes().begin() + 64));
+    CHECK(receipts.whole.size() == 64);
+    send_from_peer(links, *transport, context, pd, RcRole::client, memory, 0);
+    run_until(io, [&] { return receipts.empty_sends == 1; });
 }

@@ -95,14 +95,16 @@ std::span<const std::byte> RcTransport::received(const WorkCompletion& wc) const
 void RcTransport::take(void* self, std::span<const WorkCompletion> completions) {
     auto* t = static_cast<RcTransport*>(self);
     for (const WorkCompletion& wc : completions) {
-        // a receive's completion gives its place back at once, a whole request's buffer
-        // once Done has read it (a failed one is the SRQ's end: the transport is being
-        // destroyed, or the device failed)
-        if (wc.wr_id() == receive_id && wc.ok())
+        // A receive's completion gives its place back at once, a whole request's buffer
+        // once Done has read it: failed ones too. A receive fails when its QP breaks
+        // while it is consumed (a peer's SEND larger than the buffer, a peer's SEND
+        // into a zero-byte receive); the SRQ's other receives stay posted, and without
+        // this one a peer that reconnects and does it again would drain the SRQ.
+        if (wc.wr_id() == receive_id)
             if (auto posted = post_receive(*t->srq_); !posted)
                 logger()->error("rdmaxx rpc: the RC path's SRQ lost a receive: {}", posted.error());
         t->done_(t->done_context_, wc);
-        if ((wc.wr_id() & whole_receive_bit) != 0 && wc.ok())
+        if ((wc.wr_id() & whole_receive_bit) != 0)
             if (auto posted = t->post_whole_receive(static_cast<std::uint32_t>(wc.wr_id() & ~whole_receive_bit));
                 !posted)
                 logger()->error("rdmaxx rpc: the RC path's whole-request SRQ lost a receive: {}", posted.error());

@@ -17,6 +17,9 @@
 //    `whole_bytes` each in one region (local write only). A buffer's completion goes
 //    to the Done function (received() gives its bytes), and the buffer is posted again
 //    once Done returns: what Done keeps of it, it copies.
+//  * A failed receive (its QP broke while consuming it: a peer's SEND larger than the
+//    buffer or into a zero-byte receive) is posted again too: the SRQ keeps its size
+//    whatever peers do.
 //  * On a both-ways session each end calls and serves: its QP is both (a target
 //    allowing remote READ and WRITE, and the initiator of its own end's transfers).
 //    It takes its receives from the immediates' SRQ, so it takes no whole requests.
