@@ -667,15 +667,26 @@ TEST_CASE("rpc large: a request of up to 16 KiB is SENT whole over RC, neither R
                 const auto expected = message(static_cast<std::uint32_t>(request.size()), response_size);
                 wrong += !got || *got != expected.size() || !echoed(response, expected);
             }
-        // with MessageBuffers: the request copied once into staging and SENT, the response
-        // WRITTEN into its buffer
-        Buffers b = buffers_for(*rig.client, n, 4096, 20'000, 64 * 1024);
+        // with MessageBuffers: the request SENT from its buffer (the header and
+        // descriptor in the room in front), uncopied, the response WRITTEN into its
+        // buffer; the buffer called with again at once, its bytes rewritten each time
+        Buffers b{must(rig.client->alloc_buffer(16 * 1024, rpc::BufferUse::request)),
+                  must(rig.client->alloc_buffer(64 * 1024, rpc::BufferUse::response))};
         const auto before = rig.client->counters();
-        const auto got = co_await session->call(sized, b.request, b.response, {.timeout = 20s});
-        wrong += !got || !answered(b.request, b.response, 20'000);
-        CHECK(rig.client->counters().rdma_sends > before.rdma_sends);
-        CHECK(rig.client->counters().message_copies == before.message_copies + 1);
-        ++whole;
+        for (std::uint32_t again = 0; again < 4; ++again, ++whole) {
+            const auto bytes = ask(n + again, 2000 + 4000 * again, 20'000);
+            b.request.resize(bytes.size());
+            std::ranges::copy(bytes, b.request.bytes().begin());
+            b.response.resize(b.response.capacity());
+            const auto got = co_await session->call(sized, b.request, b.response, {.timeout = 20s});
+            wrong += !got || !answered(b.request, b.response, 20'000);
+            if (again == 0)
+                CHECK(rig.client->counters().message_copies == before.message_copies);
+        }
+        const auto& after = rig.client->counters();
+        CHECK(after.rdma_sends >= before.rdma_sends + 4);
+        // (a call that begins while its buffer's previous SEND is still in flight is copied)
+        MESSAGE("4 calls with one request buffer: ", after.message_copies - before.message_copies, " copied");
     };
     run(rig.io, work(), 60s);
     CHECK(wrong == 0);
@@ -685,10 +696,38 @@ TEST_CASE("rpc large: a request of up to 16 KiB is SENT whole over RC, neither R
     CHECK(c.rdma_sends >= whole); // a resend after an RTO is SENT again
     CHECK(c.rdma_sends <= whole + c.retransmissions);
     CHECK(s.rdma_reads == 0);
-    CHECK(s.rdma_writes == 7); // the 20,000-byte responses
+    CHECK(s.rdma_writes == 10); // the 20,000-byte responses
     CHECK(s.request_copies == 0); // each whole request lent to its handler where it arrived
     CHECK(s.dropped() == 0);
     MESSAGE("client SENDs ", c.rdma_sends, ", retransmissions ", c.retransmissions);
+}
+
+TEST_CASE("rpc large: a whole request's MessageBuffer, its call abandoned, keeps its bytes and is lent again, "
+          "uncopied; the response buffer a WRITE may still reach gets new memory") {
+    Rig rig(large, large);
+    add_sized(rig);
+    std::optional<rpc::Session> session;
+    auto work = [&]() -> asio::awaitable<void> {
+        co_await connect_into(&rig, &session);
+        Buffers b = buffers_for(*rig.client, 0, 3000, 20'000, 64 * 1024);
+        const auto bytes = ask(0, 3000, 20'000);
+        const auto before = rig.client->counters();
+        // the server holds the call: it times out (its RTO probes are SENT whole too)
+        const auto held = co_await session->call(hold_it, b.request, b.response, {.timeout = 500ms});
+        CHECK((!held && held.error().is_timeout()));
+        CHECK(rig.client->counters().rdma_sends > before.rdma_sends);
+        // the response buffer; the request's too if a probe's SEND was still in flight
+        const auto renewed = rig.client->counters().buffers_renewed - before.buffers_renewed;
+        CHECK(renewed >= 1);
+        CHECK(renewed <= 2);
+        MESSAGE("buffers renewed: ", renewed);
+        CHECK(std::ranges::equal(b.request.bytes(), bytes));
+        b.response.resize(b.response.capacity());
+        const auto got = co_await session->call(sized, b.request, b.response, {.timeout = 20s});
+        CHECK((got && answered(b.request, b.response, 20'000)));
+        CHECK(rig.client->counters().message_copies == before.message_copies);
+    };
+    run(rig.io, work(), 60s);
 }
 
 TEST_CASE("rpc large: with every message on the RC path, a 2 KiB echo is one SEND and one WRITE, not a READ") {

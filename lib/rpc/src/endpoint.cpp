@@ -118,12 +118,12 @@ Result<MemoryRegion*> staging(const ProtectionDomain& pd, std::optional<MemoryRe
 }
 
 // Where `bytes` start in `region`, if they lie wholly in it.
-std::optional<std::size_t> offset_within(std::span<const std::byte> bytes, const std::optional<MemoryRegion>& region) {
-    if (!region || bytes.empty())
+std::optional<std::size_t> offset_within(std::span<const std::byte> bytes, const MemoryRegion& region) {
+    if (bytes.empty())
         return std::nullopt;
     const auto at = reinterpret_cast<std::uintptr_t>(bytes.data());
-    const auto base = reinterpret_cast<std::uintptr_t>(region->data());
-    if (at < base || at - base > region->size() || bytes.size() > region->size() - (at - base))
+    const auto base = reinterpret_cast<std::uintptr_t>(region.data());
+    if (at < base || at - base > region.size() || bytes.size() > region.size() - (at - base))
         return std::nullopt;
     return at - base;
 }
@@ -163,6 +163,9 @@ static_assert(whole_max_message <= 0xffff); // RcMessage::whole_max
 
 // A client SEND's wr_id: a transfer's (its session and window slot) with this bit.
 constexpr std::uint64_t client_send_bit = std::uint64_t{1} << 59;
+std::uint64_t send_id(SessionId id, std::uint32_t slot) noexcept {
+    return transfer_id(id, slot, RcTransport::Op::read) | client_send_bit;
+}
 
 } // namespace
 
@@ -181,6 +184,9 @@ struct RcPath {
         // while a SEND may still read it
         std::optional<MemoryRegion> whole;
         std::uint32_t sends = 0; // the slot's SENDs in flight
+        // the MessageBuffers whole requests were SENT from (their room in front), held
+        // while a SEND may still read them: until `sends` is 0
+        std::vector<BufferHold> sending;
         std::uint32_t offered = 0; // response bytes the slot's call offered
         // calls of the slot that offered memory, not heard from since: each may still
         // get a response WRITTEN (counted in EndpointCore::offers_unheard too)
@@ -265,6 +271,13 @@ struct SessionState {
     // No call of this end's in flight or queued (what leaves the active list, and what a
     // closing session waits for).
     bool calls_done() const noexcept { return in_flight == 0 && queued.empty(); }
+    // The RC path carries requests of up to `whole_max` bytes whole (packet.hpp), at
+    // most `grant` on their way at once; a grant of 0: none.
+    void allow_whole(std::uint32_t grant, std::uint32_t whole_max) {
+        rc.whole_grant = grant;
+        rc.whole_max = grant > 0 ? whole_max : 0;
+        packets = PacketLimits(packets.max_message(), packets.payload_per_packet(), rc.whole_max);
+    }
 };
 
 // Coroutines outlive nothing: each holds the anchor and finds the core through it after
@@ -531,10 +544,10 @@ void EndpointCore::send(SessionState& s, const Outgoing& out, const BufferHold* 
         ++counters.send_stalls; // lost: the client's RTO sends it (or what asks for it) again
 }
 
-// A whole request goes from its slot's staging memory, the header written into the
-// room in front of the payload (a resend writes the same bytes). Past the server's
-// receives for the session, or the endpoint's SENDs, it is not sent: lost, its RTO
-// sends it again.
+// A whole request goes from its call's MessageBuffer or its slot's staging memory, the
+// header written into the room in front of the payload (a resend writes the same
+// bytes). Past the server's receives for the session, or the endpoint's SENDs, it is
+// not sent: lost, its RTO sends it again.
 void EndpointCore::send_whole(SessionState& s, const Outgoing& out) {
     const auto k = static_cast<std::uint32_t>(out.header.request % s.calls.size());
     RcPath::ClientSlot& slot = s.rc.client_slots[k];
@@ -542,16 +555,19 @@ void EndpointCore::send_whole(SessionState& s, const Outgoing& out) {
         ++counters.send_stalls;
         return;
     }
-    const auto at = offset_within(out.payload, slot.whole);
+    const BufferHold& lent = s.calls[k].sending;
+    const MemoryRegion* memory = lent.get() != nullptr ? &lent.get()->region : slot.whole ? &*slot.whole : nullptr;
+    const auto at = memory != nullptr ? offset_within(out.payload, *memory) : std::nullopt;
     require(at && *at == header_bytes, std::source_location::current(),
-            "rpc: a whole request of session {} outside its slot's staging memory", s.local.number);
-    encode(out.header, std::span<std::byte, header_bytes>(slot.whole->data(), header_bytes));
-    if (auto posted = RcTransport::send(*s.rc.qp, slot.whole->slice(0, header_bytes + out.payload.size()),
-                                        transfer_id(s.local, k, RcTransport::Op::read) | client_send_bit);
-        !posted) {
+            "rpc: a whole request of session {} not a header's room into its memory", s.local.number);
+    const LocalSlice message = memory->slice(0, header_bytes + out.payload.size());
+    encode(out.header, std::span<std::byte, header_bytes>(message.data(), header_bytes));
+    if (auto posted = RcTransport::send(*s.rc.qp, message, send_id(s.local, k)); !posted) {
         end_session_soon(s.local, fmt::format("posting a whole request: {}", posted.error().message()));
         return;
     }
+    if (lent.get() != nullptr && (slot.sending.empty() || slot.sending.back().get() != lent.get()))
+        slot.sending.push_back(lent);
     ++slot.sends;
     ++s.rc.sends;
     ++sends_in_flight;
@@ -630,8 +646,8 @@ bool EndpointCore::try_begin(SessionState& s, std::uint8_t type, std::span<const
                              std::span<std::byte> response, CallBuffers buffers, Clock::time_point deadline,
                              StoredCall& handler) {
     if (buffers.request != nullptr) {
-        request = buffers.request->hold_.get()->region.bytes().first(buffers.request->size_);
-        response = buffers.response->hold_.get()->region.bytes();
+        request = buffers.request->hold_.get()->message().first(buffers.request->size_);
+        response = buffers.response->hold_.get()->message();
     }
     const auto capacity = static_cast<std::uint32_t>(std::min<std::size_t>(response.size(), s.limits.max_response));
     if (s.calls[s.client->next_request() % s.calls.size()].busy)
@@ -657,9 +673,10 @@ bool EndpointCore::try_begin(SessionState& s, std::uint8_t type, std::span<const
             }
         }
     }
-    // a call with MessageBuffers sends its request packets from its buffer; a whole
-    // request goes from the staging memory describe() copied it into
-    const bool from_buffer = !rdma && lend.request != nullptr;
+    // a call with MessageBuffers sends its request packets, or SENDs its whole request,
+    // from its buffer; a whole request of spans from the staging memory describe()
+    // copied it into
+    const bool from_buffer = (!rdma || whole) && lend.request != nullptr;
     const auto keep = from_buffer || whole ? ClientWindow::Keep::borrow : ClientWindow::Keep::copy;
     const auto begun = s.client->begin(type, message, capacity, rdma, keep, whole);
     if (!begun)
@@ -988,7 +1005,8 @@ void EndpointCore::respond(std::uint16_t number, std::uint32_t generation, std::
             if (status == Status::ok && response.size() > rdma_threshold &&
                 response.size() <= slot.target.length) {
                 slot.response_size = static_cast<std::uint32_t>(response.size());
-                slot.response_in_request = offset_within(response, slot.request);
+                slot.response_in_request =
+                    slot.request ? offset_within(response, *slot.request) : std::nullopt;
                 if (slot.response_in_request) {
                     // the slot's next READ comes only after this WRITE: its call is
                     // taken once the WRITE is complete (hold_until_written)
@@ -1031,14 +1049,13 @@ bool EndpointCore::wants_rdma(const SessionState& s, std::size_t request, std::u
 // a large request copied into the slot's staging memory, memory offered for a large
 // response; or the call's MessageBuffers in `lend` themselves (a buffer above the
 // threshold is registered for the remote access its use needs). A request the server
-// takes whole goes inline, whole, from the slot's staging memory instead of being READ
-// (or sent in UD packets).
+// takes whole goes inline, whole, instead of being READ (or sent in UD packets): from
+// a lent MessageBuffer, its descriptor in the room in front of its bytes; else copied
+// into the slot's staging memory.
 Result<EndpointCore::Description> EndpointCore::describe(SessionState& s, std::span<const std::byte> request,
                                                         std::uint32_t capacity, CallBuffers lend) {
     RcPath::ClientSlot& slot = s.rc.client_slots[s.client->next_request() % s.calls.size()];
     std::vector<MemoryRegion>* retire = slot.touched ? &slot.retired : nullptr;
-    // (a MessageBuffer's too: one copy of at most 16 KiB costs less than the READ's
-    // round trip, as UCX's eager copy below its zero-copy threshold)
     const std::size_t inline_size = request_descriptor_bytes + request.size();
     const bool whole = s.rc.whole_grant > 0 && inline_size <= s.rc.whole_max &&
                        inline_size > s.limits.payload_per_packet;
@@ -1046,7 +1063,8 @@ Result<EndpointCore::Description> EndpointCore::describe(SessionState& s, std::s
     slot.lent = {};
     if (request.size() > rdma_threshold && !whole) {
         if (lend.request != nullptr) {
-            read_from = lend.request->hold_.get()->region.remote().slice(0, request.size());
+            const BufferBlock& block = *lend.request->hold_.get();
+            read_from = block.region.remote().slice(block.room, request.size());
             slot.lent[0] = lend.request->hold_;
         } else {
             auto region = staging(transport->pd(), slot.request, request.size(), Access::remote_read, retire);
@@ -1061,7 +1079,8 @@ Result<EndpointCore::Description> EndpointCore::describe(SessionState& s, std::s
     slot.in_place = false;
     if (capacity > rdma_threshold && offers_unheard < rc_offers) {
         if (lend.response != nullptr) {
-            write_into = lend.response->hold_.get()->region.remote().slice(0, capacity);
+            const BufferBlock& block = *lend.response->hold_.get();
+            write_into = block.region.remote().slice(block.room, capacity);
             slot.lent[1] = lend.response->hold_;
             slot.in_place = true;
         } else {
@@ -1074,6 +1093,12 @@ Result<EndpointCore::Description> EndpointCore::describe(SessionState& s, std::s
         slot.offered = capacity;
     }
     const auto head = encode_request_head(read_from, write_into);
+    if (whole && lend.request != nullptr) {
+        // SENT from the buffer itself: the descriptor in the room in front of the request
+        std::byte* at = lend.request->hold_.get()->message().data() - head.size();
+        std::memcpy(at, head.data(), head.size());
+        return Description{.message = {at, inline_size}, .whole = true};
+    }
     if (whole) {
         auto region = staging(transport->pd(), slot.whole, header_bytes + inline_size, Access::none,
                               slot.touched || slot.sends > 0 ? &slot.retired : nullptr);
@@ -1134,7 +1159,8 @@ void EndpointCore::renew_reachable(SessionState& s, const PendingCall& call) {
 }
 
 void EndpointCore::renew(MessageBuffer& buffer, bool keep_bytes) {
-    const MemoryRegion& old = buffer.hold_.get()->region;
+    const BufferBlock& old_block = *buffer.hold_.get();
+    const MemoryRegion& old = old_block.region;
     auto fresh = MemoryRegion::allocate(transport->pd(), old.size(), old.access(), {.zeroed = !keep_bytes});
     if (!fresh) {
         // the call ends with its own Error; the buffer keeps memory a late transfer may reach
@@ -1142,9 +1168,10 @@ void EndpointCore::renew(MessageBuffer& buffer, bool keep_bytes) {
         return;
     }
     if (keep_bytes && buffer.size_ > 0)
-        std::memcpy(fresh->data(), old.data(), buffer.size_);
+        std::memcpy(fresh->data() + old_block.room, old_block.message().data(), buffer.size_);
     const std::uint32_t lkey = fresh->lkey();
-    buffer.hold_ = BufferHold(new BufferBlock{.region = std::move(*fresh), .holders = 1, .lkey = lkey});
+    buffer.hold_ =
+        BufferHold(new BufferBlock{.region = std::move(*fresh), .holders = 1, .lkey = lkey, .room = old_block.room});
     ++counters.buffers_renewed;
 }
 
@@ -1248,14 +1275,11 @@ Result<std::optional<std::array<std::byte, rc_message_bytes>>> EndpointCore::tak
             answer = {.kind = RcMessage::Kind::answer, .available = true, .qp = s.rc.qp->endpoint()};
             if (role == RcRole::server) {
                 // receives for the session's whole requests, while the endpoint has them
-                s.rc.whole_grant = std::min({s.limits.window, 255u, rc_whole_receives - whole_granted});
-                if (s.rc.whole_grant > 0) {
-                    whole_granted += s.rc.whole_grant;
-                    s.rc.whole_max = std::min(whole_max_message, s.limits.max_request);
-                    s.packets = PacketLimits(s.packets.max_message(), s.packets.payload_per_packet(), s.rc.whole_max);
-                    answer.whole_max = static_cast<std::uint16_t>(s.rc.whole_max);
-                    answer.whole_receives = static_cast<std::uint8_t>(s.rc.whole_grant);
-                }
+                s.allow_whole(std::min({s.limits.window, 255u, rc_whole_receives - whole_granted}),
+                              std::min(whole_max_message, s.limits.max_request));
+                whole_granted += s.rc.whole_grant;
+                answer.whole_max = static_cast<std::uint16_t>(s.rc.whole_max);
+                answer.whole_receives = static_cast<std::uint8_t>(s.rc.whole_grant);
             }
             rc_ready(s);
         } else {
@@ -1284,9 +1308,8 @@ Result<std::optional<std::array<std::byte, rc_message_bytes>>> EndpointCore::tak
     } else {
         // the server's receives for whole requests, within what this end sends at all
         // (a hostile answer's sizes bound only what this end sends it)
-        s.rc.whole_grant = std::min<std::uint32_t>(message.whole_receives, s.limits.window);
-        s.rc.whole_max = std::min({std::uint32_t{message.whole_max}, whole_max_message, s.limits.max_request});
-        s.packets = PacketLimits(s.packets.max_message(), s.packets.payload_per_packet(), s.rc.whole_max);
+        s.allow_whole(std::min<std::uint32_t>(message.whole_receives, s.limits.window),
+                      std::min({std::uint32_t{message.whole_max}, whole_max_message, s.limits.max_request}));
         rc_ready(s);
     }
     if (SessionState* still = table.lookup(id); still != nullptr && still->client) {
@@ -1449,8 +1472,11 @@ void EndpointCore::sent_whole(const WorkCompletion& wc, SessionId session, std::
     RcPath::ClientSlot& slot = s->rc.client_slots[k];
     if (!wc.ok())
         return end_session(session, fmt::format("a whole request's SEND failed: {}", wc.error().message()));
-    if (--slot.sends == 0 && !slot.touched)
-        slot.retired.clear();
+    if (--slot.sends == 0) {
+        slot.sending.clear();
+        if (!slot.touched)
+            slot.retired.clear();
+    }
 }
 
 // A whole request SENT into one of this end's receive buffers (the transport posts it
@@ -1970,7 +1996,7 @@ void Session::start(std::uint8_t type, MessageBuffer& request, MessageBuffer& re
     require(request.use() == BufferUse::request && response.use() == BufferUse::response, where,
             "Session::call: the request must be a BufferUse::request buffer, the response a BufferUse::response one");
     core_->start({.number = number_, .generation = generation_}, type, request.bytes(where),
-                 response.hold_.get()->region.bytes(), {.request = &request, .response = &response}, options,
+                 response.hold_.get()->message(), {.request = &request, .response = &response}, options,
                  std::move(handler));
 }
 
@@ -2054,22 +2080,27 @@ Result<MessageBuffer> Endpoint::alloc_buffer(std::size_t capacity, BufferUse use
     const Access access = use == BufferUse::request
                               ? (remote ? Access::remote_read : Access::none)
                               : (remote ? Access::local_write | Access::remote_write : Access::local_write);
-    auto region = MemoryRegion::allocate(core_->transport->pd(), capacity, access, {}, where);
+    // a request buffer's room in front: a whole request's packet header and descriptor
+    const std::uint32_t room =
+        use == BufferUse::request ? static_cast<std::uint32_t>(detail::header_bytes + detail::request_descriptor_bytes)
+                                  : 0;
+    auto region = MemoryRegion::allocate(core_->transport->pd(), room + capacity, access, {}, where);
     if (!region)
         return std::unexpected(std::move(region.error()));
     const std::uint32_t lkey = region->lkey();
-    return MessageBuffer(
-        detail::BufferHold(new detail::BufferBlock{.region = std::move(*region), .holders = 1, .lkey = lkey}), use);
+    return MessageBuffer(detail::BufferHold(new detail::BufferBlock{
+                             .region = std::move(*region), .holders = 1, .lkey = lkey, .room = room}),
+                         use);
 }
 
 std::span<std::byte> MessageBuffer::bytes(std::source_location where) {
     require(hold_.get() != nullptr, where, "use of a moved-from MessageBuffer");
-    return hold_.get()->region.bytes().first(size_);
+    return hold_.get()->message().first(size_);
 }
 
 std::span<const std::byte> MessageBuffer::bytes(std::source_location where) const {
     require(hold_.get() != nullptr, where, "use of a moved-from MessageBuffer");
-    return hold_.get()->region.bytes().first(size_);
+    return hold_.get()->message().first(size_);
 }
 
 void MessageBuffer::resize(std::size_t size, std::source_location where) {

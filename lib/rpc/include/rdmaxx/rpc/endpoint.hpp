@@ -74,8 +74,10 @@
 /// slot hears from the server again), and a call beyond offers no memory: its response
 /// comes in UD packets.
 /// A request the server takes whole (up to 16 KiB with its 40-byte descriptor, and
-/// more than one UD packet) is not READ, nor sent in UD packets: it is copied into the
-/// slot's staging memory and SENT, as one message, over the RC QP into one of the
+/// more than one UD packet) is not READ, nor sent in UD packets: it is SENT, as one
+/// message, from the call's MessageBuffer (its header and descriptor in the room in
+/// front: message_buffer.hpp) or else copied into the slot's staging memory and SENT
+/// from there, over the RC QP into one of the
 /// server endpoint's 256 receive buffers for them, where its handler reads it in place
 /// (a call ~ UCX's eager protocol: one SEND, then the response). The server keeps
 /// each session at most its window's worth of those buffers (and 255), while it has
@@ -98,8 +100,8 @@
 /// memory) as it begins (a resend needs it), each packet into a send buffer
 /// (Counters::copies), and its response out of the window (or staging memory) into the
 /// caller's buffer (Counters::message_copies counts the whole-message copies). A call
-/// with MessageBuffers (message_buffer.hpp) copies neither its request (unless it goes
-/// whole) nor a response above rdma_threshold. At the server, a one-packet request
+/// with MessageBuffers (message_buffer.hpp) copies neither its request nor a response
+/// above rdma_threshold. At the server, a one-packet request
 /// (a whole one included) is not copied unless its handler returns without answering;
 /// the packets of a longer one are (Counters::request_copies). A large response is copied into staging memory for its
 /// WRITE, unless it lies in the large request the server READ (an echo, a forwarded

@@ -9,13 +9,14 @@
 /// @endcode
 ///
 /// A call made with MessageBuffers does not copy its request: the UD packets gather
-/// each header (from the endpoint's send buffers) and their share of the buffer, and a
-/// request above the endpoint's rdma_threshold is READ by the server straight from the
-/// buffer; except one the server takes whole (up to 16 KiB, on the RC path: endpoint.hpp),
-/// which is copied into staging memory and SENT (one copy costs less than the READ's
-/// round trip: UCX's eager copy below its zero-copy size). A response above the
-/// threshold is WRITTEN by the server straight into the response buffer; a smaller one
-/// is copied out of the session's window into it, as for a call with spans.
+/// each header (from the endpoint's send buffers) and their share of the buffer; a
+/// request the server takes whole (up to 16 KiB, on the RC path: endpoint.hpp) is SENT
+/// from the buffer itself, its packet header and descriptor written into the room a
+/// request buffer has in front of its bytes (eRPC's header room); a larger request
+/// above the endpoint's rdma_threshold is READ by the server straight from the buffer.
+/// A response above the threshold is WRITTEN by the server straight into the response
+/// buffer; a smaller one is copied out of the session's window into it, as for a call
+/// with spans.
 ///
 /// Rights: each buffer is registered with what its use needs and no more: a request
 /// buffer for local access, plus remote READ if its capacity is above rdma_threshold
@@ -24,9 +25,12 @@
 /// by the peer of a session while a call lends them, and only for that call's bytes.
 ///
 /// Safety: the NIC may still reach a buffer's memory after its call ended: a UD send
-/// of its packets not yet complete, or the server's READ or WRITE for a call that was
-/// abandoned (timed out, cancelled, its session reset); a packet small enough to go
-/// inline is copied at its post and holds nothing. The memory is therefore shared
+/// of its packets or a SEND of its whole request (a resend's too) not yet complete, or
+/// the server's READ or WRITE for a call that was abandoned (timed out, cancelled, its
+/// session reset); a packet small enough to go inline is copied at its post and holds
+/// nothing. (A resend that reads bytes the caller has written since its call was
+/// answered does no harm: the server has served that request, and a duplicate's bytes
+/// are never handled.) The memory is therefore shared
 /// between the MessageBuffer and each transfer that may still touch it, and freed with
 /// the last: destroying a MessageBuffer is always safe. When a call ends without its
 /// response while such a transfer may still come, its buffers get new memory (a
@@ -66,11 +70,16 @@ namespace detail {
 struct EndpointCore;
 
 // A message buffer's registered memory, shared by the MessageBuffer and the transfers
-// that may still touch it (a count, not atomic: one thread), freed with the last.
+// that may still touch it (a count, not atomic: one thread), freed with the last. The
+// region begins with `room` bytes in front of the message (a request buffer's: a
+// packet header and a descriptor, for a request SENT whole from there).
 struct BufferBlock {
     MemoryRegion region;
     std::uint32_t holders = 1;
     std::uint32_t lkey = 0; // region's, for the packets gathered from it
+    std::uint32_t room = 0;
+    // The bytes past the room: the message's capacity.
+    std::span<std::byte> message() const noexcept { return region.bytes().subspan(room); }
 };
 
 // One holder of a BufferBlock.
@@ -126,7 +135,7 @@ public:
     /// The message's size: bytes() is its first size() bytes.
     std::size_t size() const noexcept { return size_; }
     /// The registered bytes (0 for a moved-from buffer).
-    std::size_t capacity() const noexcept { return hold_.get() != nullptr ? hold_.get()->region.size() : 0; }
+    std::size_t capacity() const noexcept { return hold_.get() != nullptr ? hold_.get()->message().size() : 0; }
     /// What it was allocated for.
     BufferUse use() const noexcept { return use_; }
     /// Sets the message's size; the bytes stay as they are.
@@ -138,7 +147,7 @@ private:
     friend class Session;
     friend struct detail::EndpointCore;
     MessageBuffer(detail::BufferHold hold, BufferUse use) noexcept
-        : hold_(std::move(hold)), size_(hold_.get()->region.size()), use_(use) {}
+        : hold_(std::move(hold)), size_(hold_.get()->message().size()), use_(use) {}
 
     detail::BufferHold hold_;
     std::size_t size_ = 0;
