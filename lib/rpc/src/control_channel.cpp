@@ -209,7 +209,12 @@ asio::awaitable<Result<void>> write_on(std::shared_ptr<State> state, std::span<c
 
 } // namespace
 
-ControlChannel::ControlChannel(tcp::socket socket) : state_(std::make_shared<State>(std::move(socket))) {}
+ControlChannel::ControlChannel(tcp::socket socket) : state_(std::make_shared<State>(std::move(socket))) {
+    // each message is written whole and then awaited: Nagle's wait for the peer's
+    // (delayed) ACK would hold a message written behind another for tens of ms
+    std::error_code ignored;
+    std::get<tcp::socket>(state_->link).set_option(tcp::no_delay(true), ignored);
+}
 
 Result<ControlChannel> ControlChannel::over(Executor executor, async::Connection connection) {
     auto state = std::make_shared<State>(executor);

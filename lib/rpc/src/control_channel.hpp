@@ -53,6 +53,7 @@ public:
     static asio::awaitable<Result<ControlChannel>> connect(Executor executor, Transport transport, std::string host,
                                                            std::uint16_t port, Deadline deadline, const char* call,
                                                            std::weak_ptr<State> sibling);
+    // A connected TCP socket (TCP_NODELAY set here).
     explicit ControlChannel(asio::ip::tcp::socket socket);
     // An RDMA CM connection (its send memory registered here: ibv_reg_mr's errors).
     static Result<ControlChannel> over(Executor executor, async::Connection connection);
