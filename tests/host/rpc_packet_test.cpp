@@ -118,7 +118,8 @@ TEST_CASE("rpc packet: each malformed packet is dropped with its reason") {
     for (std::size_t offset = 26; offset < header_bytes; ++offset)
         CHECK(dropped(with_byte(offset, 0x80)) == DropReason::reserved_set);
     CHECK(dropped(with_byte(26, 2)) == DropReason::reserved_set); // whole, without rdma
-    CHECK(dropped(with_byte(26, 4)) == DropReason::reserved_set); // flags other than rdma and whole
+    CHECK(dropped(with_byte(26, 4)) == DropReason::reserved_set); // probe, without whole
+    CHECK(dropped(with_byte(26, 8)) == DropReason::reserved_set); // flags other than rdma, whole and probe
     // the rdma flag: a request's or an ok response's only
     CHECK(dropped(valid(by_rdma(like_request(Kind::credit_return, 2)))) == DropReason::reserved_set);
     CHECK(dropped(valid(by_rdma(like_request(Kind::request_for_response, 1)))) == DropReason::reserved_set);
@@ -283,4 +284,26 @@ TEST_CASE("rpc packet: a whole request is one packet of its whole message, withi
         h.whole = true;
         CHECK(dropped(valid(h, whole_limits), whole_limits) == DropReason::reserved_set);
     }
+}
+
+TEST_CASE("rpc packet: a probe is a whole request's header alone; no other packet carries the flag") {
+    const PacketLimits whole_limits(100'000, mtu - header_bytes, 16'424);
+    PacketHeader probe = by_rdma(like_request(Kind::request, 0, Status::ok, 5000));
+    probe.whole = true;
+    probe.probe = true;
+    const auto bytes = packet(probe, 0);
+    const auto got = decode(bytes, whole_limits);
+    REQUIRE(got.has_value());
+    CHECK(*got == probe);
+    CHECK(static_cast<std::uint8_t>(bytes[26]) == 7); // rdma, whole and probe
+    CHECK(dropped(packet(probe, 5000), whole_limits) == DropReason::bad_length); // the request with it
+    CHECK(dropped(packet(probe, 1), whole_limits) == DropReason::bad_length);
+
+    PacketHeader in_packets = by_rdma(like_request(Kind::request, 0, Status::ok, 500)); // not whole
+    in_packets.probe = true;
+    CHECK(dropped(packet(in_packets, 0), whole_limits) == DropReason::reserved_set);
+    PacketHeader progress = like_request(Kind::in_progress, 0, Status::ok, 5000);
+    progress.whole = true;
+    progress.probe = true;
+    CHECK(dropped(packet(progress, 0), whole_limits) == DropReason::reserved_set);
 }

@@ -862,8 +862,8 @@ TEST_CASE("rpc slots: a response written over the RC path ends its descriptor ca
     CHECK(wire.client.written(plain, written, wire.now).error() == DropReason::inconsistent);
 }
 
-TEST_CASE("rpc slots: a whole request is one packet whatever its size, lent to its handler, and its answers "
-          "name it whole") {
+TEST_CASE("rpc slots: a whole request is one packet whatever its size, lent to its handler, its answers "
+          "name it whole, and once the server has it the client asks by probes") {
     const PacketLimits whole_limits(1 << 16, per, 1 << 16);
     ClientWindow client(ClientOptions{}, limits, client_route);
     ServerWindow server(8, limits, server_route);
@@ -924,11 +924,39 @@ TEST_CASE("rpc slots: a whole request is one packet whatever its size, lent to i
     REQUIRE_FALSE(split.has_value());
     CHECK(split.error() == DropReason::inconsistent);
 
+    // asked again one RTO later: by a probe, the request's header alone (a UD packet)
+    now += std::chrono::milliseconds(100);
+    const auto probe = client.next_packet(now);
+    REQUIRE(probe.has_value());
+    CHECK(probe->header.probe);
+    CHECK(probe->header.whole);
+    CHECK(probe->payload.empty());
+    const Bytes probe_bytes = frame(*probe);
+    const auto probe_header = decode(probe_bytes, whole_limits);
+    REQUIRE(probe_header.has_value());
+    const auto still = server.receive(*probe_header, {});
+    REQUIRE(still.has_value());
+    REQUIRE(std::holds_alternative<Outgoing>(*still));
+    CHECK(std::get<Outgoing>(*still).header.kind == Kind::in_progress);
+    REQUIRE(client.receive(std::get<Outgoing>(*still).header, {}, now).has_value());
+    // a probe names a call the server has: it cannot begin one
+    PacketHeader unknown = *probe_header;
+    unknown.request += 8; // the slot's next call
+    const auto not_begun = server.receive(unknown, {});
+    REQUIRE_FALSE(not_begun.has_value());
+    CHECK(not_begun.error() == DropReason::unsolicited);
+
     const Bytes answer_descriptor(4, std::byte{9});
     const Outgoing response = server.respond(call->request, Status::ok, answer_descriptor, true);
     CHECK_FALSE(response.header.whole); // a response travels as it always does
     now += std::chrono::milliseconds(100); // past the resend the in_progress asked for
-    REQUIRE(client.next_packet(now).has_value());
+    const auto asked = client.next_packet(now);
+    REQUIRE(asked.has_value());
+    CHECK(asked->header.probe);
+    const auto answered = server.receive(asked->header, {});
+    REQUIRE(answered.has_value());
+    REQUIRE(std::holds_alternative<Outgoing>(*answered));
+    CHECK(std::get<Outgoing>(*answered).header == response.header); // the response, made again
     const auto ended = client.receive(response.header, response.payload, now);
     REQUIRE(ended.has_value());
     REQUIRE(ended->has_value());

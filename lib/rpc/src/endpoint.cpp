@@ -351,7 +351,7 @@ struct EndpointCore {
     bool wants_rdma(const SessionState& s, std::size_t request, std::uint32_t capacity) const noexcept;
     struct Description {
         std::span<const std::byte> message;
-        bool whole = false; // SENT whole over RC, from the slot's staging memory
+        bool whole = false; // SENT whole over RC (from the call's MessageBuffer or staging memory)
     };
     Result<Description> describe(SessionState& s, std::span<const std::byte> request, std::uint32_t capacity,
                                  CallBuffers lend);
@@ -588,10 +588,12 @@ void EndpointCore::pump(SessionState& s, Clock::time_point now) {
         const auto out = s.client->next_packet(now);
         if (!out)
             break;
-        if (out->header.whole) {
+        if (out->header.whole && !out->header.probe) { // a probe goes as a UD packet
             send_whole(s, *out);
             continue;
         }
+        if (out->header.probe)
+            ++counters.probes;
         const PendingCall& call = s.calls[out->header.request % s.calls.size()];
         const bool gathered = out->header.kind == Kind::request && call.sending.get() != nullptr &&
                               !out->payload.empty();
@@ -1497,7 +1499,7 @@ void EndpointCore::take_whole(const WorkCompletion& wc) {
     const PacketHeader* header = &to->header;
     if (!s->rc.qp || s->rc.qp->qpn() != wc.qp_num())
         return drop(DropReason::wrong_source);
-    if (!s->server || header->kind != Kind::request || !header->whole)
+    if (!s->server || header->kind != Kind::request || !header->whole || header->probe)
         return drop(DropReason::wrong_kind);
     serve(*s, *header, packet.subspan(header_bytes));
 }

@@ -8,6 +8,7 @@ namespace {
 
 constexpr std::uint8_t flag_rdma = 1;
 constexpr std::uint8_t flag_whole = 2;
+constexpr std::uint8_t flag_probe = 4;
 
 bool known_kind(std::uint8_t raw) noexcept {
     return raw >= static_cast<std::uint8_t>(Kind::request) && raw <= static_cast<std::uint8_t>(Kind::in_progress);
@@ -46,7 +47,8 @@ bool index_fits(Kind kind, std::uint32_t index, std::uint32_t packets) noexcept 
 // The message size and payload the kind and index require.
 bool length_fits(const PacketHeader& h, std::size_t payload, std::uint32_t payload_per_packet) noexcept {
     switch (h.kind) {
-    case Kind::request: return payload == payload_bytes(h.message_size, h.index, payload_per_packet, h.whole);
+    case Kind::request:
+        return payload == (h.probe ? 0 : payload_bytes(h.message_size, h.index, payload_per_packet, h.whole));
     case Kind::response:
         return (h.status == Status::ok || h.message_size == 0) &&
                payload == payload_bytes(h.message_size, h.index, payload_per_packet);
@@ -106,7 +108,7 @@ void encode(const PacketHeader& h, std::span<std::byte, header_bytes> out) noexc
     wire::put(at + 12, h.message_size, 4);
     wire::put(at + 16, h.request, 8);
     wire::put(at + 24, h.index, 2);
-    wire::put(at + 26, (h.rdma ? flag_rdma : 0) | (h.whole ? flag_whole : 0), 1);
+    wire::put(at + 26, (h.rdma ? flag_rdma : 0) | (h.whole ? flag_whole : 0) | (h.probe ? flag_probe : 0), 1);
     wire::put(at + 27, 0, 5);
 }
 
@@ -134,7 +136,7 @@ std::expected<PacketHeader, DropReason> decode(std::span<const std::byte> packet
     if (!status_fits(kind, raw_status))
         return refuse(DropReason::bad_status);
     const auto flags = static_cast<std::uint8_t>(wire::get(at + 26, 1));
-    if ((flags & ~(flag_rdma | flag_whole)) != 0 || wire::get(at + 27, 5) != 0)
+    if ((flags & ~(flag_rdma | flag_whole | flag_probe)) != 0 || wire::get(at + 27, 5) != 0)
         return refuse(DropReason::reserved_set);
     // a descriptor is a request's or an answered (ok) response's
     const bool rdma = (flags & flag_rdma) != 0;
@@ -143,6 +145,10 @@ std::expected<PacketHeader, DropReason> decode(std::span<const std::byte> packet
     // whole: a descriptor request, or the in_progress about one
     const bool whole = (flags & flag_whole) != 0;
     if (whole && !(kind == Kind::request && rdma) && kind != Kind::in_progress)
+        return refuse(DropReason::reserved_set);
+    // probe: a whole request's header alone
+    const bool probe = (flags & flag_probe) != 0;
+    if (probe && !(kind == Kind::request && whole))
         return refuse(DropReason::reserved_set);
     const PacketHeader h{.kind = kind,
                          .rpc_type = static_cast<std::uint8_t>(wire::get(at + 4, 1)),
@@ -153,7 +159,8 @@ std::expected<PacketHeader, DropReason> decode(std::span<const std::byte> packet
                          .request = wire::get(at + 16, 8),
                          .index = static_cast<std::uint16_t>(wire::get(at + 24, 2)),
                          .rdma = rdma,
-                         .whole = whole};
+                         .whole = whole,
+                         .probe = probe};
     if (h.message_size > (whole ? limits.whole_max() : limits.max_message()))
         return refuse(DropReason::too_large);
     if (!index_fits(kind, h.index, packets_of(h.message_size, whole, limits.payload_per_packet())))

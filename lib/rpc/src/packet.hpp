@@ -15,7 +15,7 @@
 //       16     8  request number: per session, increasing (slot = request % window)
 //       24     2  packet index (what it means per kind: below)
 //       26     1  flags: bit 0 "rdma" (requests and responses only; below), bit 1
-//                 "whole" (below), others 0
+//                 "whole", bit 2 "probe" (both below), others 0
 //       27     1  reserved, 0
 //       28     4  reserved, 0
 //       32     n  payload: packet `index` of the message, request and response only
@@ -45,6 +45,12 @@
 // in_progress answer to it carries the flag too (it names packet 0 of 1); no other kind
 // may. What it saves: a request of a few KiB is one message, not a UD packet per MTU
 // (each a system call on Soft-RoCE) or a descriptor and the server's READ (a round trip).
+// A whole request with the probe flag (offset 26, bit 2) is its header alone, with no
+// payload, sent as a UD packet: once the server has answered in_progress, the client
+// asks again whether the response is ready with that, not by SENDing the request again
+// (eRPC's request-for-response: what a slow handler's caller sends per RTO is a header,
+// not up to 16 KiB). A server answers it as it would the request resent, and drops one
+// for a call it does not have.
 //
 // "packets" is packets_of(message size, whole, payload_per_packet): every packet but the
 // last carries payload_per_packet bytes; a 0-byte message is one empty packet. A
@@ -172,6 +178,7 @@ struct PacketHeader {
     std::uint16_t index = 0;
     bool rdma = false; // the message is a descriptor: its bytes travel by RDMA
     bool whole = false; // a request sent whole over RC, or an in_progress about one
+    bool probe = false; // a whole request's header alone, over UD: is the response ready?
     friend bool operator==(const PacketHeader&, const PacketHeader&) = default;
 };
 

@@ -88,6 +88,7 @@ std::expected<std::uint64_t, WindowFull> ClientWindow::begin(std::uint8_t rpc_ty
     }
     slot.request_rdma = rdma;
     slot.request_whole = whole;
+    slot.probing = false;
     slot.response_rdma = false;
     slot.request_packets = packets_of(static_cast<std::uint32_t>(request.size()), whole, limits_.payload_per_packet());
     slot.response_capacity = response_capacity;
@@ -119,8 +120,10 @@ Outgoing ClientWindow::packet_at(const Slot& slot, std::uint32_t position) const
         Outgoing out{header_for(route_, Kind::request, slot.request, slot.rpc_type,
                                 static_cast<std::uint32_t>(slot.request_view.size()), position, Status::ok,
                                 slot.request_rdma),
-                     share(slot.request_view, position, limits_.payload_per_packet(), slot.request_whole)};
+                     slot.probing ? std::span<const std::byte>{}
+                                  : share(slot.request_view, position, limits_.payload_per_packet(), slot.request_whole)};
         out.header.whole = slot.request_whole;
+        out.header.probe = slot.probing;
         return out;
     }
     return {header_for(route_, Kind::request_for_response, slot.request, slot.rpc_type,
@@ -189,9 +192,11 @@ std::expected<std::optional<CallEnd>, DropReason> ClientWindow::take(Slot& slot,
     if (header.kind == Kind::in_progress) {
         // the server has the whole request and works on it: no progress, but an answer
         // (a round trip, and the path alive); the last request packet goes again after
-        // an RTO, as a question whether the response is ready
+        // an RTO, as a question whether the response is ready (a whole request's: its
+        // header alone, a probe)
         rto_.measured(now - slot.last_sent, slot.transmissions);
         write_off(slot);
+        slot.probing = slot.request_whole;
         slot.timeouts = 0;
         slot.resend_at = now + rto_.rto();
         return std::nullopt;
@@ -338,6 +343,9 @@ std::expected<ServerStep, DropReason> ServerWindow::receive(const PacketHeader& 
 
 std::expected<ServerStep, DropReason> ServerWindow::take_request(Slot& slot, const PacketHeader& header,
                                                                  std::span<const std::byte> payload) {
+    // a probe asks about a call this slot has (it carries no request to begin one with)
+    if (header.probe && (slot.phase == Phase::unused || header.request != slot.request))
+        return std::unexpected(DropReason::unsolicited);
     if (slot.phase == Phase::unused || header.request > slot.request) {
         // a new call in this slot
         if (header.request >= seen_below_ && header.request - seen_below_ >= slots_.size())

@@ -47,8 +47,9 @@
 // the handler's view of its request never changes under it; and a resent last packet
 // of call r is answered in_progress: the client then counts no timeout (a handler may
 // take longer than the retry cap's RTOs), returns the credit, and asks again one RTO
-// later. The call's own deadline still bounds it, and the session's liveness is its
-// TCP connection's.
+// later (a whole request asks by a probe, its header alone over UD: packet.hpp). The
+// call's own deadline still bounds it, and the session's liveness is its TCP
+// connection's.
 //
 // Both ends number a session's calls from 0; a session set up again in the same table
 // entry has a new generation, so packets of the old one are dropped (stale_session).
@@ -212,6 +213,7 @@ private:
         std::span<const std::byte> request_view; // the request: request_bytes, or borrowed
         bool request_rdma = false, response_rdma = false; // descriptors
         bool request_whole = false;          // one packet, over RC
+        bool probing = false;                // whole, and the server has it: resends are probes
         std::uint32_t request_packets = 0;   // n_req
         std::uint32_t response_capacity = 0;
         std::uint32_t response_packets = 0;  // n_resp; 0 until response packet 0 arrives

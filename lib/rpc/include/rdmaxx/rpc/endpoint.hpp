@@ -236,6 +236,9 @@ struct Counters {
     std::uint64_t rdma_reads = 0;      ///< large requests READ from clients (server)
     std::uint64_t rdma_writes = 0;     ///< large responses WRITTEN into clients' memory (server)
     std::uint64_t rdma_sends = 0;      ///< requests SENT whole over a session's RC QP (client)
+    std::uint64_t probes = 0;          ///< whole requests asked about again by a probe, their
+                                       ///< header alone over UD, once the server had them and
+                                       ///< their handler still ran (client)
     std::uint64_t held_for_write = 0;  ///< requests of a slot's next call held until the WRITE
                                        ///< of the slot's last response completed (server: the
                                        ///< client had the response first), not dropped
