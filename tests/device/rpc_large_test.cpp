@@ -733,7 +733,8 @@ TEST_CASE("rpc large: a slow handler's caller asks by probes, not whole SENDs; i
     run(rig.io, work(), 60s);
 }
 
-TEST_CASE("rpc large: with every message on the RC path, a 2 KiB echo is one SEND and one WRITE, not a READ") {
+TEST_CASE("rpc large: with every message on the RC path, an echo of 32 B or 2 KiB is one SEND and one WRITE, "
+          "not a READ") {
     rpc::EndpointOptions every = large;
     every.rdma_threshold = 0;
     Rig rig(every, every);
@@ -742,17 +743,18 @@ TEST_CASE("rpc large: with every message on the RC path, a 2 KiB echo is one SEN
     auto work = [&]() -> asio::awaitable<void> {
         co_await connect_into(&rig, &session);
         std::vector<std::byte> response(4096);
-        for (std::uint32_t n = 0; n < 20; ++n) {
-            const auto request = message(n, 2048);
-            const auto got = co_await session->call(echo, request, response, {.timeout = 20s});
-            wrong += !got || *got != request.size() || !echoed(response, request);
-        }
+        for (const std::size_t size : {32, 2048})
+            for (std::uint32_t n = 0; n < 20; ++n) {
+                const auto request = message(n, size);
+                const auto got = co_await session->call(echo, request, response, {.timeout = 20s});
+                wrong += !got || *got != request.size() || !echoed(response, request);
+            }
     };
     run(rig.io, work(), 60s);
     CHECK(wrong == 0);
-    CHECK(rig.client->counters().rdma_sends >= 20);
+    CHECK(rig.client->counters().rdma_sends >= 40);
     CHECK(rig.server->counters().rdma_reads == 0);
-    CHECK(rig.server->counters().rdma_writes == 20);
+    CHECK(rig.server->counters().rdma_writes == 40);
 }
 
 TEST_CASE("rpc large: past the server's receive buffers for whole requests, a session sends its requests as "

@@ -1059,8 +1059,11 @@ Result<EndpointCore::Description> EndpointCore::describe(SessionState& s, std::s
     RcPath::ClientSlot& slot = s.rc.client_slots[s.client->next_request() % s.calls.size()];
     std::vector<MemoryRegion>* retire = slot.touched ? &slot.retired : nullptr;
     const std::size_t inline_size = request_descriptor_bytes + request.size();
+    // a request the threshold sends to the RC path is SENT whole when it fits (a READ of
+    // it would cost a round trip more); so is one whose descriptor makes it more than a
+    // UD packet
     const bool whole = s.rc.whole_grant > 0 && inline_size <= s.rc.whole_max &&
-                       inline_size > s.limits.payload_per_packet;
+                       (request.size() > rdma_threshold || inline_size > s.limits.payload_per_packet);
     RemoteMemory read_from{}, write_into{};
     slot.lent = {};
     if (request.size() > rdma_threshold && !whole) {

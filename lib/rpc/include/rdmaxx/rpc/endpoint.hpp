@@ -74,7 +74,8 @@
 /// slot hears from the server again), and a call beyond offers no memory: its response
 /// comes in UD packets.
 /// A request the server takes whole (up to 16 KiB with its 40-byte descriptor, and
-/// more than one UD packet) is not READ, nor sent in UD packets: it is SENT, as one
+/// above rdma_threshold or, with its descriptor, more than one UD packet) is not READ,
+/// nor sent in UD packets: it is SENT, as one
 /// message, from the call's MessageBuffer (its header and descriptor in the room in
 /// front: message_buffer.hpp) or else copied into the slot's staging memory and SENT
 /// from there, over the RC QP into one of the
