@@ -1,5 +1,7 @@
 #include "rc_transport.hpp"
 
+#include "inline_sends.hpp"
+
 #include <rdmaxx/data/post.hpp>
 #include <rdmaxx/wrap/log.hpp>
 
@@ -62,15 +64,24 @@ Result<QueuePair> RcTransport::create_qp(RcRole role, std::uint32_t depth, std::
             }
     }
     const bool target = role != RcRole::server;
-    return QueuePair::create(*pd_, {.type = QpType::rc,
-                                    .send_cq = &cq_->get(),
-                                    .recv_cq = &cq_->get(),
-                                    .srq = target ? &*srq_ : &*whole_srq_,
-                                    .caps = {.max_send_wr = depth, .max_recv_wr = 1},
-                                    .signal_all = true,
-                                    .port = port,
-                                    .gid_index = gid_index,
-                                    .remote_access = target ? Access::remote_read | Access::remote_write : Access::none});
+    auto qp = create_inlined(
+        [&](std::uint32_t inline_bytes) {
+            return QueuePair::create(*pd_,
+                                     {.type = QpType::rc,
+                                      .send_cq = &cq_->get(),
+                                      .recv_cq = &cq_->get(),
+                                      .srq = target ? &*srq_ : &*whole_srq_,
+                                      .caps = {.max_send_wr = depth, .max_recv_wr = 1, .max_inline_data = inline_bytes},
+                                      .signal_all = true,
+                                      .port = port,
+                                      .gid_index = gid_index,
+                                      .remote_access =
+                                          target ? Access::remote_read | Access::remote_write : Access::none});
+        },
+        inline_limit_);
+    if (qp)
+        inline_limit_ = qp->caps().max_inline_data; // the next QP tries no more
+    return qp;
 }
 
 Result<void> RcTransport::post(QueuePair& qp, Op op, const LocalSlice& local, const RemoteMemory& remote,
@@ -79,12 +90,13 @@ Result<void> RcTransport::post(QueuePair& qp, Op op, const LocalSlice& local, co
     if (op == Op::read)
         batch.read(local, remote, {.wr_id = wr_id});
     else
-        batch.write_with_imm(local, remote, imm, {.wr_id = wr_id});
+        batch.write_with_imm(local, remote, imm,
+                             {.wr_id = wr_id, .inline_data = local.size() <= qp.caps().max_inline_data});
     return batch.post();
 }
 
 Result<void> RcTransport::send(QueuePair& qp, const LocalSlice& local, std::uint64_t wr_id) {
-    return post_send(qp, local, {.wr_id = wr_id});
+    return post_send(qp, local, {.wr_id = wr_id, .inline_data = local.size() <= qp.caps().max_inline_data});
 }
 
 std::span<const std::byte> RcTransport::received(const WorkCompletion& wc) const noexcept {

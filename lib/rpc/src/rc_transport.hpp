@@ -88,8 +88,9 @@ public:
 
     enum class Op : std::uint8_t { read, write };
     // READs `remote` into `local` (op read) or WRITEs `local` to `remote` with the
-    // immediate `imm` (op write), signaled. Runtime error: the post failed (the QP is
-    // broken).
+    // immediate `imm` (op write), signaled; a WRITE or SEND of up to the QP's
+    // max_inline_data bytes inline (inline_sends.hpp). Runtime error: the post failed
+    // (the QP is broken).
     static Result<void> post(QueuePair& qp, Op op, const LocalSlice& local, const RemoteMemory& remote,
                              std::uint64_t wr_id, std::uint32_t imm = 0);
     // SENDs `local` (a whole request), signaled. Runtime error: the post failed.
@@ -110,6 +111,7 @@ private:
     std::optional<SharedReceiveQueue> srq_;
     std::optional<SharedReceiveQueue> whole_srq_; // made with the first server QP
     std::optional<MemoryRegion> whole_buffers_;
+    std::uint32_t inline_limit_ = 256; // the largest max_inline_data a QP was created with
 };
 
 } // namespace rdmaxx::rpc::detail

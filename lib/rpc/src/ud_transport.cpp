@@ -1,5 +1,7 @@
 #include "ud_transport.hpp"
 
+#include "inline_sends.hpp"
+
 #include <algorithm>
 #include <array>
 #include <cstring>
@@ -21,12 +23,6 @@ constexpr std::size_t repost_batch = 32;
 // may be out of the ring at a time: the transport posts as many more than its `ring`.
 constexpr std::uint32_t repost_threshold = 16;
 constexpr std::uint32_t ring_spare = repost_threshold - 1;
-// A packet of up to the QP's max_inline_data bytes is sent inline: the device copies it
-// at the post instead of reading it from registered memory through its keys (on rxe,
-// the kernel's key lookup per SGE for every packet). The largest of these the device
-// takes: QP creation is the only way libibverbs tells its limit.
-constexpr std::uint32_t inline_tries[] = {256, 128, 64, 0};
-
 // Bytes an inline send gathers from where they lie: the post copies them into the WR,
 // and the device reads no local key for them.
 LocalSlice unregistered(std::span<const std::byte> bytes) noexcept {
@@ -67,9 +63,7 @@ Result<std::unique_ptr<UdTransport>> UdTransport::create(asio::io_context& io, c
                                           .gid_index = options.gid_index,
                                           .qkey = options.qkey});
     };
-    auto qp = create_qp(inline_tries[0]);
-    for (std::size_t i = 1; !qp && i < std::size(inline_tries); ++i)
-        qp = create_qp(inline_tries[i]);
+    auto qp = create_inlined(create_qp);
     if (!qp)
         return std::unexpected(std::move(qp.error()));
     t->qp_.emplace(std::move(*qp));
