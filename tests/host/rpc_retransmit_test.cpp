@@ -63,6 +63,18 @@ TEST_CASE("rto: a timeout doubles it up to the ceiling; the next sample resets i
     CHECK(rto.rto() == 2500us);
 }
 
+TEST_CASE("rto: backed_off doubles the RTO per step up to the ceiling, and leaves the RTO as it is") {
+    RtoEstimator rto;
+    rto.measured(1ms, Transmissions::once);
+    CHECK(rto.backed_off(0) == 3ms);
+    CHECK(rto.backed_off(1) == 6ms);
+    CHECK(rto.backed_off(3) == 24ms);
+    CHECK(rto.backed_off(9) == 1536ms);
+    CHECK(rto.backed_off(10) == 2s);
+    CHECK(rto.backed_off(UINT32_MAX) == 2s);
+    CHECK(rto.rto() == 3ms);
+}
+
 TEST_CASE("rto: the max_timeouts-th timeout of a request gives up") {
     RtoEstimator rto;
     for (std::uint32_t t = 1; t < 8; ++t)

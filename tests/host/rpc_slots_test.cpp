@@ -342,10 +342,14 @@ TEST_CASE("rpc slots: a long handler keeps its call alive past the retry cap, an
     const auto old_id = wire.begin(make_request(8, 10));
     wire.deliver(); // the request arrived; its handler waits
     REQUIRE(wire.pending.size() == 1);
-    // 20 RTOs, far past the cap of 8: each resend is answered in_progress
+    // 20 RTOs, far past the cap of 8: each resend is answered in_progress, and the
+    // client asks twice as late each time, up to the RTO's ceiling (2 s)
+    std::vector<std::chrono::nanoseconds> waits;
     for (int round = 0; round < 20; ++round) {
         const auto deadline = wire.client.next_deadline();
         REQUIRE(deadline.has_value());
+        if (round > 0)
+            waits.push_back(*deadline - wire.now);
         wire.now = std::max(wire.now, *deadline);
         while (const auto end = wire.client.expire(wire.now))
             wire.record(*end);
@@ -354,6 +358,9 @@ TEST_CASE("rpc slots: a long handler keeps its call alive past the retry cap, an
     }
     CHECK(wire.ended.count(old_id) == 0);
     CHECK(wire.sent_by_client == 21);
+    for (std::size_t i = 1; i < waits.size(); ++i)
+        CHECK(waits[i] == std::min<std::chrono::nanoseconds>(2 * waits[i - 1], std::chrono::seconds(2)));
+    CHECK(waits.back() == std::chrono::seconds(2));
     CHECK(wire.server_drops.empty());
     wire.client.abandon(old_id); // the caller's deadline: the endpoint gives up
     const Bytes request = make_request(8, 20);
@@ -949,7 +956,7 @@ TEST_CASE("rpc slots: a whole request is one packet whatever its size, lent to i
     const Bytes answer_descriptor(4, std::byte{9});
     const Outgoing response = server.respond(call->request, Status::ok, answer_descriptor, true);
     CHECK_FALSE(response.header.whole); // a response travels as it always does
-    now += std::chrono::milliseconds(100); // past the resend the in_progress asked for
+    now = *client.next_deadline(); // the resend the second in_progress asked for: twice as late
     const auto asked = client.next_packet(now);
     REQUIRE(asked.has_value());
     CHECK(asked->header.probe);

@@ -42,4 +42,11 @@ OnTimeout RtoEstimator::timed_out(std::uint32_t timeouts) noexcept {
     return OnTimeout::retransmit;
 }
 
+std::chrono::nanoseconds RtoEstimator::backed_off(std::uint32_t doublings) const noexcept {
+    nanoseconds wait = rto_;
+    for (std::uint32_t i = 0; i < doublings && wait < config_.ceiling; ++i)
+        wait = wait > config_.ceiling / 2 ? config_.ceiling : 2 * wait;
+    return wait;
+}
+
 } // namespace rdmaxx::rpc::detail

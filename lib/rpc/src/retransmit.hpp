@@ -63,6 +63,12 @@ public:
     // give_up: this was the max_timeouts-th, fail the call (the RTO is left as it is).
     OnTimeout timed_out(std::uint32_t timeouts) noexcept;
 
+    // The RTO doubled `doublings` times, capped at the ceiling, without changing it: how
+    // long a caller waits before asking again about a request that is in progress, the
+    // `doublings`-th time in a row it was told so (a long handler is asked less and less
+    // often; its response comes when it is ready anyway).
+    std::chrono::nanoseconds backed_off(std::uint32_t doublings) const noexcept;
+
 private:
     RtoConfig config_;
     std::chrono::nanoseconds srtt_{0};

@@ -99,6 +99,7 @@ std::expected<std::uint64_t, WindowFull> ClientWindow::begin(std::uint8_t rpc_ty
     slot.timeouts = 0;
     slot.transmissions = Transmissions::once;
     slot.resend_at = {};
+    slot.told_in_progress = 0;
     ++unsent_slots_; // request_packets >= 1
     return slot.request;
 }
@@ -192,13 +193,15 @@ std::expected<std::optional<CallEnd>, DropReason> ClientWindow::take(Slot& slot,
     if (header.kind == Kind::in_progress) {
         // the server has the whole request and works on it: no progress, but an answer
         // (a round trip, and the path alive); the last request packet goes again after
-        // an RTO, as a question whether the response is ready (a whole request's: its
-        // header alone, a probe)
+        // an RTO, doubled for each in_progress before (the server sends the response
+        // once it is ready: the question is for a response lost on the way), as a
+        // question whether the response is ready (a whole request's: its header alone,
+        // a probe)
         rto_.measured(now - slot.last_sent, slot.transmissions);
         write_off(slot);
         slot.probing = slot.request_whole;
         slot.timeouts = 0;
-        slot.resend_at = now + rto_.rto();
+        slot.resend_at = now + rto_.backed_off(slot.told_in_progress++);
         return std::nullopt;
     }
     // header.index >= 1: response packet 0 set the size, an ok status and n_resp > 1

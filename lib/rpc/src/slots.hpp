@@ -47,7 +47,9 @@
 // the handler's view of its request never changes under it; and a resent last packet
 // of call r is answered in_progress: the client then counts no timeout (a handler may
 // take longer than the retry cap's RTOs), returns the credit, and asks again one RTO
-// later (a whole request asks by a probe, its header alone over UD: packet.hpp). The
+// later, and twice as long after each in_progress in a row, up to the RTO's ceiling (the
+// server sends the response when it is ready: the question is for a lost one; a whole
+// request asks by a probe, its header alone over UD: packet.hpp). The
 // call's own deadline still bounds it, and the session's liveness is its TCP
 // connection's.
 //
@@ -225,6 +227,7 @@ private:
         Clock::time_point last_sent{};
         Clock::time_point deadline{}; // while sent > received
         Clock::time_point resend_at{}; // told in_progress: the last request packet goes again then
+        std::uint32_t told_in_progress = 0; // times so far: each doubles the wait until resend_at
     };
 
     // The positions the call has to send as far as it knows: n_req until response
