@@ -490,8 +490,9 @@ TEST_CASE("rpc endpoint: a client sending garbage and forged packets disturbs no
 // ---------------------------------------------------------------------------------
 // A hostile client on the RC path: an RC QP of its own offered over its session's TCP
 // connection, then descriptors the server must not READ (beyond the session's limit),
-// one naming memory that is not there (the READ fails), and garbage in place of an RC
-// message on another session. Each ends at most the hostile session; an honest client's
+// one naming memory that is not there (the READ fails), garbage in place of an RC
+// message on another session, and on a third a SEND larger than the server's receive
+// buffers (its QP breaks). Each ends at most the hostile session; an honest client's
 // large calls go on.
 
 namespace {
@@ -502,6 +503,7 @@ struct RcAttack {
     bool answered_too_far = false; // the descriptor beyond the limit: answered, not READ
     bool ended_by_bad_read = false;
     bool ended_by_garbage = false;
+    bool ended_by_oversized_send = false;
     int honest_wrong = 0;
     std::uint32_t server_sessions = 0; // at the end, the honest one still open
 };
@@ -551,8 +553,34 @@ asio::awaitable<void> honest_large(std::optional<rpc::Session>* session, std::ui
     }
 }
 
+// The attacker's RC QP for its session on `socket` (and its CQ), offered to the server
+// and connected to the server's QP.
+struct HostileRc {
+    std::optional<CompletionQueue> cq;
+    std::optional<QueuePair> qp;
+};
+
+asio::awaitable<void> offer_rc(Attacker* attacker, asio::ip::tcp::socket* socket, HostileRc* rc) {
+    namespace d = rpc::detail;
+    rc->cq.emplace(must(CompletionQueue::create(attacker->ud->context(), {.depth = 16})));
+    rc->qp.emplace(must(QueuePair::create(attacker->ud->pd(), {.type = QpType::rc,
+                                                               .send_cq = &*rc->cq,
+                                                               .recv_cq = &*rc->cq,
+                                                               .caps = {.max_send_wr = 4, .max_recv_wr = 4},
+                                                               .port = attacker->ud->port(),
+                                                               .gid_index = attacker->ud->gid_index()})));
+    const auto offer =
+        d::encode(d::RcMessage{.kind = d::RcMessage::Kind::offer, .available = true, .qp = rc->qp->endpoint()});
+    co_await asio::async_write(*socket, asio::buffer(offer), asio::use_awaitable);
+    std::array<std::byte, d::rc_message_bytes> in{};
+    co_await asio::async_read(*socket, asio::buffer(in), asio::use_awaitable);
+    const auto answer = must(d::decode_rc(in));
+    REQUIRE(answer.available);
+    must(rc->qp->connect(answer.qp));
+}
+
 asio::awaitable<void> attack_rc(Rig* rig, Attacker* attacker, asio::ip::tcp::socket* socket,
-                                asio::ip::tcp::socket* second, RcAttack* out) {
+                                asio::ip::tcp::socket* second, asio::ip::tcp::socket* third, RcAttack* out) {
     namespace d = rpc::detail;
     std::optional<rpc::Session> honest;
     co_await connect_into(rig, &honest);
@@ -561,20 +589,8 @@ asio::awaitable<void> attack_rc(Rig* rig, Attacker* attacker, asio::ip::tcp::soc
     co_await hostile_setup(rig, attacker, socket);
     REQUIRE(!attacker->reply.refusal);
     attacker->to_server.emplace(must(attacker->ud->handle_to(attacker->reply.server)));
-    auto cq = must(CompletionQueue::create(attacker->ud->context(), {.depth = 16}));
-    auto qp = must(QueuePair::create(attacker->ud->pd(), {.type = QpType::rc,
-                                                          .send_cq = &cq,
-                                                          .recv_cq = &cq,
-                                                          .caps = {.max_send_wr = 4, .max_recv_wr = 4},
-                                                          .port = attacker->ud->port(),
-                                                          .gid_index = attacker->ud->gid_index()}));
-    const auto offer = d::encode(d::RcMessage{.kind = d::RcMessage::Kind::offer, .available = true, .qp = qp.endpoint()});
-    co_await asio::async_write(*socket, asio::buffer(offer), asio::use_awaitable);
-    std::array<std::byte, d::rc_message_bytes> in{};
-    co_await asio::async_read(*socket, asio::buffer(in), asio::use_awaitable);
-    const auto answer = must(d::decode_rc(in));
-    REQUIRE(answer.available);
-    must(qp.connect(answer.qp));
+    HostileRc rc;
+    co_await offer_rc(attacker, socket, &rc);
 
     // beyond the session's max_request (4096): answered transfer_failed, nothing READ
     const std::uint64_t reads = rig->server->counters().rdma_reads;
@@ -595,23 +611,36 @@ asio::awaitable<void> attack_rc(Rig* rig, Attacker* attacker, asio::ip::tcp::soc
     co_await asio::async_write(*second, asio::buffer(garbage), asio::use_awaitable);
     out->ended_by_garbage = co_await closed_within(second, 10s);
     co_await honest_large(&honest, 20, &out->honest_wrong);
+
+    // a SEND larger than the server's buffers for whole requests, on a third: the
+    // server's receive fails and its QP breaks; the server ends the session at once
+    // (the attacker keeps its control connection open and posts nothing more)
+    co_await hostile_setup(rig, attacker, third, 9);
+    REQUIRE(!attacker->reply.refusal);
+    HostileRc broken;
+    co_await offer_rc(attacker, third, &broken);
+    auto oversized = must(MemoryRegion::allocate(attacker->ud->pd(), 64 * 1024, Access::local_write));
+    must(post_send(*broken.qp, oversized.slice(0, 64 * 1024), {.wr_id = 1}));
+    out->ended_by_oversized_send = co_await closed_within(third, 10s);
+    co_await honest_large(&honest, 30, &out->honest_wrong);
     co_await pause(50ms);
     out->server_sessions = rig->server->sessions();
 }
 
 } // namespace
 
-TEST_CASE("rpc endpoint: a hostile client's RC offer and descriptors end its own session only") {
+TEST_CASE("rpc endpoint: a hostile client's RC offer, descriptors and oversized SEND end its own session only") {
     Rig rig(large_messages, large_messages);
     Attacker attacker;
     attacker.ud = must(rpc::detail::UdTransport::create(rig.io, {.ring = 64, .send_depth = 64},
                                                           &Attacker::deliver, &attacker));
-    asio::ip::tcp::socket socket(rig.io), second(rig.io);
+    asio::ip::tcp::socket socket(rig.io), second(rig.io), third(rig.io);
     RcAttack out;
-    run(rig.io, attack_rc(&rig, &attacker, &socket, &second, &out), 120s);
+    run(rig.io, attack_rc(&rig, &attacker, &socket, &second, &third, &out), 120s);
     CHECK(out.answered_too_far);
     CHECK(out.ended_by_bad_read);
     CHECK(out.ended_by_garbage);
+    CHECK(out.ended_by_oversized_send);
     CHECK(out.honest_wrong == 0);
     CHECK(out.server_sessions == 1); // the honest one
     CHECK(rig.server->counters().rdma_reads >= 12);

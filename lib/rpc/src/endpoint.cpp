@@ -387,6 +387,7 @@ struct EndpointCore {
     SessionState& attach(SessionId local, const SessionId& remote, const UdAddress& peer, AddressHandle ah,
                          const SessionLimits& limits, bool initiator, bool both_ways);
     void end_session(SessionId id, std::string_view why);
+    void rc_receive_failed(const WorkCompletion& wc);
     // The calls waiting for a window slot end, not begun (connection reset: `why`).
     void fail_queued(SessionState& s, std::string_view why);
     // Sends `message` on the session's control connection, after those before it: one
@@ -1437,11 +1438,8 @@ bool EndpointCore::hold_until_written(SessionState& s, const PacketHeader& heade
 // (rc_codec.hpp), its byte_len the size. Untrusted: a completion that names no call of
 // this end's in progress is dropped, counted as a packet would be.
 void EndpointCore::take_written(const WorkCompletion& wc) {
-    if (!wc.ok()) {
-        // a QP that failed mid-WRITE: its peer's WRITE fails too, and ends the session there
-        logger()->warn("rdmaxx rpc: a receive of the RC path failed: {}", wc.error().message());
-        return;
-    }
+    if (!wc.ok())
+        return rc_receive_failed(wc);
     const auto imm = wc.imm();
     if (!imm)
         return drop(DropReason::wrong_kind); // a SEND: nothing sends on these QPs
@@ -1488,10 +1486,8 @@ void EndpointCore::sent_whole(const WorkCompletion& wc, SessionId session, std::
 // again once this returns: what the handler keeps, the window copies). Untrusted as
 // any packet, and it must come over its session's RC QP.
 void EndpointCore::take_whole(const WorkCompletion& wc) {
-    if (!wc.ok()) {
-        logger()->warn("rdmaxx rpc: a whole request's receive failed: {}", wc.error().message());
-        return;
-    }
+    if (!wc.ok())
+        return rc_receive_failed(wc);
     if (wc.imm())
         return drop(DropReason::wrong_kind); // nothing writes into a server's QP
     const auto packet = rc->received(wc);
@@ -1505,6 +1501,20 @@ void EndpointCore::take_whole(const WorkCompletion& wc) {
     if (!s->server || header->kind != Kind::request || !header->whole || header->probe)
         return drop(DropReason::wrong_kind);
     serve(*s, *header, packet.subspan(header_bytes));
+}
+
+// A receive of the RC path failed: the QP it was consumed on broke (a peer's SEND
+// larger than the buffer, or into a zero-byte receive; a QP that failed mid-WRITE) and
+// carries nothing more. Its session ends now, not at its next transfer or when its
+// control connection closes. Found by its QP's number, a walk of the sessions: this is
+// no hot path, and a peer that breaks its QP on purpose must set up a session again.
+void EndpointCore::rc_receive_failed(const WorkCompletion& wc) {
+    for (const SessionId id : table.live())
+        if (const SessionState* s = table.lookup(id); s != nullptr && s->rc.qp && s->rc.qp->qpn() == wc.qp_num()) {
+            logger()->warn("rdmaxx rpc: session {}: a receive of its RC QP failed: {}", id.number,
+                           wc.error().message());
+            return end_session(id, fmt::format("a receive of its RC QP failed: {}", wc.error().message()));
+        }
 }
 
 void EndpointCore::post_waiting() {
