@@ -31,6 +31,7 @@
 
 #include "../support/allocations.hpp"
 #include "../support/device.hpp"
+#include "../support/run_until.hpp"
 
 using namespace rdmaxx;
 using namespace std::chrono_literals;
@@ -44,16 +45,6 @@ ConnectionOptions options() {
     o.timeout = 10s;
     o.receive_depth = 16;
     return o;
-}
-
-// Runs `io` until `done` (at most `bound`); REQUIREs it.
-void run_until(asio::io_context& io, const bool& done, std::chrono::seconds bound = 60s) {
-    const auto deadline = std::chrono::steady_clock::now() + bound;
-    while (!done && std::chrono::steady_clock::now() < deadline) {
-        io.restart();
-        io.run_for(10ms);
-    }
-    REQUIRE(done);
 }
 
 // Counts what failed (a coroutine must not throw out of doctest's macros).
@@ -202,8 +193,8 @@ TEST_CASE("async Connection: every call, many in flight on one connection, from 
     bool server_done = false, client_done = false;
     asio::co_spawn(io, server(listener, t, server_done), asio::detached);
     asio::co_spawn(io, client(io.get_executor(), listener.port(), t, client_done), asio::detached);
-    run_until(io, client_done);
-    run_until(io, server_done);
+    REQUIRE(test::run_until(io, [&] { return client_done; }, 60s));
+    REQUIRE(test::run_until(io, [&] { return server_done; }, 60s));
     CHECK(t.failures == 0);
     CHECK(listener.stats().accepted == 1);
 }
@@ -264,8 +255,8 @@ TEST_CASE("async Connection: 2,000 one-sided calls allocate nothing once warm, A
     bool server_done = false, client_done = false;
     asio::co_spawn(io, passive_server(listener, t, server_done), asio::detached);
     asio::co_spawn(io, counted_client(io.get_executor(), listener.port(), counted, t, client_done), asio::detached);
-    run_until(io, client_done, 120s);
-    run_until(io, server_done);
+    REQUIRE(test::run_until(io, [&] { return client_done; }, 120s));
+    REQUIRE(test::run_until(io, [&] { return server_done; }, 60s));
     CHECK(t.failures == 0);
     // Asio's frames (aligned_alloc) counted too: a call is one coroutine of its own plus
     // its timer wait's, which Asio's per-thread cache of two frames recycles (a call that
@@ -418,7 +409,7 @@ TEST_CASE("async Connection: a blocking Listener on another thread is the same p
     Tally t;
     bool done = false;
     asio::co_spawn(io, async_side(io.get_executor(), listener.port(), t, done), asio::detached);
-    run_until(io, done);
+    REQUIRE(test::run_until(io, [&] { return done; }, 60s));
     server.join();
     CHECK(t.failures == 0);
     CHECK(!server_error.has_value());
@@ -483,7 +474,7 @@ TEST_CASE("async Connection: a cancelled wait leaves the connection usable; a ca
     Tally t;
     bool done = false;
     asio::co_spawn(io, cancel_then_use(listener, t, done), asio::detached);
-    run_until(io, done);
+    REQUIRE(test::run_until(io, [&] { return done; }, 60s));
     CHECK(t.failures == 0);
 }
 
@@ -524,7 +515,7 @@ TEST_CASE("async Connection: a peer process that dies ends the pending calls, we
     bool done = false;
     std::chrono::milliseconds took{};
     asio::co_spawn(io, wait_on_dying_peer(listener, t, took, done), asio::detached);
-    run_until(io, done);
+    REQUIRE(test::run_until(io, [&] { return done; }, 60s));
     int status = 0;
     ::waitpid(child, &status, 0);
     CHECK(WIFEXITED(status));
@@ -582,7 +573,7 @@ TEST_CASE("async Connection over RDMA CM: connect and connect_another without bl
     bool done = false;
     asio::co_spawn(io, cm_server(listener, t, served), asio::detached);
     asio::co_spawn(io, cm_client(io.get_executor(), host, listener.port(), t, done), asio::detached);
-    run_until(io, done);
+    REQUIRE(test::run_until(io, [&] { return done; }, 60s));
     const auto deadline = std::chrono::steady_clock::now() + 20s;
     while (served < 2 && std::chrono::steady_clock::now() < deadline) {
         io.restart();

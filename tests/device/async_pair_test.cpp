@@ -17,6 +17,7 @@
 
 #include "../support/device.hpp"
 #include "../support/pair.hpp"
+#include "../support/run_until.hpp"
 
 using namespace rdmaxx;
 using namespace std::chrono_literals;
@@ -58,14 +59,6 @@ asio::awaitable<void> connect_both(async::Listener& listener, std::optional<asyn
     done = true;
 }
 
-void run_until(asio::io_context& io, const bool& done, std::chrono::seconds bound) {
-    const auto deadline = std::chrono::steady_clock::now() + bound;
-    while (!done && std::chrono::steady_clock::now() < deadline) {
-        io.restart();
-        io.run_for(10ms);
-    }
-}
-
 } // namespace
 
 TEST_CASE("async Connection: the port going down ends the pending calls with its Error, not their timeout" *
@@ -78,7 +71,7 @@ TEST_CASE("async Connection: the port going down ends the pending calls with its
     std::optional<async::Connection> server, client;
     bool connected = false;
     asio::co_spawn(io, connect_both(listener, server, client, options, connected), asio::detached);
-    run_until(io, connected, 30s);
+    REQUIRE(test::run_until(io, [&] { return connected; }, 30s));
     REQUIRE(server);
     REQUIRE(client);
     Ended on_client, on_server;

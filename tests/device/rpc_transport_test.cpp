@@ -9,7 +9,6 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
-#include <functional>
 #include <optional>
 #include <vector>
 
@@ -21,6 +20,7 @@
 #include <doctest/doctest.h>
 
 #include "../support/device.hpp"
+#include "../support/run_until.hpp"
 #include "rc_transport.hpp"
 #include "ud_transport.hpp"
 
@@ -168,21 +168,14 @@ struct RcReceipts {
         const bool whole = (wc.wr_id() & RcTransport::whole_receive_bit) != 0;
         if (!wc.ok())
             ++(whole ? r.failed_whole : r.failed_immediate);
-        else if (whole)
-            r.whole.assign(r.transport->received(wc).begin(), r.transport->received(wc).end());
+        else if (whole) {
+            const auto bytes = r.transport->received(wc);
+            r.whole.assign(bytes.begin(), bytes.end());
+        }
         else if (wc.wr_id() == RcTransport::receive_id)
             ++r.empty_sends;
     }
 };
-
-void run_until(asio::io_context& io, const std::function<bool()>& done) {
-    const auto deadline = std::chrono::steady_clock::now() + 20s;
-    while (!done() && std::chrono::steady_clock::now() < deadline) {
-        io.restart();
-        io.run_for(5ms);
-    }
-    REQUIRE(done());
-}
 
 // A fresh QP of `role` on the transport and a fresh peer QP (its own CQ) connected to it.
 struct PeerLink {
@@ -225,14 +218,14 @@ TEST_CASE("RC transport: receives a hostile peer's oversized SENDs fail are post
     std::deque<PeerLink> links; // destroyed before the transport
     for (int n = 1; n <= 4; ++n) { // twice each SRQ's size
         send_from_peer(links, *transport, context, pd, RcRole::server, memory, 65);
-        run_until(io, [&] { return receipts.failed_whole == n; });
+        REQUIRE(test::run_until(io, [&] { return receipts.failed_whole == n; }, 20s));
         send_from_peer(links, *transport, context, pd, RcRole::client, memory, 1);
-        run_until(io, [&] { return receipts.failed_immediate == n; });
+        REQUIRE(test::run_until(io, [&] { return receipts.failed_immediate == n; }, 20s));
     }
     send_from_peer(links, *transport, context, pd, RcRole::server, memory, 64);
-    run_until(io, [&] { return !receipts.whole.empty(); });
+    REQUIRE(test::run_until(io, [&] { return !receipts.whole.empty(); }, 20s));
     CHECK(std::equal(receipts.whole.begin(), receipts.whole.end(), memory.bytes().begin(), memory.bytes().begin() + 64));
     CHECK(receipts.whole.size() == 64);
     send_from_peer(links, *transport, context, pd, RcRole::client, memory, 0);
-    run_until(io, [&] { return receipts.empty_sends == 1; });
+    REQUIRE(test::run_until(io, [&] { return receipts.empty_sends == 1; }, 20s));
 }
