@@ -713,10 +713,10 @@ TEST_CASE("rpc large: a slow handler's caller asks by probes, less and less ofte
         Buffers b = buffers_for(*rig.client, 0, 3000, 20'000, 64 * 1024);
         const auto bytes = ask(0, 3000, 20'000);
         const auto before = rig.client->counters();
-        // the server holds the call: it times out. Its request is SENT whole until the
-        // server answers in_progress, then asked about by probes (UD headers), so no
-        // SEND reads the buffer when the call ends: only the response buffer, which
-        // the server may still WRITE into, gets new memory
+        // the server holds the call: it times out. Its request is SENT whole once (twice
+        // if the SEND's completion came after the first RTO), then asked about by probes
+        // (UD headers), so no SEND reads the buffer when the call ends: only the response
+        // buffer, which the server may still WRITE into, gets new memory
         // (probes twice as far apart each time: with the RTO at 100 ms, about 3 in a
         // second where 9 would go at one per RTO)
         const auto held = co_await session->call(hold_it, b.request, b.response, {.timeout = 1s});
@@ -724,7 +724,7 @@ TEST_CASE("rpc large: a slow handler's caller asks by probes, less and less ofte
         const auto& after = rig.client->counters();
         MESSAGE("SENDs ", after.rdma_sends - before.rdma_sends, ", probes ", after.probes - before.probes);
         CHECK(after.rdma_sends > before.rdma_sends);
-        CHECK(after.rdma_sends - before.rdma_sends <= 3);
+        CHECK(after.rdma_sends - before.rdma_sends <= 2);
         CHECK(after.probes - before.probes >= 2);
         CHECK(after.probes - before.probes <= 5);
         CHECK(after.buffers_renewed == before.buffers_renewed + 1);

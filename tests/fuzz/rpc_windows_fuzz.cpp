@@ -1,7 +1,7 @@
 // libFuzzer target: a session's two windows (slots.hpp) between an honest client and an
 // honest server, with hostile packets (any bytes decode() accepts) thrown at either end
-// among the honest ones, calls abandoned, requests sent whole, responses WRITTEN over
-// the RC path (real or forged), and time moving. Whatever the peer sends is dropped or taken: never an
+// among the honest ones, calls abandoned, requests sent whole (their SENDs completing),
+// responses WRITTEN over the RC path (real or forged), and time moving. Whatever the peer sends is dropped or taken: never an
 // abort (the windows' preconditions are programming errors, which only their driver
 // can commit: this one keeps them), nor memory out of bounds (ASan watches), nor more
 // packets in flight than the session's credits, nor a credit lost.
@@ -157,8 +157,13 @@ struct Session {
                 ended(request);
             }
             break;
-        case 7: { // a response WRITTEN over the RC path: to a call of the client's, or forged
+        case 7: { // over the RC path, to a call of the client's or any: a whole request's SEND
+                  // complete, or a response WRITTEN
             const std::uint64_t request = !live.empty() && (p.next() & 1) ? live[p.next() % live.size()] : p.next(4);
+            if (p.next() & 1) {
+                client.delivered(request);
+                break;
+            }
             const std::byte descriptor[4] = {};
             if (const auto end = client.written(request, descriptor, now))
                 ended(end->request);

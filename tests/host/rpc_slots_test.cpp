@@ -869,6 +869,60 @@ TEST_CASE("rpc slots: a response written over the RC path ends its descriptor ca
     CHECK(wire.client.written(plain, written, wire.now).error() == DropReason::inconsistent);
 }
 
+TEST_CASE("rpc slots: a whole request whose SEND completed is asked about by a probe after an RTO; a probe "
+          "unanswered, it goes whole again") {
+    const PacketLimits whole_limits(1 << 16, per, 1 << 16);
+    ClientWindow client(ClientOptions{}, limits, client_route);
+    ServerWindow server(8, limits, server_route);
+    const Bytes descriptor = make_request(3 * per, 8);
+    const auto id = client.begin(3, descriptor, 1 << 16, true, ClientWindow::Keep::copy, true);
+    REQUIRE(id.has_value());
+    Clock::time_point now{};
+    const auto sent = client.next_packet(now);
+    REQUIRE(sent.has_value());
+    CHECK_FALSE(sent->header.probe);
+    client.delivered(*id + 8); // not this call: nothing
+    client.delivered(*id);
+    const auto take = [&](const Outgoing& out) { // the server takes a packet as it was framed
+        const Bytes bytes = frame(out);
+        const auto header = decode(bytes, whole_limits);
+        REQUIRE(header.has_value());
+        return server.receive(*header, std::span(bytes).subspan(header_bytes));
+    };
+    // the server has the request (its handler runs): an RTO, a probe, in_progress
+    REQUIRE(take(*sent).has_value());
+    now = *client.next_deadline();
+    CHECK_FALSE(client.expire(now).has_value());
+    const auto probe = client.next_packet(now);
+    REQUIRE(probe.has_value());
+    CHECK(probe->header.probe);
+    CHECK(probe->payload.empty());
+    const auto busy = take(*probe);
+    REQUIRE(busy.has_value());
+    REQUIRE(std::holds_alternative<Outgoing>(*busy));
+    CHECK(std::get<Outgoing>(*busy).header.kind == Kind::in_progress);
+
+    // another call, whose server lost the request: a probe goes unanswered, then the
+    // request goes whole again, then (its SEND completed) a probe again
+    ClientWindow lossy(ClientOptions{}, limits, client_route);
+    const auto lost = lossy.begin(3, descriptor, 1 << 16, true, ClientWindow::Keep::copy, true);
+    REQUIRE(lost.has_value());
+    REQUIRE(lossy.next_packet(now).has_value());
+    lossy.delivered(*lost);
+    std::vector<bool> probes;
+    for (int round = 0; round < 4; ++round) {
+        now = *lossy.next_deadline();
+        CHECK_FALSE(lossy.expire(now).has_value());
+        const auto again = lossy.next_packet(now);
+        REQUIRE(again.has_value());
+        probes.push_back(again->header.probe);
+        CHECK(again->payload.empty() == again->header.probe);
+        if (!again->header.probe)
+            lossy.delivered(*lost);
+    }
+    CHECK(probes == std::vector<bool>{true, false, true, false});
+}
+
 TEST_CASE("rpc slots: a whole request is one packet whatever its size, lent to its handler, its answers "
           "name it whole, and once the server has it the client asks by probes") {
     const PacketLimits whole_limits(1 << 16, per, 1 << 16);

@@ -79,6 +79,7 @@ struct PendingCall {
     std::span<std::byte> response;
     CallBuffers buffers; // of a call made with them: the response's size() is set on success
     BufferHold sending;  // the request's MessageBuffer, while the window sends from it
+    bool whole_posted = false; // its whole request's SEND was posted (not only stalled)
     Clock::time_point deadline{};
     StoredCall handler;
 };
@@ -569,6 +570,7 @@ void EndpointCore::send_whole(SessionState& s, const Outgoing& out) {
     }
     if (lent.get() != nullptr && (slot.sending.empty() || slot.sending.back().get() != lent.get()))
         slot.sending.push_back(lent);
+    s.calls[k].whole_posted = true;
     ++slot.sends;
     ++s.rc.sends;
     ++sends_in_flight;
@@ -700,6 +702,7 @@ bool EndpointCore::try_begin(SessionState& s, std::uint8_t type, std::span<const
     call.response = response;
     call.buffers = buffers;
     call.sending = from_buffer ? lend.request->hold_ : BufferHold{};
+    call.whole_posted = false;
     call.deadline = deadline;
     call.handler = std::move(handler);
     call.handler.on_cancel(
@@ -1479,6 +1482,10 @@ void EndpointCore::sent_whole(const WorkCompletion& wc, SessionId session, std::
         slot.sending.clear();
         if (!slot.touched)
             slot.retired.clear();
+        // every SEND of the slot is complete, its call's own among them if it posted
+        // one: the server has the request, an RTO asks by a probe
+        if (const PendingCall& call = s->calls[k]; call.busy && call.whole_posted)
+            s->client->delivered(call.request);
     }
 }
 

@@ -89,6 +89,7 @@ std::expected<std::uint64_t, WindowFull> ClientWindow::begin(std::uint8_t rpc_ty
     slot.request_rdma = rdma;
     slot.request_whole = whole;
     slot.probing = false;
+    slot.last_was_probe = false;
     slot.response_rdma = false;
     slot.request_packets = packets_of(static_cast<std::uint32_t>(request.size()), whole, limits_.payload_per_packet());
     slot.response_capacity = response_capacity;
@@ -152,6 +153,7 @@ std::optional<Outgoing> ClientWindow::next_packet(Clock::time_point now) {
         stalled_ = false;
         cursor_ = k + 1 == n ? 0 : k + 1;
         const Outgoing out = packet_at(slot, slot.sent);
+        slot.last_was_probe = out.header.probe;
         if (++slot.sent == sendable(slot))
             --unsent_slots_;
         ++in_flight_;
@@ -307,6 +309,12 @@ std::optional<Clock::time_point> ClientWindow::next_deadline() const noexcept {
     return earliest;
 }
 
+void ClientWindow::delivered(std::uint64_t request) noexcept {
+    Slot& slot = slots_[request % slots_.size()];
+    if (slot.busy && slot.request == request && slot.request_whole)
+        slot.probing = true;
+}
+
 std::optional<CallEnd> ClientWindow::expire(Clock::time_point now) {
     for (Slot& slot : slots_) {
         if (!slot.busy || slot.sent == slot.received || slot.deadline > now)
@@ -315,6 +323,10 @@ std::optional<CallEnd> ClientWindow::expire(Clock::time_point now) {
             congestion_->timed_out();
         if (rto_.timed_out(++slot.timeouts) == OnTimeout::give_up)
             return end(slot, CallOutcome::timed_out, 0);
+        // a probe the server never answered, where only a SEND's completion said it had
+        // the request: the request goes whole again
+        if (slot.last_was_probe && slot.told_in_progress == 0)
+            slot.probing = false;
         write_off(slot);
         slot.transmissions = Transmissions::retransmitted;
     }

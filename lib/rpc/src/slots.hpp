@@ -49,7 +49,8 @@
 // take longer than the retry cap's RTOs), returns the credit, and asks again one RTO
 // later, and twice as long after each in_progress in a row, up to the RTO's ceiling (the
 // server sends the response when it is ready: the question is for a lost one; a whole
-// request asks by a probe, its header alone over UD: packet.hpp). The
+// request asks by a probe, its header alone over UD: packet.hpp; so does one whose RC
+// SEND completed, delivered(), until a probe goes unanswered). The
 // call's own deadline still bounds it, and the session's liveness is its TCP
 // connection's.
 //
@@ -191,6 +192,13 @@ public:
     std::expected<CallEnd, DropReason> written(std::uint64_t request, std::span<const std::byte> descriptor,
                                                Clock::time_point now);
 
+    // Call `request`'s whole request is in the server's receive buffer (its RC SEND is
+    // complete): a resend after an RTO asks by a probe, as after in_progress, rather than
+    // SENDing it again. A probe that is not answered either rolls back to the whole
+    // request (the server may have dropped it: a probe names only a call it has). Nothing
+    // for a call no longer in progress, or not whole.
+    void delivered(std::uint64_t request) noexcept;
+
     // When the earliest RTO of a call with packets in flight expires; nothing when none has.
     std::optional<Clock::time_point> next_deadline() const noexcept;
 
@@ -216,6 +224,7 @@ private:
         bool request_rdma = false, response_rdma = false; // descriptors
         bool request_whole = false;          // one packet, over RC
         bool probing = false;                // whole, and the server has it: resends are probes
+        bool last_was_probe = false;         // the last packet sent
         std::uint32_t request_packets = 0;   // n_req
         std::uint32_t response_capacity = 0;
         std::uint32_t response_packets = 0;  // n_resp; 0 until response packet 0 arrives
