@@ -7,8 +7,9 @@ sends and UCX's active messages, in the same run, alternating, on this machine's
                  [--window W (32)] [--large-rounds N (3)] [--out DIR]
 
 Per round, in this order: ib_send_lat -c UD, ib_send_lat -c RC, rpc_lat, rpc_lat
---callbacks, ucp_am_lat, ucp_am_lat on UD alone, ib_send_bw -c UD, ib_send_bw -c RC,
-rpc_bw -w W, ucp_am_bw, ucp_am_bw on UD alone (ucx_perftest). Reported, each tool's best
+--callbacks, rpc_lat --rdma-threshold 0, ucp_am_lat, ucp_am_lat on UD alone, ib_send_bw
+-c UD, ib_send_bw -c RC, rpc_bw -w W, rpc_bw -w W --rdma-threshold 0, ucp_am_bw,
+ucp_am_bw on UD alone (ucx_perftest). Reported, each tool's best
 round, the median of the rounds and the range:
   round trip: rpc_lat's t_typical (a whole round trip) / (2 x ib_send_lat UD's t_typical,
               half of one)                                            (target <= 1.3);
@@ -17,7 +18,10 @@ round, the median of the rounds and the range:
   UCX:        rpc against ucp_am_lat (2 x its typical: it reports half a round trip, as
               perftest) and ucp_am_bw's message rate                (target: rpc faster);
               and, for reference, UCX restricted to UD (UCX_TLS=ud_v), the transport
-              lib/rpc's small messages take, where UCX itself picks RC
+              lib/rpc's small messages take, where UCX itself picks RC;
+              and rpc_lat and rpc_bw with --rdma-threshold 0 (every message on the
+              session's RC path, a SEND and a WRITE_WITH_IMM, as UCX's RC eager
+              messages), against 2 x ib_send_lat UD and RC and UCX, for reference
 Then per large round, 1 MiB: ib_read_bw, rpc_bw --one-way (1 MiB requests READ by the
 server, empty responses: window 4), rpc_bw echo (1 MiB each way: window 1), ucp_am_bw;
 the RPC tests in event mode (busy polling on the VM's 2 vCPUs takes the CPU rxe's
@@ -231,10 +235,11 @@ def main():
     ucx = Ucx(args.size, ucx_configs(device))
     # tried only where UCX runs on the device at all (else its failure is told once)
     ucx_ud = Ucx(args.size, [ucx_ud_config(device)] if ucx.counts() else [])
-    runs = {k: [] for k in ("send_lat_ud_us", "send_lat_rc_us", "rpc_rtt_us", "rpc_rtt_callbacks_us", "ucx_am_lat_us",
-                            "ucx_ud_am_lat_us", "send_bw_ud_mpps", "send_bw_rc_mpps", "rpc_mcalls",
-                            "ucx_am_bw_mpps", "ucx_ud_am_bw_mpps")}
-    retransmissions = {"rpc_lat": [], "rpc_lat_callbacks": [], "rpc_bw": []}
+    runs = {k: [] for k in ("send_lat_ud_us", "send_lat_rc_us", "rpc_rtt_us", "rpc_rtt_callbacks_us", "rpc_rtt_rc_us",
+                            "ucx_am_lat_us", "ucx_ud_am_lat_us", "send_bw_ud_mpps", "send_bw_rc_mpps", "rpc_mcalls",
+                            "rpc_mcalls_rc", "ucx_am_bw_mpps", "ucx_ud_am_bw_mpps")}
+    retransmissions = {"rpc_lat": [], "rpc_lat_callbacks": [], "rpc_lat_rc": [], "rpc_bw": [], "rpc_bw_rc": []}
+    every_rc = ["--rdma-threshold", "0"]
     ucx_mean = []  # ucp_am_lat's mean half round trip (its median is in the table)
 
     def add(key, value):
@@ -246,7 +251,8 @@ def main():
             out = perftest("ib_send_lat", transport, lat_iters)
             add(key, perftest_figure(out, True, args.size) if out else None)
         for extra, key, test in (([], "rpc_rtt_us", "rpc_lat"),
-                                 (["--callbacks"], "rpc_rtt_callbacks_us", "rpc_lat_callbacks")):
+                                 (["--callbacks"], "rpc_rtt_callbacks_us", "rpc_lat_callbacks"),
+                                 (every_rc, "rpc_rtt_rc_us", "rpc_lat_rc")):
             row = rdmaxx("rpc_lat", lat_iters, extra)
             if row:
                 add(key, row["t_typical"])
@@ -260,10 +266,11 @@ def main():
         for transport, key in (("UD", "send_bw_ud_mpps"), ("RC", "send_bw_rc_mpps")):
             out = perftest("ib_send_bw", transport, bw_iters)
             add(key, perftest_rate(out) if out else None)
-        row = rdmaxx("rpc_bw", bw_iters, ["-w", str(args.window)])
-        if row:
-            add("rpc_mcalls", row["mpps"])
-            retransmissions["rpc_bw"].append(row["retransmissions"])
+        for extra, key, test in (([], "rpc_mcalls", "rpc_bw"), (every_rc, "rpc_mcalls_rc", "rpc_bw_rc")):
+            row = rdmaxx("rpc_bw", bw_iters, ["-w", str(args.window)] + extra)
+            if row:
+                add(key, row["mpps"])
+                retransmissions[test].append(row["retransmissions"])
         if ucx.tls:
             add("ucx_am_bw_mpps", ucx.run("ucp_am_bw", ucx_bw_iters)["overall_mr"] / 1e6)
         if ucx_ud.tls:
@@ -289,9 +296,10 @@ def main():
               flush=True)
 
     lat = {k: best_median(runs[k], min) for k in ("send_lat_ud_us", "send_lat_rc_us", "rpc_rtt_us",
-                                                  "rpc_rtt_callbacks_us", "ucx_am_lat_us", "ucx_ud_am_lat_us")}
+                                                  "rpc_rtt_callbacks_us", "rpc_rtt_rc_us", "ucx_am_lat_us",
+                                                  "ucx_ud_am_lat_us")}
     rate = {k: best_median(runs[k], max) for k in ("send_bw_ud_mpps", "send_bw_rc_mpps", "rpc_mcalls",
-                                                    "ucx_am_bw_mpps", "ucx_ud_am_bw_mpps")}
+                                                    "rpc_mcalls_rc", "ucx_am_bw_mpps", "ucx_ud_am_bw_mpps")}
 
     def ratio(a, b, i, scale=1.0):
         return a[i] / (scale * b[i]) if a[i] is not None and b[i] is not None else None
@@ -308,6 +316,11 @@ def main():
         "rate_vs_ucx_am_bw": [ratio(rate["rpc_mcalls"], rate["ucx_am_bw_mpps"], i) for i in (0, 1)],
         "rtt_vs_2x_ucx_ud_am_lat": [ratio(r_lat, lat["ucx_ud_am_lat_us"], i, 2) for i in (0, 1)],
         "rate_vs_ucx_ud_am_bw": [ratio(rate["rpc_mcalls"], rate["ucx_ud_am_bw_mpps"], i) for i in (0, 1)],
+        "rc_rtt_vs_2x_send_lat_ud": [ratio(lat["rpc_rtt_rc_us"], lat["send_lat_ud_us"], i, 2) for i in (0, 1)],
+        "rc_rtt_vs_2x_send_lat_rc": [ratio(lat["rpc_rtt_rc_us"], lat["send_lat_rc_us"], i, 2) for i in (0, 1)],
+        "rc_rtt_vs_2x_ucx_am_lat": [ratio(lat["rpc_rtt_rc_us"], u_lat, i, 2) for i in (0, 1)],
+        "rc_rate_vs_send_bw_rc": [ratio(rate["rpc_mcalls_rc"], rate["send_bw_rc_mpps"], i) for i in (0, 1)],
+        "rc_rate_vs_ucx_am_bw": [ratio(rate["rpc_mcalls_rc"], rate["ucx_am_bw_mpps"], i) for i in (0, 1)],
     }
 
     def verdict(value, ok):
@@ -344,6 +357,20 @@ def main():
              rate["ucx_ud_am_bw_mpps"], runs["ucx_ud_am_bw_mpps"], 1, ratios["rate_vs_ucx_ud_am_bw"], "(reference)",
              None),
         ]
+    every = "rpc_lat --rdma-threshold 0 (every message on the RC path)"
+    every_bw = f"rate [M/s], window {args.window}: rpc_bw --rdma-threshold 0"
+    rows += [
+        (f"round trip [us]: {every} vs 2 x ib_send_lat UD", "rpc_rtt_rc_us", lat["send_lat_ud_us"],
+         runs["send_lat_ud_us"], 2, ratios["rc_rtt_vs_2x_send_lat_ud"], "(reference)", None),
+        (f"round trip [us]: {every} vs 2 x ib_send_lat RC", "rpc_rtt_rc_us", lat["send_lat_rc_us"],
+         runs["send_lat_rc_us"], 2, ratios["rc_rtt_vs_2x_send_lat_rc"], "(reference)", None),
+        (f"round trip [us]: {every} vs 2 x {ucx_name} ucp_am_lat{ucx_note}", "rpc_rtt_rc_us", u_lat,
+         runs["ucx_am_lat_us"], 2, ratios["rc_rtt_vs_2x_ucx_am_lat"], "(reference)", None),
+        (f"{every_bw} vs ib_send_bw RC", "rpc_mcalls_rc", rate["send_bw_rc_mpps"], runs["send_bw_rc_mpps"], 1,
+         ratios["rc_rate_vs_send_bw_rc"], "(reference)", None),
+        (f"{every_bw} vs {ucx_name} ucp_am_bw{ucx_note}", "rpc_mcalls_rc", rate["ucx_am_bw_mpps"],
+         runs["ucx_am_bw_mpps"], 1, ratios["rc_rate_vs_ucx_am_bw"], "(reference)", None),
+    ]
     mine_of = {**lat, **rate}
     table = (f"# lib/rpc against perftest and UCX ({device}, {args.size} B, {args.rounds} rounds alternating)\n\n"
              "Each tool's best round / median of the rounds (range); ratio = rdmaxx rpc / other, of the best "
@@ -366,7 +393,8 @@ def main():
                        f"{fmt(2 * rate['rpc_mcalls'][0] / rate['ucx_am_bw_mpps'][0])}x ucp_am_bw's")
     table += (f"\nrdmaxx rpc retransmissions per run: rpc_lat {retransmissions['rpc_lat']}, "
               f"rpc_lat --callbacks {retransmissions['rpc_lat_callbacks']}, "
-              f"rpc_bw {retransmissions['rpc_bw']}. Latencies are medians (perftest's and rdmaxx-perf's "
+              f"rpc_lat --rdma-threshold 0 {retransmissions['rpc_lat_rc']}, "
+              f"rpc_bw {retransmissions['rpc_bw']}, rpc_bw --rdma-threshold 0 {retransmissions['rpc_bw_rc']}. Latencies are medians (perftest's and rdmaxx-perf's "
               "t_typical, ucx_perftest's 50th percentile); ucp_am_lat's means (half round trips, us): "
               f"{[round(v, 1) for v in ucx_mean]}. ucp_am_bw's rate is of one-way messages, rpc_bw's of calls "
               f"(a request and its response){per_message}.\n")
