@@ -194,11 +194,10 @@ std::expected<std::optional<CallEnd>, DropReason> ClientWindow::take(Slot& slot,
         return std::unexpected(DropReason::unsolicited);
     if (header.kind == Kind::in_progress) {
         // the server has the whole request and works on it: no progress, but an answer
-        // (a round trip, and the path alive); the last request packet goes again after
-        // an RTO, doubled for each in_progress before (the server sends the response
-        // once it is ready: the question is for a response lost on the way), as a
+        // (a round trip, and the path alive). The last request packet goes again, as a
         // question whether the response is ready (a whole request's: its header alone,
-        // a probe)
+        // a probe), after an RTO doubled for each in_progress before: the server sends
+        // the response once it is ready, so the question is only for a lost one
         rto_.measured(now - slot.last_sent, slot.transmissions);
         write_off(slot);
         slot.probing = slot.request_whole;

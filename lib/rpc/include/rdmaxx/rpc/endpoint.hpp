@@ -93,10 +93,10 @@
 /// If the server cannot set up an RC QP (or does not answer within setup_timeout),
 /// the session carries large messages as UD packets. An RC transfer, SEND or receive
 /// that fails ends the session (its calls: session reset): a peer that breaks its RC
-/// QP (a SEND larger than a receive buffer) ends its own session at once. Staging memory is per window slot, sized by
-/// the largest message the slot has carried (in powers of two from 4 KiB) and kept for
-/// the session's life: at most window x (max_request + max_response + 32 KiB for whole
-/// requests) per session at each end.
+/// QP (a SEND larger than a receive buffer) ends its own session at once. Staging
+/// memory is per window slot, sized by the largest message the slot has carried (in
+/// powers of two from 4 KiB) and kept for the session's life: at most window x
+/// (max_request + max_response + 32 KiB for whole requests) per session at each end.
 ///
 /// Copies: a call with spans copies its request into its session's window (or staging
 /// memory) as it begins (a resend needs it), each packet into a send buffer
