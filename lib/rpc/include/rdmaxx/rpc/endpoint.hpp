@@ -189,7 +189,7 @@ struct EndpointOptions {
     /// choice: everything over UD); UINT32_MAX: UD only. 0: every message on the RC
     /// path, a call one SEND and one WRITE_WITH_IMM (UCX's choice for small messages on
     /// a connected endpoint): on Soft-RoCE the faster and steadier small round trip (32 B:
-    /// 0.6-0.8x the UD path's, bench/results/rpc.md), for an RC QP and staging memory per
+    /// 0.5-0.8x the UD path's, bench/results/rpc.md), for an RC QP and staging memory per
     /// session.
     std::optional<std::uint32_t> rdma_threshold = std::nullopt;
     /// Congestion control of the sessions this endpoint calls through (congestion.hpp):
