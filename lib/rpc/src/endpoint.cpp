@@ -1518,9 +1518,9 @@ void EndpointCore::take_whole(const WorkCompletion& wc) {
 void EndpointCore::rc_receive_failed(const WorkCompletion& wc) {
     for (const SessionId id : table.live())
         if (const SessionState* s = table.lookup(id); s != nullptr && s->rc.qp && s->rc.qp->qpn() == wc.qp_num()) {
-            logger()->warn("rdmaxx rpc: session {}: a receive of its RC QP failed: {}", id.number,
-                           wc.error().message());
-            return end_session(id, fmt::format("a receive of its RC QP failed: {}", wc.error().message()));
+            const std::string why = fmt::format("a receive of its RC QP failed: {}", wc.error().message());
+            logger()->warn("rdmaxx rpc: session {}: {}", id.number, why);
+            return end_session(id, why);
         }
 }
 
