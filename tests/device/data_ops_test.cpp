@@ -237,7 +237,10 @@ TEST_CASE("receives from a shared receive queue serve several QPs; its limit is 
     must(sender2.connect(recv2.endpoint()));
     must(recv2.connect(sender2.endpoint()));
     MemoryRegion mr = must(MemoryRegion::allocate(rig.pd, 4096, access_all));
-    for (std::uint64_t i = 0; i < 4; ++i)
+    RecvBatch<2> two(srq); // two receives in one post, and two posted one by one
+    two.add(mr.slice(1024, 256), 100).add(mr.slice(1024 + 256, 256), 101);
+    must(two.post());
+    for (std::uint64_t i = 2; i < 4; ++i)
         must(post_recv(srq, mr.slice(1024 + i * 256, 256), 100 + i));
     std::memcpy(mr.data(), "from one", 8);
     std::memcpy(mr.data() + 8, "from two", 8);

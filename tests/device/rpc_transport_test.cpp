@@ -211,14 +211,19 @@ TEST_CASE("RC transport: receives a hostile peer's oversized SENDs fail are post
     for (std::size_t i = 0; i < 256; ++i)
         memory.bytes()[i] = static_cast<std::byte>(i);
     RcReceipts receipts;
-    auto transport = must(RcTransport::create(io, context, pd, {.depth = 64, .receives = 2, .whole_receives = 2,
-                                                                 .whole_bytes = 64},
+    constexpr int immediates = RcTransport::receive_batch; // the fewest the transport takes
+    auto transport = must(RcTransport::create(io, context, pd, {.depth = 64, .receives = immediates,
+                                                                 .whole_receives = 2, .whole_bytes = 64},
                                               {}, &RcReceipts::done, &receipts));
     receipts.transport = transport.get();
     std::deque<PeerLink> links; // destroyed before the transport
-    for (int n = 1; n <= 4; ++n) { // twice each SRQ's size
+    for (int n = 1; n <= 4; ++n) { // twice the whole requests' SRQ's size
         send_from_peer(links, *transport, context, pd, RcRole::server, memory, 65);
         REQUIRE(test::run_until(io, [&] { return receipts.failed_whole == n; }, 20s));
+    }
+    // one more than the immediates' SRQ holds: its receives go back together, once
+    // receive_batch were taken
+    for (int n = 1; n <= immediates + 1; ++n) {
         send_from_peer(links, *transport, context, pd, RcRole::client, memory, 1);
         REQUIRE(test::run_until(io, [&] { return receipts.failed_immediate == n; }, 20s));
     }

@@ -6,20 +6,12 @@
 #include <rdmaxx/wrap/log.hpp>
 
 namespace rdmaxx::rpc::detail {
-namespace {
-
-// A receive for a WRITE_WITH_IMM's immediate: no memory.
-Result<void> post_receive(SharedReceiveQueue& srq) {
-    return post_recv(srq, Gather(std::span<const LocalSlice>{}), RcTransport::receive_id);
-}
-
-} // namespace
-
 Result<std::unique_ptr<RcTransport>> RcTransport::create(asio::io_context& io, const Context& context,
                                                          const ProtectionDomain& pd, Sizes sizes,
                                                          async::DriveOptions drive, Done done, void* done_context,
                                                          std::source_location where) {
-    require(sizes.depth > 0 && sizes.receives > 0 && sizes.whole_receives > 0 && sizes.whole_bytes > 0 &&
+    require(sizes.depth > 0 && sizes.receives > 0 && sizes.receives % receive_batch == 0 &&
+                sizes.whole_receives > 0 && sizes.whole_bytes > 0 &&
                 std::uint64_t{sizes.receives} + sizes.whole_receives < sizes.depth,
             where, "an RC transport of {} CQ entries, {} and {} receives of {} bytes", sizes.depth, sizes.receives,
             sizes.whole_receives, sizes.whole_bytes);
@@ -34,8 +26,12 @@ Result<std::unique_ptr<RcTransport>> RcTransport::create(asio::io_context& io, c
     if (!srq)
         return std::unexpected(std::move(srq.error()));
     t->srq_.emplace(std::move(*srq));
-    for (std::uint32_t i = 0; i < sizes.receives; ++i)
-        if (auto posted = post_receive(*t->srq_); !posted)
+    // receives for immediates: no memory, all alike; built once, posted again and again
+    t->receives_.emplace(*t->srq_);
+    for (std::size_t i = 0; i < receive_batch; ++i)
+        t->receives_->add(Gather(std::span<const LocalSlice>{}), receive_id);
+    for (std::uint32_t i = 0; i < sizes.receives; i += receive_batch)
+        if (auto posted = t->receives_->post(); !posted)
             return std::unexpected(std::move(posted.error()));
     return t;
 }
@@ -112,9 +108,11 @@ void RcTransport::take(void* self, std::span<const WorkCompletion> completions) 
         // while it is consumed (a peer's SEND larger than the buffer, a peer's SEND
         // into a zero-byte receive); the SRQ's other receives stay posted, and without
         // this one a peer that reconnects and does it again would drain the SRQ.
-        if (wc.wr_id() == receive_id)
-            if (auto posted = post_receive(*t->srq_); !posted)
-                logger()->error("rdmaxx rpc: the RC path's SRQ lost a receive: {}", posted.error());
+        if (wc.wr_id() == receive_id && ++t->receives_taken_ == receive_batch) {
+            t->receives_taken_ = 0;
+            if (auto posted = t->receives_->post(); !posted)
+                logger()->error("rdmaxx rpc: the RC path's SRQ lost {} receives: {}", receive_batch, posted.error());
+        }
         t->done_(t->done_context_, wc);
         if ((wc.wr_id() & whole_receive_bit) != 0)
             if (auto posted = t->post_whole_receive(static_cast<std::uint32_t>(wc.wr_id() & ~whole_receive_bit));

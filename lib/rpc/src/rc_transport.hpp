@@ -7,9 +7,11 @@
 //    nothing on it. Its QP allows remote READ and WRITE; each staging region allows
 //    only the one its role needs. A response's WRITE carries an immediate, which
 //    consumes a receive: the client QPs take theirs from one SRQ of the transport,
-//    `receives` zero-byte receives kept posted (each completion's is posted again at
-//    once), so a QP never runs out while fewer responses than that are in flight at
-//    the endpoint (beyond, the writer's RNR retries wait for a receive).
+//    `receives` zero-byte receives (a multiple of receive_batch) kept posted, less
+//    fewer than receive_batch taken and not yet posted again (they go back together:
+//    one post, not one per response), so a QP never runs out while fewer responses
+//    than receives - receive_batch are in flight at the endpoint (beyond, the
+//    writer's RNR retries wait for a receive).
 //    A client's QP also SENDs its whole requests (packet.hpp), from staging memory.
 //  * A server's RC QP initiates, and receives the whole requests its client SENDs: it
 //    allows the peer no memory access. Its receives come from a second SRQ of the
@@ -18,8 +20,8 @@
 //    to the Done function (received() gives its bytes), and the buffer is posted again
 //    once Done returns: what Done keeps of it, it copies.
 //  * A failed receive (its QP broke while consuming it: a peer's SEND larger than the
-//    buffer or into a zero-byte receive) is posted again too: the SRQ keeps its size
-//    whatever peers do.
+//    buffer or into a zero-byte receive) is posted again too, as a taken one: the SRQ
+//    keeps its size whatever peers do.
 //  * On a both-ways session each end calls and serves: its QP is both (a target
 //    allowing remote READ and WRITE, and the initiator of its own end's transfers).
 //    It takes its receives from the immediates' SRQ, so it takes no whole requests.
@@ -42,6 +44,7 @@
 #include <asio/io_context.hpp>
 
 #include <rdmaxx/async/completions.hpp>
+#include <rdmaxx/data/post.hpp>
 #include <rdmaxx/data/completion.hpp>
 #include <rdmaxx/wrap/context.hpp>
 #include <rdmaxx/wrap/mr.hpp>
@@ -60,15 +63,19 @@ public:
     static constexpr std::uint64_t receive_id = std::uint64_t{1} << 63;
     // A whole request's receive: this bit and the buffer's index.
     static constexpr std::uint64_t whole_receive_bit = std::uint64_t{1} << 62;
+    // The immediates' receives taken that are posted again together (one post of 16
+    // WRs costs rxe about what two of one do).
+    static constexpr std::size_t receive_batch = 16;
 
     struct Sizes {
         std::uint32_t depth = 0;          // CQ entries
-        std::uint32_t receives = 0;       // the immediates' SRQ
+        std::uint32_t receives = 0;       // the immediates' SRQ: a multiple of receive_batch
         std::uint32_t whole_receives = 0; // the whole requests' SRQ
         std::uint32_t whole_bytes = 0;    // each of its buffers
     };
     // Runtime errors: the device's (one without SRQs among them). Programming error:
-    // a size 0, the receives together not below depth, a null done.
+    // a size 0, receives not a multiple of receive_batch, the receives together not below
+    // depth, a null done.
     static Result<std::unique_ptr<RcTransport>> create(asio::io_context& io, const Context& context,
                                                        const ProtectionDomain& pd, Sizes sizes,
                                                        async::DriveOptions drive, Done done, void* done_context,
@@ -109,6 +116,8 @@ private:
     std::optional<async::CompletionQueue> cq_;
     // destroyed before the CQ their QPs' receives complete in
     std::optional<SharedReceiveQueue> srq_;
+    std::optional<RecvBatch<receive_batch>> receives_; // receive_batch receives of srq_
+    std::size_t receives_taken_ = 0;                   // since receives_ was last posted
     std::optional<SharedReceiveQueue> whole_srq_; // made with the first server QP
     std::optional<MemoryRegion> whole_buffers_;
     std::uint32_t inline_limit_ = 256; // the largest max_inline_data a QP was created with

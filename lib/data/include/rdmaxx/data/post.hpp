@@ -511,9 +511,10 @@ inline void build_recv(ibv_recv_wr& wr, std::array<ibv_sge, max_sge>& sge, Gathe
 
 } // namespace detail
 
-/// Up to N receive WRs of a QP, posted with one call; no heap. Like SendBatch, a
-/// batch stays built after post(): a loop that reposts the same buffers builds them
-/// once. On UD, each buffer's first 40 bytes (ud_grh_bytes) receive the GRH.
+/// Up to N receive WRs of a QP or of a shared receive queue, posted with one call; no
+/// heap. Like SendBatch, a batch stays built after post(): a loop that reposts the same
+/// buffers builds them once. On UD, each buffer's first 40 bytes (ud_grh_bytes) receive
+/// the GRH.
 ///
 /// @threadsafety Distinct objects: safe. Shared objects: unsafe.
 template <std::size_t N>
@@ -524,6 +525,9 @@ public:
     explicit RecvBatch(QueuePair& qp, std::source_location where = std::source_location::current()) : qp_(&qp) {
         require(!qp.has_srq(), where, "a receive on a QP whose receives come from an SRQ");
     }
+    /// An empty batch for `srq`, whose receives serve every QP attached to it; `srq`
+    /// must outlive it.
+    explicit RecvBatch(SharedReceiveQueue& srq) noexcept : srq_(&srq) {}
 
     /// How many WRs were added.
     std::size_t size() const noexcept { return count_; }
@@ -531,10 +535,12 @@ public:
     void clear() noexcept { count_ = 0; }
 
     /// Adds a receive into `local` whose completion carries `wr_id`.
-    /// @misuse more SGEs than the QP's max_recv_sge (or 16), a full batch.
+    /// @misuse more SGEs than the QP's max_recv_sge or the SRQ's max_sge (or 16), a full
+    /// batch.
     RecvBatch& add(Gather local, std::uint64_t wr_id, std::source_location where = std::source_location::current()) {
         require(count_ < N, where, "a RecvBatch<{}> is full", N);
-        detail::build_recv(wrs_[count_], sges_[count_], local, wr_id, qp_->caps().max_recv_sge, where);
+        detail::build_recv(wrs_[count_], sges_[count_], local, wr_id,
+                           qp_ != nullptr ? qp_->caps().max_recv_sge : srq_->max_sge(), where);
         ++count_;
         return *this;
     }
@@ -547,25 +553,31 @@ public:
         return *this;
     }
 
-    /// Posts every WR with one ibv_post_recv. On failure the Error names the failing WR;
-    /// the WRs before it were posted.
-    /// @errors ibv_post_recv fails, e.g. ENOMEM for a full receive queue.
-    /// @misuse an empty batch, a QP in RESET, a moved-from QP.
+    /// Posts every WR with one ibv_post_recv (ibv_post_srq_recv). On failure the Error
+    /// names the failing WR; the WRs before it were posted.
+    /// @errors ibv_post_recv or ibv_post_srq_recv fails, e.g. ENOMEM for a full queue.
+    /// @misuse an empty batch, a QP in RESET, a moved-from QP or SRQ.
     [[gnu::always_inline]] Result<void> post(std::source_location where = std::source_location::current()) {
         require(count_ > 0, where, "post of an empty batch");
-        require(qp_->state() != QpState::reset, where, "a receive on a QP in RESET: bring it to INIT first");
+        require(qp_ == nullptr || qp_->state() != QpState::reset, where,
+                "a receive on a QP in RESET: bring it to INIT first");
         for (std::size_t i = 0; i < count_; ++i) {
             wrs_[i].sg_list = sges_[i].data();
             wrs_[i].next = i + 1 < count_ ? &wrs_[i + 1] : nullptr;
         }
         ibv_recv_wr* bad = nullptr;
-        if (const int rc = ibv_post_recv(qp_->get(where), &wrs_[0], &bad); rc != 0) [[unlikely]]
+        if (qp_ == nullptr) {
+            if (const int rc = ibv_post_srq_recv(srq_->get(where), &wrs_[0], &bad); rc != 0) [[unlikely]]
+                return std::unexpected(detail::post_recv_error("ibv_post_srq_recv", rc, wrs_[0], bad, count_));
+        } else if (const int rc = ibv_post_recv(qp_->get(where), &wrs_[0], &bad); rc != 0) [[unlikely]] {
             return std::unexpected(detail::post_recv_error("ibv_post_recv", rc, wrs_[0], bad, count_));
+        }
         return {};
     }
 
 private:
-    QueuePair* qp_;
+    QueuePair* qp_ = nullptr;            // the batch's target: a QP's receive queue,
+    SharedReceiveQueue* srq_ = nullptr; // or a shared one
     std::size_t count_ = 0;
     std::array<ibv_recv_wr, N> wrs_;
     std::array<std::array<ibv_sge, detail::max_sge>, N> sges_;
@@ -587,13 +599,7 @@ inline Result<void> post_recv(QueuePair& qp, Gather local, std::uint64_t wr_id,
 /// @misuse more SGEs than the SRQ's max_sge (or 16), a moved-from SRQ.
 inline Result<void> post_recv(SharedReceiveQueue& srq, Gather local, std::uint64_t wr_id,
                               std::source_location where = std::source_location::current()) {
-    ibv_recv_wr wr;
-    std::array<ibv_sge, detail::max_sge> sge;
-    detail::build_recv(wr, sge, local, wr_id, srq.max_sge(), where);
-    ibv_recv_wr* bad = nullptr;
-    if (const int rc = ibv_post_srq_recv(srq.get(where), &wr, &bad); rc != 0) [[unlikely]]
-        return std::unexpected(detail::post_recv_error("ibv_post_srq_recv", rc, wr, bad, 1));
-    return {};
+    return RecvBatch<1>(srq).add(local, wr_id, where).post(where);
 }
 
 } // namespace rdmaxx
