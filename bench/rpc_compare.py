@@ -10,7 +10,9 @@ Per round, in this order: ib_send_lat -c UD, ib_send_lat -c RC, rpc_lat, rpc_lat
 --callbacks, rpc_lat --rdma-threshold 0, ucp_am_lat, ucp_am_lat on UD alone, ib_send_bw
 -c UD, ib_send_bw -c RC, rpc_bw -w W, rpc_bw -w W --rdma-threshold 0, ucp_am_bw,
 ucp_am_bw on UD alone (ucx_perftest). Reported, each tool's best
-round, the median of the rounds and the range:
+round, the median of the rounds and the range, and the ratios of the best rounds, of the
+medians, and within each round (their median and range: a drift of the host's speed
+between rounds moves both tools of a round):
   round trip: rpc_lat's t_typical (a whole round trip) / (2 x ib_send_lat UD's t_typical,
               half of one)                                            (target <= 1.3);
               the same with the calls in lib/rpc's callback form instead of awaited
@@ -241,12 +243,15 @@ def main():
     retransmissions = {"rpc_lat": [], "rpc_lat_callbacks": [], "rpc_lat_rc": [], "rpc_bw": [], "rpc_bw_rc": []}
     every_rc = ["--rdma-threshold", "0"]
     ucx_mean = []  # ucp_am_lat's mean half round trip (its median is in the table)
+    per_round = []  # each round's figures by key: the ratios within a round
 
     def add(key, value):
         if value is not None:
             runs[key].append(value)
+            per_round[-1][key] = value
 
     for r in range(args.rounds):
+        per_round.append({})
         for transport, key in (("UD", "send_lat_ud_us"), ("RC", "send_lat_rc_us")):
             out = perftest("ib_send_lat", transport, lat_iters)
             add(key, perftest_figure(out, True, args.size) if out else None)
@@ -329,63 +334,73 @@ def main():
     ucx_name = ("UCX AM (" + " ".join(f"{k}={v}" for k, v in ucx.env.items() if k != "UCX_NET_DEVICES") + ")"
                 if ucx.tls else "UCX AM")
     ucx_note = "" if ucx.counts() else (" (over TCP: does not count)" if ucx.tls else " (did not run: see below)")
-    # (name, rdmaxx's figures, the other's figures and runs, scale, ratios, target, its test)
+    # (name, rdmaxx's key, the other's key, scale, ratios, target, its test)
     rows = [
-        ("round trip [us]: rpc_lat vs 2 x ib_send_lat UD", "rpc_rtt_us", lat["send_lat_ud_us"],
-         runs["send_lat_ud_us"], 2, ratios["rtt_vs_2x_send_lat_ud"], "<= 1.3", lambda v: v <= 1.3),
+        ("round trip [us]: rpc_lat vs 2 x ib_send_lat UD", "rpc_rtt_us", "send_lat_ud_us", 2,
+         ratios["rtt_vs_2x_send_lat_ud"], "<= 1.3", lambda v: v <= 1.3),
         ("round trip [us]: rpc_lat --callbacks (lib/rpc's callback form) vs 2 x ib_send_lat UD",
-         "rpc_rtt_callbacks_us", lat["send_lat_ud_us"], runs["send_lat_ud_us"], 2,
-         ratios["rtt_callbacks_vs_2x_send_lat_ud"], "<= 1.3", lambda v: v <= 1.3),
-        ("round trip [us]: rpc_lat vs 2 x ib_send_lat RC", "rpc_rtt_us", lat["send_lat_rc_us"],
-         runs["send_lat_rc_us"], 2, ratios["rtt_vs_2x_send_lat_rc"], "(reference)", None),
-        (f"round trip [us]: rpc_lat vs 2 x {ucx_name} ucp_am_lat{ucx_note}", "rpc_rtt_us", u_lat,
-         runs["ucx_am_lat_us"], 2, ratios["rtt_vs_2x_ucx_am_lat"], "< 1", (lambda v: v < 1) if ucx.counts() else None),
-        (f"rate [M/s], window {args.window}: rpc_bw vs ib_send_bw UD", "rpc_mcalls", rate["send_bw_ud_mpps"],
-         runs["send_bw_ud_mpps"], 1, ratios["rate_vs_send_bw_ud"], ">= 0.4", lambda v: v >= 0.4),
-        (f"rate [M/s], window {args.window}: rpc_bw vs ib_send_bw RC", "rpc_mcalls", rate["send_bw_rc_mpps"],
-         runs["send_bw_rc_mpps"], 1, ratios["rate_vs_send_bw_rc"], "(reference)", None),
+         "rpc_rtt_callbacks_us", "send_lat_ud_us", 2, ratios["rtt_callbacks_vs_2x_send_lat_ud"], "<= 1.3",
+         lambda v: v <= 1.3),
+        ("round trip [us]: rpc_lat vs 2 x ib_send_lat RC", "rpc_rtt_us", "send_lat_rc_us", 2,
+         ratios["rtt_vs_2x_send_lat_rc"], "(reference)", None),
+        (f"round trip [us]: rpc_lat vs 2 x {ucx_name} ucp_am_lat{ucx_note}", "rpc_rtt_us", "ucx_am_lat_us", 2,
+         ratios["rtt_vs_2x_ucx_am_lat"], "< 1", (lambda v: v < 1) if ucx.counts() else None),
+        (f"rate [M/s], window {args.window}: rpc_bw vs ib_send_bw UD", "rpc_mcalls", "send_bw_ud_mpps", 1,
+         ratios["rate_vs_send_bw_ud"], ">= 0.4", lambda v: v >= 0.4),
+        (f"rate [M/s], window {args.window}: rpc_bw vs ib_send_bw RC", "rpc_mcalls", "send_bw_rc_mpps", 1,
+         ratios["rate_vs_send_bw_rc"], "(reference)", None),
         (f"rate [M/s], window {args.window}: rpc_bw vs {ucx_name} ucp_am_bw{ucx_note}", "rpc_mcalls",
-         rate["ucx_am_bw_mpps"], runs["ucx_am_bw_mpps"], 1, ratios["rate_vs_ucx_am_bw"], "> 1",
-         (lambda v: v > 1) if ucx.counts() else None),
+         "ucx_am_bw_mpps", 1, ratios["rate_vs_ucx_am_bw"], "> 1", (lambda v: v > 1) if ucx.counts() else None),
     ]
     if ucx_ud.tls:
         ud_name = "UCX AM on UD alone (UCX_TLS=ud_v UCX_UD_VERBS_ETH_DGID_CHECK=n)"
         rows += [
-            (f"round trip [us]: rpc_lat vs 2 x {ud_name} ucp_am_lat", "rpc_rtt_us", lat["ucx_ud_am_lat_us"],
-             runs["ucx_ud_am_lat_us"], 2, ratios["rtt_vs_2x_ucx_ud_am_lat"], "(reference)", None),
-            (f"rate [M/s], window {args.window}: rpc_bw vs {ud_name} ucp_am_bw", "rpc_mcalls",
-             rate["ucx_ud_am_bw_mpps"], runs["ucx_ud_am_bw_mpps"], 1, ratios["rate_vs_ucx_ud_am_bw"], "(reference)",
-             None),
+            (f"round trip [us]: rpc_lat vs 2 x {ud_name} ucp_am_lat", "rpc_rtt_us", "ucx_ud_am_lat_us", 2,
+             ratios["rtt_vs_2x_ucx_ud_am_lat"], "(reference)", None),
+            (f"rate [M/s], window {args.window}: rpc_bw vs {ud_name} ucp_am_bw", "rpc_mcalls", "ucx_ud_am_bw_mpps", 1,
+             ratios["rate_vs_ucx_ud_am_bw"], "(reference)", None),
         ]
     every = "rpc_lat --rdma-threshold 0 (every message on the RC path)"
     every_bw = f"rate [M/s], window {args.window}: rpc_bw --rdma-threshold 0"
     rows += [
-        (f"round trip [us]: {every} vs 2 x ib_send_lat UD", "rpc_rtt_rc_us", lat["send_lat_ud_us"],
-         runs["send_lat_ud_us"], 2, ratios["rc_rtt_vs_2x_send_lat_ud"], "(reference)", None),
-        (f"round trip [us]: {every} vs 2 x ib_send_lat RC", "rpc_rtt_rc_us", lat["send_lat_rc_us"],
-         runs["send_lat_rc_us"], 2, ratios["rc_rtt_vs_2x_send_lat_rc"], "(reference)", None),
-        (f"round trip [us]: {every} vs 2 x {ucx_name} ucp_am_lat{ucx_note}", "rpc_rtt_rc_us", u_lat,
-         runs["ucx_am_lat_us"], 2, ratios["rc_rtt_vs_2x_ucx_am_lat"], "(reference)", None),
-        (f"{every_bw} vs ib_send_bw RC", "rpc_mcalls_rc", rate["send_bw_rc_mpps"], runs["send_bw_rc_mpps"], 1,
-         ratios["rc_rate_vs_send_bw_rc"], "(reference)", None),
-        (f"{every_bw} vs {ucx_name} ucp_am_bw{ucx_note}", "rpc_mcalls_rc", rate["ucx_am_bw_mpps"],
-         runs["ucx_am_bw_mpps"], 1, ratios["rc_rate_vs_ucx_am_bw"], "(reference)", None),
+        (f"round trip [us]: {every} vs 2 x ib_send_lat UD", "rpc_rtt_rc_us", "send_lat_ud_us", 2,
+         ratios["rc_rtt_vs_2x_send_lat_ud"], "(reference)", None),
+        (f"round trip [us]: {every} vs 2 x ib_send_lat RC", "rpc_rtt_rc_us", "send_lat_rc_us", 2,
+         ratios["rc_rtt_vs_2x_send_lat_rc"], "(reference)", None),
+        (f"round trip [us]: {every} vs 2 x {ucx_name} ucp_am_lat{ucx_note}", "rpc_rtt_rc_us", "ucx_am_lat_us", 2,
+         ratios["rc_rtt_vs_2x_ucx_am_lat"], "(reference)", None),
+        (f"{every_bw} vs ib_send_bw RC", "rpc_mcalls_rc", "send_bw_rc_mpps", 1, ratios["rc_rate_vs_send_bw_rc"],
+         "(reference)", None),
+        (f"{every_bw} vs {ucx_name} ucp_am_bw{ucx_note}", "rpc_mcalls_rc", "ucx_am_bw_mpps", 1,
+         ratios["rc_rate_vs_ucx_am_bw"], "(reference)", None),
     ]
-    mine_of = {**lat, **rate}
+    figures = {**lat, **rate}
+    per_round_ratios = {}
+
+    def paired(mine_key, other_key, scale):
+        """The ratio within each round that has both figures: the host's speed, which
+        drifts between rounds, moves both."""
+        return [r[mine_key] / (scale * r[other_key]) for r in per_round if mine_key in r and other_key in r]
+
     table = (f"# lib/rpc against perftest and UCX ({device}, {args.size} B, {args.rounds} rounds alternating)\n\n"
              "Each tool's best round / median of the rounds (range); ratio = rdmaxx rpc / other, of the best "
-             "rounds (of the medians). Round trips: the other tool's half round trip doubled. Soft-RoCE under "
+             "rounds (of the medians); per round: the median of the ratios within each round (their range). "
+             "Round trips: the other tool's half round trip doubled. Soft-RoCE under "
              "QEMU TCG: only the ratios of one run mean anything.\n\n"
              "| comparison | other: best / median (range) | rdmaxx rpc: best / median (range) | ratio best (median) "
-             "| target | verdict |\n| --- | --- | --- | --- | --- | --- |\n")
-    for name, mine_key, other, other_runs, scale, (best, median), target, ok in rows:
-        mine, mine_runs = mine_of[mine_key], runs[mine_key]
+             "| per round | target | verdict |\n| --- | --- | --- | --- | --- | --- | --- |\n")
+    for name, mine_key, other_key, scale, (best, median), target, ok in rows:
+        mine, mine_runs = figures[mine_key], runs[mine_key]
+        other, other_runs = figures[other_key], runs[other_key]
         digits = 1 if scale == 2 else 4
         scaled = [v * scale for v in other_runs]
         others = (f"{fmt(other[0] and other[0] * scale, digits)} / {fmt(other[1] and other[1] * scale, digits)} "
                   f"({spread(scaled, digits)})") if other_runs else "-"
+        within = paired(mine_key, other_key, scale)
+        per_round_ratios[f"{mine_key} / {other_key}"] = within
         table += (f"| {name} | {others} | {fmt(mine[0], digits)} / {fmt(mine[1], digits)} "
-                  f"({spread(mine_runs, digits)}) | {fmt(best)} ({fmt(median)}) | {target} | "
+                  f"({spread(mine_runs, digits)}) | {fmt(best)} ({fmt(median)}) | "
+                  f"{fmt(statistics.median(within)) if within else '-'} ({spread(within)}) | {target} | "
                   f"{verdict(best, ok) if ok else '-'} |\n")
     per_message = ""
     if rate["rpc_mcalls"][0] and rate["ucx_am_bw_mpps"][0]:
@@ -429,6 +444,7 @@ def main():
     with open(os.path.join(args.out, "rpc.json"), "w") as f:
         json.dump({"device": device, "size": args.size, "window": args.window, "rounds": args.rounds,
                    "runs": runs, "large_runs_mib_per_s": large, "retransmissions": retransmissions, "ucx_am_lat_mean_us": ucx_mean, "ratios_best_median": ratios,
+                   "ratios_per_round": per_round_ratios, "runs_per_round": per_round,
                    "ucx": {"tls": ucx.tls, "counts": ucx.counts(), "attempts": ucx.attempts},
                    "ucx_ud_alone": {"tls": ucx_ud.tls, "attempts": ucx_ud.attempts}}, f, indent=1)
 
