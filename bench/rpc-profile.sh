@@ -53,5 +53,5 @@ callgrind_annotate --inclusive=yes --threshold=99.99 "$out/client.cg" 2>/dev/nul
 for side in client server; do
     echo
     echo "$side: footprint"
-    python3 "$bench/footprint.py" "$out/$side.cg" "$calls" 30 'sort' # not the latencies' summary
+    python3 "$bench/footprint.py" "$out/$side.cg" "$calls" 30 'sort|summarize' # not the latencies' summary
 done

@@ -305,7 +305,10 @@ struct EndpointCore {
                 handle);
     }
 
-    // packets
+    // packets. The inline members here are inlined where they are defined, into the
+    // packet and call paths: each call boundary there is a prologue, an epilogue and
+    // argument moves, and under emulation a round trip pays for every distinct
+    // instruction it runs (bench/results/rpc-round-trip.md).
     static void deliver(void* self, UdSource from, std::span<const std::byte> packet) {
         static_cast<EndpointCore*>(self)->take(from, packet);
     }
@@ -316,35 +319,35 @@ struct EndpointCore {
         SessionState* session;
         PacketHeader header;
     };
-    std::optional<Addressed> addressed(std::span<const std::byte> packet);
-    void serve(SessionState& s, const PacketHeader& header, std::span<const std::byte> payload);
+    inline std::optional<Addressed> addressed(std::span<const std::byte> packet);
+    inline void serve(SessionState& s, const PacketHeader& header, std::span<const std::byte> payload);
     bool hold_until_written(SessionState& s, const PacketHeader& header, std::span<const std::byte> payload);
     void drop(DropReason reason) noexcept { ++counters.drops[static_cast<std::size_t>(reason)]; }
-    void send(SessionState& s, const Outgoing& out, const BufferHold* memory = nullptr);
+    inline void send(SessionState& s, const Outgoing& out, const BufferHold* memory = nullptr);
     void send_whole(SessionState& s, const Outgoing& out);
     // What may go, goes; `now`: the caller's reading of the clock (one per event).
-    void pump(SessionState& s, Clock::time_point now);
+    inline void pump(SessionState& s, Clock::time_point now);
 
     // client calls
     void start(SessionId id, std::uint8_t type, std::span<const std::byte> request, std::span<std::byte> response,
                CallBuffers buffers, CallOptions options, StoredCall handler);
-    bool try_begin(SessionState& s, std::uint8_t type, std::span<const std::byte> request,
-                   std::span<std::byte> response, CallBuffers buffers, Clock::time_point deadline,
-                   StoredCall& handler);
-    void begin_queued(SessionState& s, Clock::time_point now);
+    inline bool try_begin(SessionState& s, std::uint8_t type, std::span<const std::byte> request,
+                          std::span<std::byte> response, CallBuffers buffers, Clock::time_point deadline,
+                          StoredCall& handler);
+    inline void begin_queued(SessionState& s, Clock::time_point now);
     void expire_queued(SessionState& s, Clock::time_point now);
-    void end_call(SessionState& s, const CallEnd& end);
+    inline void end_call(SessionState& s, const CallEnd& end);
     void finish(PendingCall& call, SessionState& s, Result<std::size_t> result);
     void fail(StoredCall handler, Error error);
     void cancel(const StoredCall::Target& target);
-    void activate(SessionState& s);
+    inline void activate(SessionState& s);
     void arm_ticker();
     void tick();
 
     // server
-    void handle(SessionState& s, const HandlerCall& call);
-    void run_handler(SessionState& s, std::uint8_t type, std::uint64_t request, std::span<const std::byte> message,
-                     std::span<const std::byte> lent = {});
+    inline void handle(SessionState& s, const HandlerCall& call);
+    inline void run_handler(SessionState& s, std::uint8_t type, std::uint64_t request,
+                            std::span<const std::byte> message, std::span<const std::byte> lent = {});
     void respond(std::uint16_t number, std::uint32_t generation, std::uint64_t request, Status status,
                  std::span<const std::byte> response);
 
@@ -356,7 +359,7 @@ struct EndpointCore {
     };
     Result<Description> describe(SessionState& s, std::span<const std::byte> request, std::uint32_t capacity,
                                  CallBuffers lend);
-    void call_left_slot(SessionState& s, std::uint64_t request, bool heard_from_server);
+    inline void call_left_slot(SessionState& s, std::uint64_t request, bool heard_from_server);
     void renew_reachable(SessionState& s, const PendingCall& call);
     void renew(MessageBuffer& buffer, bool keep_bytes);
     Result<QueuePair> make_rc_qp(RcRole role, std::uint32_t depth);
@@ -458,6 +461,7 @@ EndpointCore::~EndpointCore() {
 // ---------------------------------------------------------------------------------
 // Packets
 
+[[gnu::always_inline]]
 std::optional<EndpointCore::Addressed> EndpointCore::addressed(std::span<const std::byte> packet) {
     const auto id = peek_session(packet);
     if (!id) {
@@ -512,6 +516,7 @@ void EndpointCore::take(UdSource from, std::span<const std::byte> packet) {
     drop(DropReason::wrong_kind);
 }
 
+[[gnu::always_inline]]
 void EndpointCore::serve(SessionState& s, const PacketHeader& header, std::span<const std::byte> payload) {
     if (header.kind == Kind::request && header.message_size > s.limits.max_request)
         return drop(DropReason::too_large);
@@ -528,6 +533,7 @@ void EndpointCore::serve(SessionState& s, const PacketHeader& header, std::span<
 
 // A request packet whose payload lies in its call's MessageBuffer (`memory`) is
 // gathered from there: header from the transport's send buffer, payload from the buffer.
+[[gnu::always_inline]]
 void EndpointCore::send(SessionState& s, const Outgoing& out, const BufferHold* memory) {
     std::array<std::byte, header_bytes> header;
     encode(out.header, header);
@@ -584,6 +590,7 @@ void EndpointCore::end_session_soon(SessionId id, std::string why) {
     });
 }
 
+[[gnu::always_inline]]
 void EndpointCore::pump(SessionState& s, Clock::time_point now) {
     if (!s.client)
         return;
@@ -647,6 +654,7 @@ void EndpointCore::start(SessionId id, std::uint8_t type, std::span<const std::b
 // call's transfer or send): the others are copied, as spans are. It reads their memory as
 // it is now: another call abandoned with the same request buffer may have given it new
 // memory since this one was queued.
+[[gnu::always_inline]]
 bool EndpointCore::try_begin(SessionState& s, std::uint8_t type, std::span<const std::byte> request,
                              std::span<std::byte> response, CallBuffers buffers, Clock::time_point deadline,
                              StoredCall& handler) {
@@ -713,6 +721,7 @@ bool EndpointCore::try_begin(SessionState& s, std::uint8_t type, std::span<const
 
 // What can begin, begins, in order (a call at the head past its deadline ends instead).
 // On the packet path: it looks at the head only.
+[[gnu::always_inline]]
 void EndpointCore::begin_queued(SessionState& s, Clock::time_point now) {
     while (!s.queued.empty()) {
         QueuedCall& next = s.queued.front();
@@ -753,6 +762,7 @@ void EndpointCore::finish(PendingCall& call, SessionState& s, Result<std::size_t
     std::move(call.handler).complete(std::move(result));
 }
 
+[[gnu::always_inline]]
 void EndpointCore::end_call(SessionState& s, const CallEnd& end) {
     PendingCall& call = s.calls[end.request % s.calls.size()];
     call_left_slot(s, end.request, end.outcome != CallOutcome::timed_out);
@@ -823,6 +833,7 @@ void EndpointCore::cancel(const StoredCall::Target& target) {
 
 void cancel_call(const StoredCall::Target& target) noexcept { target.core->cancel(target); }
 
+[[gnu::always_inline]]
 void EndpointCore::activate(SessionState& s) {
     if (!s.active) {
         s.active = true;
@@ -916,6 +927,7 @@ void EndpointCore::tick() {
 // ---------------------------------------------------------------------------------
 // Server
 
+[[gnu::always_inline]]
 void EndpointCore::handle(SessionState& s, const HandlerCall& call) {
     if (!handlers[call.rpc_type])
         return send(s, s.server->respond(call.request, Status::no_handler, {}));
@@ -972,6 +984,7 @@ bool writing_response(const SessionState& s, std::uint64_t request) noexcept {
 
 // `lent`: the whole request message as the window lent it (`message` lies in it), to
 // keep if the handler returns without answering.
+[[gnu::always_inline]]
 void EndpointCore::run_handler(SessionState& s, std::uint8_t type, std::uint64_t request,
                                std::span<const std::byte> message, std::span<const std::byte> lent) {
     ++counters.handled;
@@ -1131,6 +1144,7 @@ Result<EndpointCore::Description> EndpointCore::describe(SessionState& s, std::s
 // A call left its window slot: with an answer from the server (which serves a slot's
 // calls in order, so every transfer of the slot's earlier calls is over), or abandoned
 // (a transfer of its own may still come).
+[[gnu::always_inline]]
 void EndpointCore::call_left_slot(SessionState& s, std::uint64_t request, bool heard_from_server) {
     if (!heard_from_server)
         renew_reachable(s, s.calls[request % s.calls.size()]);

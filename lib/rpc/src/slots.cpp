@@ -111,12 +111,14 @@ void ClientWindow::abandon(std::uint64_t request, std::source_location where) {
     release(slot);
 }
 
+[[gnu::always_inline]]
 std::uint32_t ClientWindow::sendable(const Slot& slot) noexcept {
     if (!slot.busy)
         return 0;
     return slot.response_packets == 0 ? slot.request_packets : slot.request_packets + slot.response_packets - 1;
 }
 
+[[gnu::always_inline]]
 Outgoing ClientWindow::packet_at(const Slot& slot, std::uint32_t position) const noexcept {
     if (position < slot.request_packets) {
         Outgoing out{header_for(route_, Kind::request, slot.request, slot.rpc_type,
@@ -177,6 +179,7 @@ std::expected<std::optional<CallEnd>, DropReason> ClientWindow::receive(const Pa
     return take(slot, header, payload, now);
 }
 
+[[gnu::always_inline]]
 std::expected<std::optional<CallEnd>, DropReason> ClientWindow::take(Slot& slot, const PacketHeader& header,
                                                                      std::span<const std::byte> payload,
                                                                      Clock::time_point now) {
@@ -250,6 +253,7 @@ std::expected<CallEnd, DropReason> ClientWindow::written(std::uint64_t request, 
     return end(slot, CallOutcome::ok, static_cast<std::uint32_t>(descriptor.size()), descriptor);
 }
 
+[[gnu::always_inline]]
 void ClientWindow::answered(Slot& slot, Clock::time_point now) noexcept {
     ++slot.received;
     --in_flight_;
@@ -264,6 +268,7 @@ void ClientWindow::answered(Slot& slot, Clock::time_point now) noexcept {
                                   : std::nullopt);
 }
 
+[[gnu::always_inline]]
 CallEnd ClientWindow::end(Slot& slot, CallOutcome outcome, std::uint32_t response_size,
                           std::span<const std::byte> response) noexcept {
     release(slot);
@@ -276,6 +281,7 @@ CallEnd ClientWindow::end(Slot& slot, CallOutcome outcome, std::uint32_t respons
     return ended;
 }
 
+[[gnu::always_inline]]
 void ClientWindow::write_off(Slot& slot) noexcept {
     if (slot.sent == slot.received)
         return;
@@ -285,6 +291,7 @@ void ClientWindow::write_off(Slot& slot) noexcept {
     slot.sent = slot.received;
 }
 
+[[gnu::always_inline]]
 void ClientWindow::release(Slot& slot) noexcept {
     write_off(slot);
     if (slot.sent < sendable(slot))
@@ -355,6 +362,7 @@ std::expected<ServerStep, DropReason> ServerWindow::receive(const PacketHeader& 
     return take_request_for_response(slot, header);
 }
 
+[[gnu::always_inline]]
 std::expected<ServerStep, DropReason> ServerWindow::take_request(Slot& slot, const PacketHeader& header,
                                                                  std::span<const std::byte> payload) {
     // a probe asks about a call this slot has (it carries no request to begin one with)
@@ -484,6 +492,7 @@ Outgoing ServerWindow::in_progress(const Slot& slot) const noexcept {
     return out;
 }
 
+[[gnu::always_inline]]
 Outgoing ServerWindow::response_packet(const Slot& slot, std::uint16_t index) const noexcept {
     return {header_for(route_, Kind::response, slot.request, slot.rpc_type,
                        static_cast<std::uint32_t>(slot.response_bytes.size()), index, slot.status,

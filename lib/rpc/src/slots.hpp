@@ -239,20 +239,25 @@ private:
         std::uint32_t told_in_progress = 0; // times so far: each doubles the wait until resend_at
     };
 
+    // Inline, as ServerWindow's below: slots.cpp, their only caller, inlines them into
+    // the call path (each call boundary there is a prologue, an epilogue and argument
+    // moves, and under emulation a round trip pays for every distinct instruction it
+    // runs: bench/results/rpc-round-trip.md).
     // The positions the call has to send as far as it knows: n_req until response
     // packet 0 tells n_resp, then n_req + n_resp - 1; 0 for a free slot.
-    static std::uint32_t sendable(const Slot& slot) noexcept;
-    Outgoing packet_at(const Slot& slot, std::uint32_t position) const noexcept;
-    std::expected<std::optional<CallEnd>, DropReason> take(Slot& slot, const PacketHeader& header,
-                                                           std::span<const std::byte> payload, Clock::time_point now);
-    CallEnd end(Slot& slot, CallOutcome outcome, std::uint32_t response_size,
-                std::span<const std::byte> response = {}) noexcept;
+    static inline std::uint32_t sendable(const Slot& slot) noexcept;
+    inline Outgoing packet_at(const Slot& slot, std::uint32_t position) const noexcept;
+    inline std::expected<std::optional<CallEnd>, DropReason> take(Slot& slot, const PacketHeader& header,
+                                                                  std::span<const std::byte> payload,
+                                                                  Clock::time_point now);
+    inline CallEnd end(Slot& slot, CallOutcome outcome, std::uint32_t response_size,
+                       std::span<const std::byte> response = {}) noexcept;
     // The slot's next position (received) was answered in order at `now`: its credit
     // back, the RTO sampled when nothing else of it is in flight (Karn), and told to
     // the congestion controller.
-    void answered(Slot& slot, Clock::time_point now) noexcept;
-    void write_off(Slot& slot) noexcept; // its unanswered packets: lost
-    void release(Slot& slot) noexcept;   // written off and free
+    inline void answered(Slot& slot, Clock::time_point now) noexcept;
+    inline void write_off(Slot& slot) noexcept; // its unanswered packets: lost
+    inline void release(Slot& slot) noexcept;   // written off and free
 
     PacketLimits limits_;
     Route route_;
@@ -348,12 +353,12 @@ private:
         std::vector<std::byte> response_bytes;
     };
 
-    std::expected<ServerStep, DropReason> take_request(Slot& slot, const PacketHeader& header,
-                                                       std::span<const std::byte> payload);
+    inline std::expected<ServerStep, DropReason> take_request(Slot& slot, const PacketHeader& header,
+                                                              std::span<const std::byte> payload);
     std::expected<ServerStep, DropReason> take_request_for_response(const Slot& slot, const PacketHeader& header) const;
     Outgoing credit_return(const Slot& slot, std::uint16_t index) const noexcept;
     Outgoing in_progress(const Slot& slot) const noexcept;
-    Outgoing response_packet(const Slot& slot, std::uint16_t index) const noexcept;
+    inline Outgoing response_packet(const Slot& slot, std::uint16_t index) const noexcept;
 
     PacketLimits limits_;
     Route route_;

@@ -116,10 +116,12 @@ std::size_t UdTransport::poll() {
     return taken;
 }
 
+[[gnu::always_inline]]
 std::span<std::byte> UdTransport::ring_buffer(std::uint32_t i) noexcept {
     return {ring_mr_->data() + std::size_t{i} * (grh_bytes + mtu_), grh_bytes + mtu_};
 }
 
+[[gnu::always_inline]]
 Result<void> UdTransport::post_receives(std::span<const std::uint32_t> buffers) {
     RecvBatch<repost_batch> batch(*qp_);
     for (std::size_t at = 0; at < buffers.size(); at += repost_batch) {
@@ -174,6 +176,7 @@ Result<bool> UdTransport::send_gather(const AddressHandle& to, const UdAddress& 
     return posted;
 }
 
+[[gnu::always_inline]]
 Result<bool> UdTransport::post_send(const AddressHandle& to, const UdAddress& peer,
                                     std::span<const LocalSlice> gather, bool inline_data,
                                     std::source_location where) {

@@ -119,12 +119,14 @@ private:
         : context_(std::move(context)), pd_(std::move(pd)), deliver_(deliver), context_arg_(context_arg) {}
     static void take(void* self, std::span<const WorkCompletion> completions);
     void take(std::span<const WorkCompletion> completions);
-    Result<void> post_receives(std::span<const std::uint32_t> buffers);
+    // These three inline: ud_transport.cpp, their only caller, inlines them into the
+    // packet path (as ClientWindow's helpers, slots.hpp).
+    inline Result<void> post_receives(std::span<const std::uint32_t> buffers);
     // Posts `gather` in the last free send buffer's name (its wr_id), `inline_data` as
     // the caller judged it (at most inline_limit_ bytes).
-    Result<bool> post_send(const AddressHandle& to, const UdAddress& peer, std::span<const LocalSlice> gather,
-                           bool inline_data, std::source_location where);
-    std::span<std::byte> ring_buffer(std::uint32_t i) noexcept;
+    inline Result<bool> post_send(const AddressHandle& to, const UdAddress& peer, std::span<const LocalSlice> gather,
+                                  bool inline_data, std::source_location where);
+    inline std::span<std::byte> ring_buffer(std::uint32_t i) noexcept;
 
     Context context_;
     ProtectionDomain pd_;
