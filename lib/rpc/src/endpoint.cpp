@@ -329,7 +329,7 @@ struct EndpointCore {
     inline void pump(SessionState& s, Clock::time_point now);
 
     // client calls
-    void start(SessionId id, std::uint8_t type, std::span<const std::byte> request, std::span<std::byte> response,
+    inline void start(SessionId id, std::uint8_t type, std::span<const std::byte> request, std::span<std::byte> response,
                CallBuffers buffers, CallOptions options, StoredCall handler);
     inline bool try_begin(SessionState& s, std::uint8_t type, std::span<const std::byte> request,
                           std::span<std::byte> response, CallBuffers buffers, Clock::time_point deadline,
@@ -619,6 +619,7 @@ void EndpointCore::fail(StoredCall handler, Error error) {
     std::move(handler).complete(std::unexpected(std::move(error)));
 }
 
+[[gnu::always_inline]]
 void EndpointCore::start(SessionId id, std::uint8_t type, std::span<const std::byte> request,
                          std::span<std::byte> response, CallBuffers buffers, CallOptions call_options,
                          StoredCall handler) {

@@ -1,6 +1,5 @@
 #include "retransmit.hpp"
 
-#include <algorithm>
 
 #include <rdmaxx/wrap/error.hpp>
 
@@ -18,21 +17,6 @@ RtoEstimator::RtoEstimator(const RtoConfig& config, std::source_location where)
     require(config.granularity >= nanoseconds(0), where, "RtoConfig: granularity {} ns",
             config.granularity.count());
     require(config.max_timeouts > 0, where, "RtoConfig: max_timeouts 0");
-}
-
-void RtoEstimator::measured(nanoseconds round_trip, Transmissions sent) noexcept {
-    if (sent != Transmissions::once)
-        return;
-    const nanoseconds r = std::max(round_trip, nanoseconds(0));
-    if (!sampled_) {
-        srtt_ = r;
-        rttvar_ = r / 2;
-        sampled_ = true;
-    } else {
-        rttvar_ = (3 * rttvar_ + (srtt_ > r ? srtt_ - r : r - srtt_)) / 4;
-        srtt_ = (7 * srtt_ + r) / 8;
-    }
-    rto_ = std::clamp(srtt_ + std::max(config_.granularity, 4 * rttvar_), config_.floor, config_.ceiling);
 }
 
 OnTimeout RtoEstimator::timed_out(std::uint32_t timeouts) noexcept {

@@ -18,6 +18,7 @@
 // Thread safety: distinct objects: safe; shared: unsafe.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <source_location>
@@ -55,8 +56,22 @@ public:
     std::chrono::nanoseconds rto() const noexcept { return rto_; }
 
     // A round trip measured on a request that went `sent`; ignored unless once. A
-    // negative round trip (a caller's clock mix-up) counts as 0.
-    void measured(std::chrono::nanoseconds round_trip, Transmissions sent) noexcept;
+    // negative round trip (a caller's clock mix-up) counts as 0. Here, inlined: a
+    // call's answer takes a sample.
+    [[gnu::always_inline]] void measured(std::chrono::nanoseconds round_trip, Transmissions sent) noexcept {
+        if (sent != Transmissions::once)
+            return;
+        const std::chrono::nanoseconds r = std::max(round_trip, std::chrono::nanoseconds(0));
+        if (!sampled_) {
+            srtt_ = r;
+            rttvar_ = r / 2;
+            sampled_ = true;
+        } else {
+            rttvar_ = (3 * rttvar_ + (srtt_ > r ? srtt_ - r : r - srtt_)) / 4;
+            srtt_ = (7 * srtt_ + r) / 8;
+        }
+        rto_ = std::clamp(srtt_ + std::max(config_.granularity, 4 * rttvar_), config_.floor, config_.ceiling);
+    }
 
     // A request's RTO expired; `timeouts` counts this one (1 at the first timeout since
     // the request last made progress). retransmit: the RTO has doubled (capped), resend;

@@ -84,9 +84,9 @@ struct SendWr {
 };
 
 // A send WR's SGEs from `local`, checked against the QP's limits; returns the payload
-// length.
-inline std::uint64_t set_sges(SendWr& s, const QueuePair& qp, Gather local, bool inline_data,
-                              std::source_location where) {
+// length. Always inlined, as SendBatch's set_* calls that use it.
+[[gnu::always_inline]] inline std::uint64_t set_sges(SendWr& s, const QueuePair& qp, Gather local, bool inline_data,
+                                                     std::source_location where) {
     const auto slices = local.slices();
     require(slices.size() <= qp.caps().max_send_sge && slices.size() <= max_sge, where,
             "{} SGEs on a QP created with max_send_sge {}", slices.size(), qp.caps().max_send_sge);
@@ -274,8 +274,11 @@ public:
         return *this;
     }
 
+    // The set_* calls are always inlined: they are the post path of a batch built once.
+
     /// What varies between posts of WR k (in the order added): its wr_id.
     /// @misuse k past the batch.
+    [[gnu::always_inline]]
     SendBatch& set_wr_id(std::size_t k, std::uint64_t wr_id,
                          std::source_location where = std::source_location::current()) {
         at(k, where).wr.wr_id = wr_id;
@@ -283,6 +286,7 @@ public:
     }
     /// Whether WR k is signaled (always, on a QP that signals every WR).
     /// @misuse k past the batch.
+    [[gnu::always_inline]]
     SendBatch& set_signaled(std::size_t k, bool signaled,
                             std::source_location where = std::source_location::current()) {
         ibv_send_wr& wr = at(k, where).wr;
@@ -295,6 +299,7 @@ public:
     /// checked against its remote slice: add it anew.)
     /// @misuse k past the batch; WR k not a SEND (with or without immediate); the add's
     /// checks.
+    [[gnu::always_inline]]
     SendBatch& set_local(std::size_t k, Gather local, bool inline_data,
                          std::source_location where = std::source_location::current()) {
         detail::SendWr& s = at(k, where);
@@ -307,6 +312,7 @@ public:
     /// WR k's destination: another peer for a UD send added with send(local, to).
     /// @misuse k past the batch; WR k not a UD send; a destination without an address
     /// handle.
+    [[gnu::always_inline]]
     SendBatch& set_destination(std::size_t k, const UdDestination& to,
                                std::source_location where = std::source_location::current()) {
         ibv_send_wr& wr = at(k, where).wr;
@@ -320,6 +326,7 @@ public:
     }
     /// WR k's immediate: `imm` in host order, as in write_with_imm().
     /// @misuse k past the batch, a WR without an immediate.
+    [[gnu::always_inline]]
     SendBatch& set_imm(std::size_t k, std::uint32_t imm, std::source_location where = std::source_location::current()) {
         ibv_send_wr& wr = at(k, where).wr;
         require(wr.opcode == IBV_WR_RDMA_WRITE_WITH_IMM || wr.opcode == IBV_WR_SEND_WITH_IMM, where,
@@ -330,6 +337,7 @@ public:
     /// WR k's atomic operands. compare_add: the CAS's compare value or the FAA's addend;
     /// swap: the CAS's swap.
     /// @misuse k past the batch, a WR that is not an atomic.
+    [[gnu::always_inline]]
     SendBatch& set_atomic(std::size_t k, std::uint64_t compare_add, std::uint64_t swap = 0,
                           std::source_location where = std::source_location::current()) {
         ibv_send_wr& wr = at(k, where).wr;
