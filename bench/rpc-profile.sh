@@ -3,8 +3,9 @@
 # each side: callgrind (it counts instructions, not time) of `rdmaxx-perf rpc_lat` (32 B,
 # N calls, the endpoints in MODE: busy, event or hybrid; the further arguments to both
 # sides, e.g. --rdma-threshold 0 for the RC path, --callbacks for the callback form).
-# N (10000) must exceed what a setup loop runs (the server's 8,192 ring receives): the
-# footprint counts the instructions run about once per call or more.
+# N (15000) must exceed what a setup loop runs (the server's 8,207 ring receives and
+# 1,024 send buffers, whose slices one function makes): the footprint counts the
+# instructions run about once per call or more.
 # The client is profiled against a server run normally, then the server against a
 # client. Prints, for the client, the inclusive instructions per call of the call path's
 # parts, and for each side the call's footprint: the distinct instructions it runs, per
@@ -16,7 +17,7 @@
 # the instruction.
 set -euo pipefail
 build=${1:-build}
-n=${2:-10000}
+n=${2:-15000}
 mode=${3:-busy}
 shift $(($# < 3 ? $# : 3))
 dev=${RDMAXX_DEVICE:-$(ls /sys/class/infiniband | head -n 1)}

@@ -348,8 +348,8 @@ struct EndpointCore {
     inline void handle(SessionState& s, const HandlerCall& call);
     inline void run_handler(SessionState& s, std::uint8_t type, std::uint64_t request,
                             std::span<const std::byte> message, std::span<const std::byte> lent = {});
-    void respond(std::uint16_t number, std::uint32_t generation, std::uint64_t request, Status status,
-                 std::span<const std::byte> response);
+    inline void respond(std::uint16_t number, std::uint32_t generation, std::uint64_t request, Status status,
+                        std::span<const std::byte> response);
 
     // the RC path
     bool wants_rdma(const SessionState& s, std::size_t request, std::uint32_t capacity) const noexcept;
@@ -1012,6 +1012,7 @@ void EndpointCore::run_handler(SessionState& s, std::uint8_t type, std::uint64_t
         kept.subspan(static_cast<std::size_t>(message.data() - lent.data()), message.size());
 }
 
+[[gnu::always_inline]]
 void EndpointCore::respond(std::uint16_t number, std::uint32_t generation, std::uint64_t request, Status status,
                            std::span<const std::byte> response) {
     SessionState* s = table.lookup({.number = number, .generation = generation});
