@@ -329,8 +329,8 @@ struct EndpointCore {
     inline void pump(SessionState& s, Clock::time_point now);
 
     // client calls
-    inline void start(SessionId id, std::uint8_t type, std::span<const std::byte> request, std::span<std::byte> response,
-               CallBuffers buffers, CallOptions options, StoredCall handler);
+    inline void start(SessionId id, std::uint8_t type, std::span<const std::byte> request,
+                      std::span<std::byte> response, CallBuffers buffers, CallOptions options, StoredCall handler);
     inline bool try_begin(SessionState& s, std::uint8_t type, std::span<const std::byte> request,
                           std::span<std::byte> response, CallBuffers buffers, Clock::time_point deadline,
                           StoredCall& handler);

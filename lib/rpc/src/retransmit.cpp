@@ -1,6 +1,5 @@
 #include "retransmit.hpp"
 
-
 #include <rdmaxx/wrap/error.hpp>
 
 namespace rdmaxx::rpc::detail {
