@@ -504,6 +504,7 @@ struct RcAttack {
     bool ended_by_bad_read = false;
     bool ended_by_garbage = false;
     bool ended_by_oversized_send = false;
+    bool ended_by_garbage_send = false;
     int honest_wrong = 0;
     std::uint32_t server_sessions = 0; // at the end, the honest one still open
 };
@@ -560,15 +561,19 @@ struct HostileRc {
     std::optional<QueuePair> qp;
 };
 
+void make_hostile_qp(Attacker& attacker, HostileRc& rc) {
+    rc.cq.emplace(must(CompletionQueue::create(attacker.ud->context(), {.depth = 16})));
+    rc.qp.emplace(must(QueuePair::create(attacker.ud->pd(), {.type = QpType::rc,
+                                                             .send_cq = &*rc.cq,
+                                                             .recv_cq = &*rc.cq,
+                                                             .caps = {.max_send_wr = 4, .max_recv_wr = 4},
+                                                             .port = attacker.ud->port(),
+                                                             .gid_index = attacker.ud->gid_index()})));
+}
+
 asio::awaitable<void> offer_rc(Attacker* attacker, asio::ip::tcp::socket* socket, HostileRc* rc) {
     namespace d = rpc::detail;
-    rc->cq.emplace(must(CompletionQueue::create(attacker->ud->context(), {.depth = 16})));
-    rc->qp.emplace(must(QueuePair::create(attacker->ud->pd(), {.type = QpType::rc,
-                                                               .send_cq = &*rc->cq,
-                                                               .recv_cq = &*rc->cq,
-                                                               .caps = {.max_send_wr = 4, .max_recv_wr = 4},
-                                                               .port = attacker->ud->port(),
-                                                               .gid_index = attacker->ud->gid_index()})));
+    make_hostile_qp(*attacker, *rc);
     const auto offer =
         d::encode(d::RcMessage{.kind = d::RcMessage::Kind::offer, .available = true, .qp = rc->qp->endpoint()});
     co_await asio::async_write(*socket, asio::buffer(offer), asio::use_awaitable);
@@ -580,7 +585,8 @@ asio::awaitable<void> offer_rc(Attacker* attacker, asio::ip::tcp::socket* socket
 }
 
 asio::awaitable<void> attack_rc(Rig* rig, Attacker* attacker, asio::ip::tcp::socket* socket,
-                                asio::ip::tcp::socket* second, asio::ip::tcp::socket* third, RcAttack* out) {
+                                asio::ip::tcp::socket* second, asio::ip::tcp::socket* third,
+                                asio::ip::tcp::socket* fourth, RcAttack* out) {
     namespace d = rpc::detail;
     std::optional<rpc::Session> honest;
     co_await connect_into(rig, &honest);
@@ -623,29 +629,174 @@ asio::awaitable<void> attack_rc(Rig* rig, Attacker* attacker, asio::ip::tcp::soc
     must(post_send(*broken.qp, oversized.slice(0, 64 * 1024), {.wr_id = 1}));
     out->ended_by_oversized_send = co_await closed_within(third, 10s);
     co_await honest_large(&honest, 30, &out->honest_wrong);
+
+    // a SEND the server's buffers hold, but no whole request: garbage, on a fourth; the
+    // server's receive succeeds and the session ends all the same (no honest client
+    // SENDs it)
+    co_await hostile_setup(rig, attacker, fourth, 10);
+    REQUIRE(!attacker->reply.refusal);
+    HostileRc garbage_sender;
+    co_await offer_rc(attacker, fourth, &garbage_sender);
+    auto junk = must(MemoryRegion::allocate(attacker->ud->pd(), 64, Access::local_write));
+    for (std::size_t i = 0; i < 64; ++i)
+        junk.data()[i] = static_cast<std::byte>(i * 29 + 3);
+    must(post_send(*garbage_sender.qp, junk.slice(0, 64), {.wr_id = 1}));
+    out->ended_by_garbage_send = co_await closed_within(fourth, 10s);
+    co_await honest_large(&honest, 40, &out->honest_wrong);
     co_await pause(50ms);
     out->server_sessions = rig->server->sessions();
 }
 
 } // namespace
 
-TEST_CASE("rpc endpoint: a hostile client's RC offer, descriptors and oversized SEND end its own session only") {
+TEST_CASE("rpc endpoint: a hostile client's RC offer, descriptors, oversized and garbage SENDs end its own session "
+          "only") {
     Rig rig(large_messages, large_messages);
     Attacker attacker;
     attacker.ud = must(rpc::detail::UdTransport::create(rig.io, {.ring = 64, .send_depth = 64},
                                                           &Attacker::deliver, &attacker));
-    asio::ip::tcp::socket socket(rig.io), second(rig.io), third(rig.io);
+    asio::ip::tcp::socket socket(rig.io), second(rig.io), third(rig.io), fourth(rig.io);
     RcAttack out;
-    run(rig.io, attack_rc(&rig, &attacker, &socket, &second, &third, &out), 120s);
+    run(rig.io, attack_rc(&rig, &attacker, &socket, &second, &third, &fourth, &out), 120s);
     CHECK(out.answered_too_far);
     CHECK(out.ended_by_bad_read);
     CHECK(out.ended_by_garbage);
     CHECK(out.ended_by_oversized_send);
+    CHECK(out.ended_by_garbage_send);
     CHECK(out.honest_wrong == 0);
     CHECK(out.server_sessions == 1); // the honest one
-    CHECK(rig.server->counters().rdma_reads >= 12);
+    CHECK(rig.server->counters().rc_misuses == 1); // the garbage SEND (the others end otherwise)
+    CHECK(rig.server->counters().rdma_reads >= 16);
     CHECK(rig.server->counters().message_copies == 0); // echo: WRITTEN from the bytes READ
     CHECK(rig.client->counters().failed == 0);
+}
+
+// ---------------------------------------------------------------------------------
+// A hostile server: it sets a session up with the client by hand (the setup messages'
+// codec), answers the client's RC offer with a QP of its own, then, while the client's
+// large call waits, sends into the receives every session of the client endpoint
+// shares what no honest server sends: zero-byte WRITEs whose immediates name a slot
+// with no call in progress, or another session, or a SEND. Each ends the hostile
+// session at once, its call with "session reset"; an honest session's large calls, one
+// of them in flight meanwhile, go on.
+
+namespace {
+
+enum class Misuse { idle_slot, other_session, send };
+
+struct HostileServer {
+    Attacker attacker; // its UD QP: the address its reply names (the client's packets go there, unanswered)
+    HostileRc rc;
+    rpc::detail::SessionRequest request; // the client's
+    bool ready = false;                  // the RC QPs are connected
+};
+
+asio::awaitable<void> serve_hostile(asio::ip::tcp::acceptor* acceptor, asio::ip::tcp::socket* socket,
+                                    HostileServer* h) {
+    namespace d = rpc::detail;
+    co_await acceptor->async_accept(*socket, asio::use_awaitable);
+    std::array<std::byte, d::session_request_bytes> request{};
+    co_await asio::async_read(*socket, asio::buffer(request), asio::use_awaitable);
+    h->request = must(d::decode_request(request));
+    const auto reply = d::encode(d::SessionReply{.refusal = std::nullopt,
+                                                 .server = h->attacker.ud->address(),
+                                                 .session = {.number = 3, .generation = 1},
+                                                 .limits = h->request.limits,
+                                                 .both_ways = false});
+    co_await asio::async_write(*socket, asio::buffer(reply), asio::use_awaitable);
+    // the client's offer comes with its first large call
+    std::array<std::byte, d::rc_message_bytes> offer{};
+    co_await asio::async_read(*socket, asio::buffer(offer), asio::use_awaitable);
+    const auto offered = must(d::decode_rc(offer));
+    REQUIRE(offered.kind == d::RcMessage::Kind::offer);
+    make_hostile_qp(h->attacker, h->rc);
+    must(h->rc.qp->connect(offered.qp));
+    const auto answer = d::encode(d::RcMessage{.kind = d::RcMessage::Kind::answer, .qp = h->rc.qp->endpoint()});
+    co_await asio::async_write(*socket, asio::buffer(answer), asio::use_awaitable);
+    h->ready = true;
+}
+
+// The misuse, 4 times (all the hostile QP's send queue holds): the first ends the session.
+void misuse(HostileServer& h, Misuse how) {
+    namespace d = rpc::detail;
+    const std::uint16_t own = h.request.session.number;
+    // the client's large call is in slot 0 (its session's first call): slot 1 is idle
+    const std::uint32_t imm = d::encode_written(
+        {.session = how == Misuse::other_session ? static_cast<std::uint16_t>(own + 1) : own, .slot = 1, .round = 0});
+    for (std::uint64_t k = 0; k < 4; ++k) {
+        if (how == Misuse::send)
+            must(post_send(*h.rc.qp, std::span<const LocalSlice>{}, {.wr_id = k}));
+        else
+            must(post_write_with_imm(*h.rc.qp, std::span<const LocalSlice>{}, RemoteMemory{}, imm, {.wr_id = k}));
+    }
+}
+
+struct ServerAttack {
+    int honest_wrong = 0;
+    std::array<std::optional<Error>, 3> hostile_calls; // how each hostile session's call ended
+    std::array<bool, 3> closed{};                        // the client closed the control connection
+    std::uint32_t client_sessions = 0;                   // at the end: the honest one
+};
+
+asio::awaitable<void> attack_client(Rig* rig, ServerAttack* out) {
+    std::optional<rpc::Session> honest;
+    co_await connect_into(rig, &honest);
+    co_await honest_large(&honest, 0, &out->honest_wrong);
+    const auto executor = co_await asio::this_coro::executor;
+    for (int i = 0; i < 3; ++i) {
+        HostileServer h;
+        h.attacker.ud = must(rpc::detail::UdTransport::create(rig->io, {.ring = 64, .send_depth = 64},
+                                                               &Attacker::deliver, &h.attacker));
+        const std::uint16_t port = next_port();
+        asio::ip::tcp::acceptor acceptor(executor, {asio::ip::make_address("127.0.0.1"), port});
+        asio::ip::tcp::socket socket(executor);
+        asio::co_spawn(executor, serve_hostile(&acceptor, &socket, &h), asio::detached);
+        auto hostile = co_await rig->client->connect("127.0.0.1", port);
+        REQUIRE_MESSAGE(hostile.has_value(), (hostile ? "" : hostile.error().message()));
+        // a large call: its offer sets the RC path up, then it waits for an answer
+        const auto big = message(100 + i, 100'000);
+        std::vector<std::byte> response(300'000);
+        std::optional<Result<std::size_t>> ended;
+        hostile->call(echo, big, response, {.timeout = 30s}, [&ended](Result<std::size_t> r) { ended = r; });
+        co_await until([&h] { return h.ready; });
+        co_await pause(20ms); // the call's descriptor is on its way
+        // an honest large call in flight while the misuse comes
+        const auto request = message(200 + i, 150'000);
+        std::vector<std::byte> echoed_back(300'000);
+        std::optional<Result<std::size_t>> honest_got;
+        honest->call(echo, request, echoed_back, {.timeout = 30s},
+                        [&honest_got](Result<std::size_t> r) { honest_got = r; });
+        misuse(h, static_cast<Misuse>(i));
+        co_await until([&ended] { return ended.has_value(); });
+        if (!*ended)
+            out->hostile_calls[i] = ended->error();
+        out->closed[i] = co_await closed_within(&socket, 10s);
+        co_await until([&honest_got] { return honest_got.has_value(); });
+        if (!*honest_got || **honest_got != request.size() || !echoed(echoed_back, request))
+            ++out->honest_wrong;
+        co_await honest_large(&honest, 10 * (i + 1), &out->honest_wrong);
+    }
+    out->client_sessions = rig->client->sessions();
+}
+
+} // namespace
+
+TEST_CASE("rpc endpoint: a hostile server's immediates and SENDs end its own session only, at the first") {
+    Rig rig(large_messages, large_messages);
+    ServerAttack out;
+    run(rig.io, attack_client(&rig, &out), 120s);
+    for (int i = 0; i < 3; ++i) {
+        CAPTURE(i);
+        REQUIRE(out.hostile_calls[i]);
+        CHECK(out.hostile_calls[i]->is_errno(ECONNRESET));
+        CHECK(out.closed[i]);
+    }
+    CHECK(out.honest_wrong == 0);
+    CHECK(out.client_sessions == 1);
+    const auto& c = rig.client->counters();
+    CHECK(c.rc_misuses == 3);
+    CHECK(c.failed == 3);
+    MESSAGE("client drops: ", c.dropped());
 }
 
 namespace {

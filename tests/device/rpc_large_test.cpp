@@ -282,6 +282,7 @@ TEST_CASE("rpc large: an abandoned large call's late WRITE reaches neither its c
     check_abandoned(out);
     CHECK(out.untouched);
     CHECK(rig.server->counters().rdma_writes >= 2 + 8 + 16);
+    CHECK(rig.client->counters().rc_misuses == 0); // the abandoned calls' late immediates are honest
 }
 
 namespace {

@@ -80,6 +80,8 @@ struct PendingCall {
     CallBuffers buffers; // of a call made with them: the response's size() is set on success
     BufferHold sending;  // the request's MessageBuffer, while the window sends from it
     bool whole_posted = false; // its whole request's SEND was posted (not only stalled)
+    // it offered memory for its response: the server may WRITE it, with an immediate
+    bool may_be_written = false;
     Clock::time_point deadline{};
     StoredCall handler;
 };
@@ -229,6 +231,11 @@ struct RcPath {
     // the receives it keeps for the session); 0: none
     std::uint32_t whole_max = 0, whole_grant = 0;
     std::uint32_t sends = 0; // client: SENDs in flight
+    // client: the calls that offered memory and ended without their immediate: each
+    // may still get one (the server WROTE it before the call ended, or will), so many
+    // immediates naming no call in progress an honest server may send; one more ends
+    // the session (EndpointCore::misused)
+    std::uint64_t late_writes = 0;
     // server: descriptor requests that came while this end's own offer was still out
     // (the peer was ready first): handled once the path is, refused if it never is
     std::vector<HandlerCall> waiting;
@@ -374,6 +381,14 @@ struct EndpointCore {
     void transfer_done(const WorkCompletion& completion);
     void take_written(const WorkCompletion& completion);
     void take_whole(const WorkCompletion& completion);
+    // The live session whose RC QP is number `qpn`, or none: a walk of the sessions,
+    // for what is no hot path (a failed receive, a misused QP).
+    SessionState* rc_session(std::uint32_t qpn);
+    // A receive on an RC QP that no honest peer causes (`what`), counted as a drop by
+    // `reason` if it has one: the session whose QP it came on ends. Unlike a UD packet,
+    // it can only come from that session's peer (a reliable connection's other end); a
+    // QP gone with its session: nothing more.
+    void misused(const WorkCompletion& completion, std::optional<DropReason> reason, std::string_view what);
     void sent_whole(const WorkCompletion& completion, SessionId session, std::uint32_t slot);
     // Ends session `id` from the io_context's queue: a failure found where the caller
     // goes on with the session.
@@ -697,10 +712,12 @@ bool EndpointCore::try_begin(SessionState& s, std::uint8_t type, std::span<const
         return false;
     if (!rdma && keep == ClientWindow::Keep::copy && !request.empty())
         ++counters.message_copies;
+    bool offered = false;
     if (!s.rc.client_slots.empty()) {
         RcPath::ClientSlot& slot = s.rc.client_slots[*begun % s.calls.size()];
         slot.rdma = rdma;
-        if (rdma && slot.offered > 0) {
+        offered = rdma && slot.offered > 0;
+        if (offered) {
             ++slot.offers_unheard;
             ++offers_unheard;
         }
@@ -712,6 +729,7 @@ bool EndpointCore::try_begin(SessionState& s, std::uint8_t type, std::span<const
     call.buffers = buffers;
     call.sending = from_buffer ? lend.request->hold_ : BufferHold{};
     call.whole_posted = false;
+    call.may_be_written = offered;
     call.deadline = deadline;
     call.handler = std::move(handler);
     call.handler.on_cancel(
@@ -756,6 +774,8 @@ void EndpointCore::finish(PendingCall& call, SessionState& s, Result<std::size_t
         call.buffers.response->size_ = *result;
     call.buffers = {};
     call.sending = BufferHold{};
+    if (std::exchange(call.may_be_written, false))
+        ++s.rc.late_writes;
     if (result)
         ++counters.completed;
     else
@@ -1454,29 +1474,36 @@ bool EndpointCore::hold_until_written(SessionState& s, const PacketHeader& heade
 }
 
 // A response WRITTEN to one of this end's calls: its immediate names the call
-// (rc_codec.hpp), its byte_len the size. Untrusted: a completion that names no call of
-// this end's in progress is dropped, counted as a packet would be.
+// (rc_codec.hpp), its byte_len the size. Untrusted: the first completion no honest
+// server sends ends the session whose QP it came on (misused). An immediate for a
+// call that ended without it (timed out, cancelled, answered by a resent request's
+// UD packet first) is dropped, as many as there are such calls (RcPath::late_writes).
 void EndpointCore::take_written(const WorkCompletion& wc) {
     if (!wc.ok())
         return rc_receive_failed(wc);
     const auto imm = wc.imm();
     if (!imm)
-        return drop(DropReason::wrong_kind); // a SEND: nothing sends on these QPs
+        return misused(wc, DropReason::wrong_kind, "a SEND into a client's receive");
     const WrittenResponse written = decode_written(*imm);
     SessionState* s = table.current(written.session);
     if (s == nullptr || !s->client || !s->rc.qp || s->rc.qp->qpn() != wc.qp_num())
-        return drop(DropReason::stale_session);
+        return misused(wc, DropReason::stale_session, "an immediate naming another session");
     const auto window = static_cast<std::uint32_t>(s->calls.size());
     if (written.slot >= window)
-        return drop(DropReason::too_far_ahead);
-    const PendingCall& call = s->calls[written.slot];
-    if (!call.busy || round_of(call.request, window) != written.round)
-        return drop(DropReason::stale_request);
+        return misused(wc, DropReason::too_far_ahead, "an immediate naming a slot past the window");
+    PendingCall& call = s->calls[written.slot];
+    const bool in_progress = call.busy && round_of(call.request, window) == written.round;
     const auto descriptor = encode_response_descriptor(wc.byte_len());
     const auto now = Clock::now();
-    const auto end = s->client->written(call.request, descriptor, now);
-    if (!end)
+    const auto end = in_progress ? s->client->written(call.request, descriptor, now)
+                                 : std::unexpected(DropReason::stale_request);
+    if (!end) {
+        if (s->rc.late_writes == 0)
+            return misused(wc, end.error(), "an immediate naming no call that could still get one");
+        --s->rc.late_writes;
         return drop(end.error());
+    }
+    call.may_be_written = false; // this is its immediate
     end_call(*s, *end);
     begin_queued(*s, now);
     pump(*s, now);
@@ -1508,22 +1535,43 @@ void EndpointCore::sent_whole(const WorkCompletion& wc, SessionId session, std::
 // A whole request SENT into one of this end's receive buffers (the transport posts it
 // again once this returns: what the handler keeps, the window copies). Untrusted as
 // any packet, and it must come over its session's RC QP.
+// An honest client SENDs only well-formed whole requests of its own session: the first
+// other receive ends the session whose QP it came on (misused).
 void EndpointCore::take_whole(const WorkCompletion& wc) {
     if (!wc.ok())
         return rc_receive_failed(wc);
     if (wc.imm())
-        return drop(DropReason::wrong_kind); // nothing writes into a server's QP
+        return misused(wc, DropReason::wrong_kind, "a WRITE with an immediate into a server's receive");
     const auto packet = rc->received(wc);
     const auto to = addressed(packet);
     if (!to)
-        return;
+        return misused(wc, std::nullopt, "a malformed whole request, or one naming no session");
     SessionState* s = to->session;
     const PacketHeader* header = &to->header;
     if (!s->rc.qp || s->rc.qp->qpn() != wc.qp_num())
-        return drop(DropReason::wrong_source);
+        return misused(wc, DropReason::wrong_source, "a whole request naming another session");
     if (!s->server || header->kind != Kind::request || !header->whole || header->probe)
-        return drop(DropReason::wrong_kind);
+        return misused(wc, DropReason::wrong_kind, "a SEND other than a whole request");
     serve(*s, *header, packet.subspan(header_bytes));
+}
+
+SessionState* EndpointCore::rc_session(std::uint32_t qpn) {
+    for (const SessionId id : table.live())
+        if (SessionState* s = table.lookup(id); s != nullptr && s->rc.qp && s->rc.qp->qpn() == qpn)
+            return s;
+    return nullptr;
+}
+
+void EndpointCore::misused(const WorkCompletion& wc, std::optional<DropReason> reason, std::string_view what) {
+    if (reason)
+        drop(*reason);
+    SessionState* s = rc_session(wc.qp_num());
+    if (s == nullptr)
+        return; // a QP gone with its session: its late completion
+    ++counters.rc_misuses;
+    const std::string why = fmt::format("its peer misused the RC QP: {}", what);
+    logger()->warn("rdmaxx rpc: session {}: {}", s->local.number, why);
+    end_session(s->local, why);
 }
 
 // A receive of the RC path failed: the QP it was consumed on broke (a peer's SEND
@@ -1532,12 +1580,11 @@ void EndpointCore::take_whole(const WorkCompletion& wc) {
 // control connection closes. Found by its QP's number, a walk of the sessions: this is
 // no hot path, and a peer that breaks its QP on purpose must set up a session again.
 void EndpointCore::rc_receive_failed(const WorkCompletion& wc) {
-    for (const SessionId id : table.live())
-        if (const SessionState* s = table.lookup(id); s != nullptr && s->rc.qp && s->rc.qp->qpn() == wc.qp_num()) {
-            const std::string why = fmt::format("a receive of its RC QP failed: {}", wc.error().message());
-            logger()->warn("rdmaxx rpc: session {}: {}", id.number, why);
-            return end_session(id, why);
-        }
+    if (const SessionState* s = rc_session(wc.qp_num())) {
+        const std::string why = fmt::format("a receive of its RC QP failed: {}", wc.error().message());
+        logger()->warn("rdmaxx rpc: session {}: {}", s->local.number, why);
+        end_session(s->local, why);
+    }
 }
 
 void EndpointCore::post_waiting() {

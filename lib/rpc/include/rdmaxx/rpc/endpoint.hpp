@@ -54,7 +54,15 @@
 ///
 /// Input from the network is never trusted: every packet is validated and a bad one is
 /// counted by reason (Counters::drops) and dropped; a malformed or hostile session setup
-/// gets a refusal or an Error, and the endpoint serves the next peer.
+/// gets a refusal or an Error, and the endpoint serves the next peer. A UD packet may
+/// come from anyone, so none ends a session; what comes over a session's RC QP can only
+/// come from its peer, and the first receive there that no honest peer causes ends that
+/// session (Counters::rc_misuses): a server's immediate that names no call of this end
+/// that could still get one (per call that offered memory and ended without its
+/// immediate, one late immediate is honest), or names another session; a client's SEND
+/// that is not a well-formed whole request of its own session. So a peer flooding the
+/// receives all its endpoint's sessions share loses its session at once, and the others'
+/// transfers go on.
 ///
 /// Large messages (above EndpointOptions::rdma_threshold: by default, those of more
 /// than one UD packet) take the session's RC path:
@@ -251,6 +259,8 @@ struct Counters {
     std::uint64_t buffers_renewed = 0; ///< MessageBuffers given new memory after their call was
                                        ///< abandoned (message_buffer.hpp)
     std::uint64_t sessions_refused = 0; ///< session setups refused: by this server, to this client
+    std::uint64_t rc_misuses = 0;      ///< sessions ended because their peer used its RC QP as
+                                       ///< no honest peer does (see Endpoint: input)
     std::array<std::uint64_t, 24> drops = {}; ///< by reason: drop_reason_name(i)
     /// All the packets dropped: the sum of drops.
     std::uint64_t dropped() const noexcept;
