@@ -9,6 +9,7 @@
 #include <deque>
 #include <exception>
 #include <thread>
+#include <unordered_map>
 #include <variant>
 #include <vector>
 
@@ -381,8 +382,10 @@ struct EndpointCore {
     void transfer_done(const WorkCompletion& completion);
     void take_written(const WorkCompletion& completion);
     void take_whole(const WorkCompletion& completion);
-    // The live session whose RC QP is number `qpn`, or none: a walk of the sessions,
-    // for what is no hot path (a failed receive, a misused QP).
+    // Session `s`'s RC QP from now on (none: the old one is destroyed), and where
+    // rc_session() finds it.
+    void set_rc_qp(SessionState& s, std::optional<QueuePair> qp);
+    // The live session whose RC QP is number `qpn`, or none (a QP gone with its session).
     SessionState* rc_session(std::uint32_t qpn);
     // A receive on an RC QP that no honest peer causes (`what`), counted as a drop by
     // `reason` if it has one: the session whose QP it came on ends. Unlike a UD packet,
@@ -462,6 +465,10 @@ struct EndpointCore {
         std::uint32_t slot = 0;
     };
     std::deque<WaitingTransfer> rc_waiting; // for rc_budget
+    // the live sessions' RC QPs by number: what a receive that names no call is
+    // charged to (rc_session), found at once however many sessions there are and
+    // however many such receives a flood leaves in the CQ
+    std::unordered_map<std::uint32_t, SessionId> rc_qps;
 };
 
 EndpointCore::~EndpointCore() {
@@ -1255,7 +1262,7 @@ void EndpointCore::offer_rc(SessionState& s) {
         rc_unavailable(s);
         return;
     }
-    s.rc.qp.emplace(std::move(*qp));
+    set_rc_qp(s, std::move(*qp));
     s.rc.state = RcPath::State::offered;
     s.rc.offered_at = Clock::now();
     const RcMessage offer{.kind = RcMessage::Kind::offer, .available = true, .qp = s.rc.qp->endpoint()};
@@ -1310,13 +1317,13 @@ Result<std::optional<std::array<std::byte, rc_message_bytes>>> EndpointCore::tak
             return std::nullopt; // ours wins: the other end answers it
         if (s.rc.state != RcPath::State::none && !crossed)
             return std::unexpected(Error::protocol(call, "a second RC offer"));
-        s.rc.qp.reset(); // crossed: ours is dropped, its answer will be ignored
+        set_rc_qp(s, std::nullopt); // crossed: ours is dropped, its answer will be ignored
         RcMessage answer{.kind = RcMessage::Kind::answer, .available = false, .qp = {}};
         const auto [role, depth] = rc_role(s);
         auto qp = make_rc_qp(role, depth);
         Result<void> up = qp ? qp->connect(message.qp) : std::unexpected(qp.error());
         if (up) {
-            s.rc.qp.emplace(std::move(*qp));
+            set_rc_qp(s, std::move(*qp));
             answer = {.kind = RcMessage::Kind::answer, .available = true, .qp = s.rc.qp->endpoint()};
             if (role == RcRole::server) {
                 // receives for the session's whole requests, while the endpoint has them
@@ -1384,7 +1391,7 @@ void EndpointCore::rc_ready(SessionState& s) {
 // The session keeps to UD: the descriptor requests that waited are refused.
 void EndpointCore::rc_unavailable(SessionState& s) {
     s.rc.state = RcPath::State::unavailable;
-    s.rc.qp.reset();
+    set_rc_qp(s, std::nullopt);
     for (const HandlerCall& call : std::exchange(s.rc.waiting, {}))
         send(s, s.server->respond(call.request, Status::transfer_failed, {}));
 }
@@ -1555,11 +1562,17 @@ void EndpointCore::take_whole(const WorkCompletion& wc) {
     serve(*s, *header, packet.subspan(header_bytes));
 }
 
+void EndpointCore::set_rc_qp(SessionState& s, std::optional<QueuePair> qp) {
+    if (s.rc.qp)
+        rc_qps.erase(s.rc.qp->qpn());
+    s.rc.qp = std::move(qp);
+    if (s.rc.qp)
+        rc_qps[s.rc.qp->qpn()] = s.local;
+}
+
 SessionState* EndpointCore::rc_session(std::uint32_t qpn) {
-    for (const SessionId id : table.live())
-        if (SessionState* s = table.lookup(id); s != nullptr && s->rc.qp && s->rc.qp->qpn() == qpn)
-            return s;
-    return nullptr;
+    const auto it = rc_qps.find(qpn);
+    return it == rc_qps.end() ? nullptr : table.lookup(it->second);
 }
 
 void EndpointCore::misused(const WorkCompletion& wc, std::optional<DropReason> reason, std::string_view what) {
@@ -1577,8 +1590,8 @@ void EndpointCore::misused(const WorkCompletion& wc, std::optional<DropReason> r
 // A receive of the RC path failed: the QP it was consumed on broke (a peer's SEND
 // larger than the buffer, or into a zero-byte receive; a QP that failed mid-WRITE) and
 // carries nothing more. Its session ends now, not at its next transfer or when its
-// control connection closes. Found by its QP's number, a walk of the sessions: this is
-// no hot path, and a peer that breaks its QP on purpose must set up a session again.
+// control connection closes (found by its QP's number; a peer that breaks its QP on
+// purpose must set up a session again).
 void EndpointCore::rc_receive_failed(const WorkCompletion& wc) {
     if (const SessionState* s = rc_session(wc.qp_num())) {
         const std::string why = fmt::format("a receive of its RC QP failed: {}", wc.error().message());
@@ -1663,6 +1676,7 @@ void EndpointCore::end_session(SessionId id, std::string_view why) {
     whole_granted -= s->rc.whole_grant;
     for (const RcPath::ClientSlot& slot : s->rc.client_slots) // nothing comes to a QP destroyed
         offers_unheard -= slot.offers_unheard;
+    set_rc_qp(*s, std::nullopt); // before the memory it reaches, as RcPath's own order has it
     table.release(id);
 }
 
