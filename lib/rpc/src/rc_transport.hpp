@@ -22,6 +22,12 @@
 //  * A failed receive (its QP broke while consuming it: a peer's SEND larger than the
 //    buffer or into a zero-byte receive) is posted again too, as a taken one: the SRQ
 //    keeps its size whatever peers do.
+//  * Both SRQs are shared by every session's QP: a peer that takes receives no honest
+//    peer takes (a flood of immediates or SENDs) would starve the others. The endpoint
+//    ends that peer's session at its first such receive (EndpointCore::misused), so no
+//    more than what it had in flight then is taken. Not caught: a client resending
+//    well-formed whole requests of its own calls again and again (an honest client
+//    resends one after an RTO); the server drops them as duplicates.
 //  * On a both-ways session each end calls and serves: its QP is both (a target
 //    allowing remote READ and WRITE, and the initiator of its own end's transfers).
 //    It takes its receives from the immediates' SRQ, so it takes no whole requests.
