@@ -765,7 +765,7 @@ asio::awaitable<void> attack_client(Rig* rig, ServerAttack* out) {
         std::vector<std::byte> echoed_back(300'000);
         std::optional<Result<std::size_t>> honest_got;
         honest->call(echo, request, echoed_back, {.timeout = 30s},
-                        [&honest_got](Result<std::size_t> r) { honest_got = r; });
+                     [&honest_got](Result<std::size_t> r) { honest_got = r; });
         misuse(h, static_cast<Misuse>(i));
         co_await until([&ended] { return ended.has_value(); });
         if (!*ended)
