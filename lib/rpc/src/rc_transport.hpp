@@ -25,9 +25,12 @@
 //  * Both SRQs are shared by every session's QP: a peer that takes receives no honest
 //    peer takes (a flood of immediates or SENDs) would starve the others. The endpoint
 //    ends that peer's session at its first such receive (EndpointCore::misused), so no
-//    more than what it had in flight then is taken. Not caught: a client resending
-//    well-formed whole requests of its own calls again and again (an honest client
-//    resends one after an RTO); the server drops them as duplicates.
+//    more than what it had in flight then is taken. Not caught: a client SENDing
+//    well-formed whole requests of its own session faster than the server takes them.
+//    Resent copies of one call could be bounded (an honest client SENDs one at most
+//    RtoConfig::max_timeouts times), but beginning and cancelling calls is honest use
+//    and SENDs a new one each time, however busy the slot's handler: only a receive
+//    queue per session would bound what a session takes.
 //  * On a both-ways session each end calls and serves: its QP is both (a target
 //    allowing remote READ and WRITE, and the initiator of its own end's transfers).
 //    It takes its receives from the immediates' SRQ, so it takes no whole requests.
