@@ -12,7 +12,7 @@
 //
 //   offset  size  field
 //        0     4  magic "RXRC"
-//        4     2  version (2)
+//        4     2  version (3)
 //        6     2  length (40)
 //        8     1  kind: 1 offer (client), 2 answer (server), 3 goodbye (either end)
 //        9     1  status: 0 a QP follows (goodbye: 0, and no QP); 1 unavailable
