@@ -336,6 +336,44 @@ TEST_CASE("rpc slots: a response to an abandoned call is dropped, never delivere
     CHECK(wire.ended.count(old_id) == 0);
 }
 
+TEST_CASE("rpc slots: a response sent after in_progress ends its call when it arrives, not at the next question") {
+    for (const std::uint32_t response_size : {10u, 3 * per + 5}) { // one packet; more, the rest asked for
+        INFO("response of ", response_size, " bytes");
+        Wire wire(ClientOptions{.window = 1});
+        wire.defer_handlers = true;
+        const Bytes request = make_request(8, response_size);
+        const auto id = wire.begin(request);
+        wire.deliver(); // the request arrived; its handler waits
+        REQUIRE(wire.pending.size() == 1);
+        wire.now = *wire.client.next_deadline(); // an RTO: resent, answered in_progress
+        CHECK_FALSE(wire.client.expire(wire.now).has_value());
+        wire.deliver();
+        CHECK(wire.sent_by_client == 2);
+        CHECK(wire.client.in_flight() == 0);
+        const auto ask_again = wire.client.next_deadline();
+        REQUIRE(ask_again.has_value());
+        const auto rto = wire.client.rto();
+        wire.now += (*ask_again - wire.now) / 2; // the handler answers before the client asks again
+        wire.respond(wire.pending[0]);
+        wire.pending.clear();
+        wire.deliver(); // no timer fires
+        wire.check_ok(id, request);
+        CHECK(wire.client_drops.empty());
+        CHECK(wire.sent_by_client == 2 + packet_count(response_size, per) - 1); // the requests for the rest
+        CHECK(wire.client.in_flight() == 0);
+        CHECK_FALSE(wire.client.next_deadline().has_value());
+        CHECK(wire.client.rto() == rto); // the handler's time is no round trip
+        // the window goes on as before
+        const Bytes next = make_request(8, response_size, 2);
+        const auto next_id = wire.begin(next);
+        wire.defer_handlers = false;
+        wire.run();
+        wire.check_ok(next_id, next);
+        CHECK(wire.client_drops.empty());
+        CHECK(wire.server_drops.empty());
+    }
+}
+
 TEST_CASE("rpc slots: a long handler keeps its call alive past the retry cap, and holds its slot after the client gave up") {
     Wire wire(ClientOptions{.window = 1});
     wire.defer_handlers = true;

@@ -193,7 +193,12 @@ std::expected<std::optional<CallEnd>, DropReason> ClientWindow::take(Slot& slot,
         return std::unexpected(DropReason::duplicate);
     if (position > slot.received)
         return std::unexpected(DropReason::out_of_order);
-    if (position >= slot.sent)
+    // Told in_progress, a call waits to ask again (its last request packet written off
+    // until resend_at), but the server sends the response as soon as the handler
+    // answers: that is the answer the question would get, taken as if it had been asked.
+    const bool after_in_progress =
+        is_response && header.index == 0 && slot.told_in_progress > 0 && position + 1 == slot.request_packets;
+    if (position >= slot.sent && !after_in_progress)
         return std::unexpected(DropReason::unsolicited);
     if (header.kind == Kind::in_progress) {
         // the server has the whole request and works on it: no progress, but an answer
@@ -217,6 +222,13 @@ std::expected<std::optional<CallEnd>, DropReason> ClientWindow::take(Slot& slot,
     if (is_response && header.rdma && !slot.request_rdma)
         return std::unexpected(DropReason::inconsistent);
 
+    if (position == slot.sent) { // after_in_progress: the last request packet is back in flight, answered ...
+        if (++slot.sent == sendable(slot))
+            --unsent_slots_;
+        ++in_flight_;
+        slot.resend_at = {}; // ... so the rest of the response is asked for now ...
+        slot.transmissions = Transmissions::retransmitted; // ... and it is no RTO sample: the handler's time is in it
+    }
     answered(slot, now);
     if (!is_response)
         return std::nullopt;

@@ -48,7 +48,8 @@
 // of call r is answered in_progress: the client then counts no timeout (a handler may
 // take longer than the retry cap's RTOs), returns the credit, and asks again one RTO
 // later, and twice as long after each in_progress in a row, up to the RTO's ceiling (the
-// server sends the response when it is ready: the question is for a lost one; a whole
+// server sends the response when it is ready, and the client takes it then, without
+// waiting to ask: the question is for a lost one; a whole
 // request asks by a probe, its header alone over UD: packet.hpp; so does one whose RC
 // SEND completed, delivered(), until a probe goes unanswered). The
 // call's own deadline still bounds it, and the session's liveness is its TCP
