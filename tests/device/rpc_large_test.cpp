@@ -762,6 +762,38 @@ TEST_CASE("rpc large: with every message on the RC path, an echo of 32 B or 2 Ki
     CHECK(rig.server->counters().rdma_writes == 40);
 }
 
+TEST_CASE("rpc large: a session whose limits cannot hold the RC path's descriptors keeps to UD, with every "
+          "message on the RC path asked") {
+    // a server agrees to any small limits: a 40-byte request descriptor does not fit in
+    // a 32-byte max_request, a 4-byte response descriptor not in a 2-byte max_response
+    for (const auto& [max_request, max_response] : {std::pair{32u, mib}, std::pair{mib, 2u}}) {
+        INFO("max_request ", max_request, ", max_response ", max_response);
+        rpc::EndpointOptions small = large;
+        small.max_request = max_request;
+        small.max_response = max_response;
+        rpc::EndpointOptions every = large;
+        every.rdma_threshold = 0;
+        Rig rig(small, every);
+        std::optional<rpc::Session> session;
+        int wrong = 0;
+        auto work = [&]() -> asio::awaitable<void> {
+            co_await connect_into(&rig, &session);
+            std::vector<std::byte> response(4096);
+            for (std::uint32_t n = 0; n < 10; ++n) {
+                const auto request = message(n, 2);
+                const auto got = co_await session->call(echo, request, response, {.timeout = 20s});
+                wrong += !got || *got != request.size() || !echoed(response, request);
+            }
+        };
+        run(rig.io, work(), 60s);
+        CHECK(wrong == 0);
+        CHECK(rig.client->counters().rdma_sends == 0);
+        CHECK(rig.server->counters().rdma_reads == 0);
+        CHECK(rig.server->counters().rdma_writes == 0);
+        CHECK(rig.client->counters().dropped() == 0);
+    }
+}
+
 TEST_CASE("rpc large: past the server's receive buffers for whole requests, a session sends its requests as "
           "before; a session's end gives its buffers back") {
     // 256 buffers, a window's worth per session: two sessions of 128 take them all

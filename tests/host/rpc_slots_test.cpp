@@ -819,6 +819,27 @@ TEST_CASE("rpc slots: a descriptor call keeps its rdma flag on every packet, eit
     CHECK(second.error() == DropReason::inconsistent);
 }
 
+TEST_CASE("rpc slots: a descriptor response above the session's max_response answers too_large, without the "
+          "rdma flag, well-formed for resends too") {
+    const PacketLimits tiny(2, per); // responses of at most 2 bytes: a 4-byte descriptor does not fit
+    ServerWindow server(1, tiny, server_route);
+    const Bytes descriptor(40, std::byte{1});
+    PacketHeader request = client_packet(Kind::request, 0, 40, 0);
+    request.rdma = true;
+    const auto step = server.receive(request, descriptor);
+    REQUIRE(step.has_value());
+    REQUIRE(std::holds_alternative<HandlerCall>(*step));
+    const Outgoing answer = server.respond(0, Status::ok, Bytes(4, std::byte{9}), true);
+    CHECK(answer.header.status == Status::too_large);
+    CHECK_FALSE(answer.header.rdma);
+    CHECK(decode(frame(answer), tiny).has_value());
+    const auto resent = server.receive(request, descriptor); // the same answer, again
+    REQUIRE(resent.has_value());
+    REQUIRE(std::holds_alternative<Outgoing>(*resent));
+    CHECK(std::get<Outgoing>(*resent).header == answer.header);
+    CHECK(decode(frame(std::get<Outgoing>(*resent)), tiny).has_value());
+}
+
 TEST_CASE("rpc slots: a one-packet request is lent to its handler, kept only when asked, copied otherwise") {
     std::uint64_t copies = 0;
     ServerWindow server(8, limits, server_route, &copies);

@@ -1086,6 +1086,10 @@ void EndpointCore::respond(std::uint16_t number, std::uint32_t generation, std::
 bool EndpointCore::wants_rdma(const SessionState& s, std::size_t request, std::uint32_t capacity) const noexcept {
     if (s.rc.state == RcPath::State::unavailable)
         return false;
+    // descriptors travel as the messages (rc_codec.hpp): a session whose limits cannot
+    // hold them keeps to UD (the peer may have agreed to any max_request or max_response)
+    if (s.limits.max_request < request_descriptor_bytes || s.limits.max_response < response_descriptor_bytes)
+        return false;
     const std::uint32_t threshold = rdma_threshold;
     if (request > threshold)
         return true;

@@ -479,9 +479,10 @@ Outgoing ServerWindow::respond(std::uint64_t request, Status status, std::span<c
             static_cast<unsigned>(status));
     require(status == Status::ok || response.empty(), where,
             "ServerWindow::respond: {} response bytes with status {}", response.size(), static_cast<unsigned>(status));
-    if (response.size() > limits_.max_message()) {
+    if (response.size() > limits_.max_message()) { // a descriptor too: too large is no descriptor
         status = Status::too_large;
         response = {};
+        rdma = false;
     }
     slot.phase = Phase::answered;
     slot.status = status;

@@ -198,7 +198,8 @@ struct EndpointOptions {
     /// path, a call one SEND and one WRITE_WITH_IMM (UCX's choice for small messages on
     /// a connected endpoint): on Soft-RoCE the faster and steadier small round trip (32 B:
     /// 0.5-0.8x the UD path's, bench/results/rpc.md), for an RC QP and staging memory per
-    /// session.
+    /// session. A session whose max_request is below 40 bytes or max_response below 4
+    /// (too small for the RC path's descriptors) keeps to UD.
     std::optional<std::uint32_t> rdma_threshold = std::nullopt;
     /// Congestion control of the sessions this endpoint calls through (congestion.hpp):
     /// empty (the default) for none, the credits alone limit a session.
