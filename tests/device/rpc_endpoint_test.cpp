@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <optional>
 #include <random>
+#include <sstream>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -34,8 +35,12 @@
 
 #include <doctest/doctest.h>
 
+#include <spdlog/logger.h>
+#include <spdlog/sinks/ostream_sink.h>
+
 #include <rdmaxx/async/connection.hpp>
 #include <rdmaxx/rpc/endpoint.hpp>
+#include <rdmaxx/wrap/log.hpp>
 
 #include "../support/allocations.hpp"
 #include "../support/device.hpp"
@@ -1607,6 +1612,56 @@ TEST_CASE("rpc endpoint: connect() to a server that never answers ends at the co
     CHECK(out.took >= 300ms);
     CHECK(out.took < 10s); // not the endpoint's 20 s
     CHECK(client->sessions() == 0);
+}
+
+TEST_CASE("rpc endpoint: a listener out of file descriptors pauses its accepts rather than spin, and serves "
+          "once it has them again") {
+    Rig rig;
+    // the listener's warnings, counted (the library's logger back however the test ends)
+    std::ostringstream log;
+    struct LoggerBack {
+        std::shared_ptr<spdlog::logger> was = rdmaxx::logger();
+        ~LoggerBack() { rdmaxx::set_logger(was); }
+    } logger_back;
+    rdmaxx::set_logger(std::make_shared<spdlog::logger>("test", std::make_shared<spdlog::sinks::ostream_sink_mt>(log)));
+    asio::io_context raw;
+    std::vector<asio::ip::tcp::socket> queued; // clients the kernel took, waiting for the accept
+    for (int i = 0; i < 3; ++i)
+        queued.emplace_back(raw).connect({asio::ip::make_address("127.0.0.1"), rig.port});
+    // no descriptor more for this process: each accept fails (EMFILE), the connection stays queued
+    {
+        rlimit files{};
+        REQUIRE(getrlimit(RLIMIT_NOFILE, &files) == 0);
+        struct LimitBack {
+            rlimit was;
+            ~LimitBack() { setrlimit(RLIMIT_NOFILE, &was); }
+        } limit_back{files};
+        const auto open_now = std::distance(std::filesystem::directory_iterator("/proc/self/fd"), {}) - 1;
+        files.rlim_cur = static_cast<rlim_t>(open_now);
+        REQUIRE(setrlimit(RLIMIT_NOFILE, &files) == 0);
+        spin(rig.io, 1500ms);
+    }
+    const std::string said = log.str();
+    std::size_t failed_accepts = 0;
+    for (auto at = said.find("accepting a session"); at != std::string::npos;
+         at = said.find("accepting a session", at + 1))
+        ++failed_accepts;
+    // pauses of 10, 20, 40 ... ms: 8 accepts in 1.5 s (thousands, spinning)
+    CHECK(failed_accepts >= 1);
+    CHECK(failed_accepts <= 12);
+    CHECK(said.find("Too many open files") != std::string::npos);
+    // with descriptors again, a client is served (behind the queued ones, silent)
+    int wrong = 0;
+    auto work = [&]() -> asio::awaitable<void> {
+        std::optional<rpc::Session> session;
+        co_await connect_into(&rig, &session);
+        std::vector<std::byte> response(64);
+        const auto request = message(1, 32);
+        const auto got = co_await session->call(echo, request, response, {.timeout = 20s});
+        wrong += !got || *got != request.size() || !echoed(response, request);
+    };
+    run(rig.io, work(), 30s);
+    CHECK(wrong == 0);
 }
 
 // ---------------------------------------------------------------------------------

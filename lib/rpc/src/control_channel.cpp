@@ -326,9 +326,20 @@ asio::awaitable<Result<ControlChannel>> ControlListener::accept() {
         auto [ec, socket] = co_await acceptor->async_accept(no_throw);
         if (!open_)
             co_return std::unexpected(closed_now());
-        if (ec)
-            co_return std::unexpected(tcp_error(ec, call, "accepting"));
-        co_return ControlChannel(std::move(socket));
+        if (!ec) {
+            pause_ = {};
+            co_return ControlChannel(std::move(socket));
+        }
+        // Out of descriptors or memory, the client's connection stays queued and the
+        // next accept would fail at once: pause (10 ms, twice as long after each such
+        // failure in a row, up to 1 s) rather than spin, till the setups in progress end
+        if (const int e = async::errno_of(ec); e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM) {
+            using std::chrono::milliseconds;
+            pause_ = std::clamp<milliseconds>(2 * pause_, milliseconds(10), milliseconds(1000));
+            asio::steady_timer paused(executor_, pause_);
+            (void)co_await unless_closed(paused.async_wait(no_throw), closed_, open_);
+        }
+        co_return std::unexpected(tcp_error(ec, call, "accepting"));
     }
     auto& listener = std::get<async::Listener>(link_);
     for (;;) {

@@ -90,7 +90,8 @@ public:
                                                            std::chrono::milliseconds setup_timeout);
     // The next client's connection; an Error of kind cancelled once closed. Other
     // errors (a failed accept, an RDMA CM client's failed handshake) leave the listener
-    // open.
+    // open; one for want of descriptors or memory returns after a pause, growing while
+    // they last (no loop of accepts spins on them).
     asio::awaitable<Result<ControlChannel>> accept();
     void close() noexcept;
     bool is_open() const noexcept { return open_; }
@@ -103,6 +104,7 @@ private:
     std::variant<asio::ip::tcp::acceptor, async::Listener> link_;
     asio::steady_timer closed_; // as ControlChannel's
     bool open_ = true;
+    std::chrono::milliseconds pause_{}; // after the last accept that failed for want of resources
 };
 
 // `e`, of a step of a session's setup, as `call`'s Error: its kind and code kept,
