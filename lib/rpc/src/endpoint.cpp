@@ -1676,12 +1676,21 @@ void EndpointCore::end_session(SessionId id, std::string_view why) {
     for (asio::steady_timer* closer : s->closers)
         closer->cancel();
     rc_in_flight -= s->rc.transfers; // their completions, if they come, are a dead QP's
+    const bool budget_freed = s->rc.transfers > 0;
     sends_in_flight -= s->rc.sends;
     whole_granted -= s->rc.whole_grant;
     for (const RcPath::ClientSlot& slot : s->rc.client_slots) // nothing comes to a QP destroyed
         offers_unheard -= slot.offers_unheard;
     set_rc_qp(*s, std::nullopt); // before the memory it reaches, as RcPath's own order has it
     table.release(id);
+    // other sessions' transfers waiting for the budget go now: no completion of this
+    // session's may come to start them (a destroyed QP need not flush its work). Posted,
+    // not run here: end_session runs inside post_waiting's own loop, and the destructor's
+    if (budget_freed && !rc_waiting.empty())
+        asio::post(executor, [anchor = anchor] {
+            if (EndpointCore* core = *anchor)
+                core->post_waiting();
+        });
 }
 
 void EndpointCore::fail_queued(SessionState& s, std::string_view why) {
