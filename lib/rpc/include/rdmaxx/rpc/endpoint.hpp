@@ -62,7 +62,9 @@
 /// immediate, one late immediate is honest), or names another session; a client's SEND
 /// that is not a well-formed whole request of its own session. So a peer flooding the
 /// receives all its endpoint's sessions share loses its session at once, and the others'
-/// transfers go on.
+/// transfers go on. Not caught: a server's READ or WRITE (which no receive of this end
+/// sees) of memory a large call lent or offered, after the call ended
+/// (message_buffer.hpp, "Rights").
 ///
 /// Large messages (above EndpointOptions::rdma_threshold: by default, those of more
 /// than one UD packet) take the session's RC path:

@@ -21,8 +21,18 @@
 /// Rights: each buffer is registered with what its use needs and no more: a request
 /// buffer for local access, plus remote READ if its capacity is above rdma_threshold
 /// (the server may READ it); a response buffer for local WRITE, plus remote WRITE if its
-/// capacity is above the threshold. Buffers above the threshold are therefore reachable
-/// by the peer of a session while a call lends them, and only for that call's bytes.
+/// capacity is above the threshold. Such a buffer's remote key is the registration's:
+/// a call that lends it tells the session's peer the buffer's address and key, and the
+/// key stays valid, for the whole capacity, while the memory is registered, and from
+/// every RC QP of the endpoint (they share its protection domain). An honest server
+/// touches only the call's bytes, while the call is in flight (or, abandoned, until the
+/// buffer has new memory: below); a hostile server could READ a request buffer or WRITE
+/// a response buffer later, also while it is lent to another session's call. The
+/// staging memory of large calls with spans is as reachable (its key is the endpoint's
+/// registration of the slot's memory), so an endpoint that calls a server it does not
+/// trust keeps every call on UD (rdma_threshold = UINT32_MAX). Not yet done: a memory
+/// window per call, bound to its bytes and its session's QP and invalidated as the
+/// call ends, would make the access exact.
 ///
 /// Safety: the NIC may still reach a buffer's memory after its call ended: a UD send
 /// of its packets or a SEND of its whole request (a resend's too) not yet complete, or
