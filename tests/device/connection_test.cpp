@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <random>
 #include <thread>
 #include <utility>
@@ -349,13 +350,17 @@ TEST_CASE("the owner's access ceiling and quota bound what a peer may request") 
 
 TEST_CASE("a region its owner cannot allocate is denied ENOMEM, and the connection goes on") {
     ConnectionOptions owner = quick();
-    owner.quota_bytes = std::uint64_t{1} << 50;
+    owner.quota_bytes = std::numeric_limits<std::uint64_t>::max(); // the owner's memory is the only bound
     Listener listener = must(Listener::listen("127.0.0.1", 0, owner));
     std::atomic<bool> client_done{false};
     test::Thread client([port = listener.port(), &client_done] {
         const SetOnExit done{client_done};
         Connection conn = must(Connection::connect("127.0.0.1", port, quick()));
         CHECK(must_fail(conn.request_remote_mr(std::size_t{1} << 46)).is_errno(ENOMEM)); // 64 TiB
+        // sizes whose rounding up to a page wrapped (to an allocation of 0 bytes, which
+        // the owner then zeroed for the size asked: it crashed)
+        CHECK(must_fail(conn.request_remote_mr(std::numeric_limits<std::size_t>::max() - 100)).is_errno(ENOMEM));
+        CHECK(must_fail(conn.request_remote_mr(std::size_t{1} << 63)).is_errno(ENOMEM));
         const RemoteMr fine = must(conn.request_remote_mr(4096));
         CHECK(fine.memory.length == 4096);
     });

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <random>
@@ -365,7 +366,8 @@ Result<void> Link::grant(const control::Request& request) {
         refusal = EACCES;
     else if (request.size == 0 || (request.access & access_remote) == Access::none)
         refusal = EINVAL;
-    else if (!leases_.fits(request.size + binding_bytes_))
+    else if (request.size > std::numeric_limits<std::uint64_t>::max() - binding_bytes_ || // the peer's: any value
+             !leases_.fits(request.size + binding_bytes_))
         refusal = EDQUOT;
     else if (group_->lending == Lending::memory_window && binding_.size() == max_binds)
         refusal = EBUSY;

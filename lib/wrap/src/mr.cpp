@@ -126,6 +126,10 @@ Result<std::shared_ptr<void>> map_aligned(std::size_t length, std::size_t alignm
 // Memory for allocate(): aligned_alloc, or huge pages as `options` ask.
 Result<std::shared_ptr<void>> allocate_memory(std::size_t& rounded, std::size_t alignment,
                                               const AllocateOptions& options) {
+    // no object is larger (and the roundings below would wrap): a size that came from
+    // a peer (a requested region) may be anything
+    if (rounded > static_cast<std::size_t>(std::numeric_limits<std::ptrdiff_t>::max()))
+        return std::unexpected(Error::from_errno("allocate", ENOMEM, fmt::format("{} bytes", rounded)));
     if (options.huge_pages == HugePages::no) {
         // aligned_alloc wants a size that is a multiple of the alignment
         rounded = (rounded + alignment - 1) / alignment * alignment;

@@ -174,7 +174,7 @@ public:
     /// Allocates `size` bytes (page-aligned, zeroed unless told otherwise) and registers
     /// them; the memory is freed after the region is deregistered, never before.
     ///
-    /// @errors aligned_alloc fails (ENOMEM); mmap fails (HugePages::require with no
+    /// @errors aligned_alloc fails (ENOMEM; so does a size above PTRDIFF_MAX); mmap fails (HugePages::require with no
     /// hugetlbfs pages reserved: ENOMEM); ibv_reg_mr fails, as for register_memory.
     /// @misuse A moved-from ProtectionDomain, size 0, an alignment that is not a power
     /// of two.

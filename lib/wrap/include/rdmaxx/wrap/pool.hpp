@@ -73,7 +73,8 @@ public:
     /// rights a window on it may carry (MemoryRegion::access()). An Error only when the
     /// pool must grow and cannot (mmap, ibv_reg_mr).
     ///
-    /// @errors The pool must grow and mmap fails (out of memory; HugePages::require with
+    /// @errors The pool must grow and mmap fails (out of memory, or a size above
+    /// PTRDIFF_MAX: ENOMEM; HugePages::require with
     /// no hugetlbfs pages reserved) or ibv_reg_mr fails (the locked-memory limit).
     /// @misuse Size 0, a moved-from pool.
     Result<MemoryRegion> allocate(std::size_t size, Access access = access_all, bool zeroed = true,
