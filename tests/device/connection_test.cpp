@@ -313,6 +313,36 @@ TEST_CASE("pooled regions lent through registrations (the fallback): a late acce
     revocation(Lending::registration);
 }
 
+TEST_CASE("a region of its own registration lent and given back: a late access fails, and the region is the "
+          "owner's") {
+    // It was lent with its own key, which lived on in the region handed back.
+    Listener listener = must(Listener::listen("127.0.0.1", 0, quick()));
+    std::atomic<bool> client_done{false};
+    test::Thread client([&client_done, port = listener.port()] {
+        const SetOnExit done{client_done};
+        Connection c = must(Connection::connect("127.0.0.1", port, quick()));
+        MemoryRegion local = must(c.alloc_local_mr(4096));
+        const RemoteMr remote = must(c.receive_remote_mr());
+        std::memset(local.data(), 0x33, 4096);
+        must(c.write(local.slice(0, 4096), remote.slice(0, 4096)));
+        must(c.send_remote_mr(remote));
+        std::memset(local.data(), 0x44, 4096);
+        CHECK(must_fail(c.write(local.slice(0, 16), remote.slice(0, 16))).code() == IBV_WC_REM_ACCESS_ERR);
+    });
+    Connection owner = must(listener.accept(5s));
+    MemoryRegion lent = must(owner.alloc_local_mr(4096, access_all, {.alignment = 8192})); // not pooled
+    REQUIRE_FALSE(lent.pooled());
+    const std::uint32_t own_key = lent.remote().rkey;
+    std::byte* const at = lent.data();
+    must(owner.send_local_mr(std::move(lent), 10s));
+    MemoryRegion back = must(owner.receive_local_mr(10s));
+    CHECK(back.data() == at);
+    CHECK(back.remote().rkey == own_key); // the region's own registration, untouched
+    serve_until(owner, client_done);
+    client.join();
+    CHECK(all_bytes(back.bytes(), std::byte{0x33}));
+}
+
 TEST_CASE("Lending::automatic takes windows only where they bound accesses") {
     Listener listener = must(Listener::listen("127.0.0.1", 0, quick()));
     test::Thread client([port = listener.port()] { (void)must(Connection::connect("127.0.0.1", port, quick())); });

@@ -392,12 +392,9 @@ Result<void> Link::grant(const control::Request& request) {
 
 Result<void> Link::expose(MemoryRegion region, Access rights, std::uint64_t token, std::chrono::milliseconds lease,
                           control::Message announce, bool granted) {
-    if (!region.pooled()) { // its own registration, its own key
-        const RemoteMemory key = region.remote();
-        start_loan(Loan(std::move(region)), key, token, lease, std::move(announce), granted);
-        return {};
-    }
-    if (group_->lending == Lending::registration) {
+    // A region of its own registration is lent through a second one too: its own key,
+    // still valid when the region is handed back (receive_local_mr), is never told.
+    if (!region.pooled() || group_->lending == Lending::registration) {
         auto registration = MemoryRegion::register_memory(group_->pd, region.bytes(), rights);
         if (!registration) // out of pinnable memory, say: this loan's failure, not the connection's
             return std::unexpected(std::move(registration.error()));

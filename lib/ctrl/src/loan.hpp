@@ -1,6 +1,7 @@
-// A region lent or granted to the peer, and the key the peer holds to it: the
-// region's own registration, a memory window bound to exactly its bytes, or a
-// registration of its bytes made for the peer (ConnectionOptions' Lending).
+// A region lent or granted to the peer, and the key the peer holds to it: a memory
+// window bound to exactly its bytes, or a registration of its bytes made for the peer
+// (ConnectionOptions' Lending; always for a region of its own registration, whose own
+// key would outlive the loan when the region is handed back).
 //
 // revoke() destroys the window or the registration made for the peer, so the key dies
 // while the owner still holds the memory; destroying a Loan does the same before the
@@ -18,8 +19,6 @@ namespace rdmaxx::detail {
 
 class Loan {
 public:
-    // Exposed through its own registration (a region that is not pooled).
-    explicit Loan(MemoryRegion region) noexcept : region_(std::move(region)) {}
     Loan(MemoryRegion region, MemoryWindow window) noexcept
         : region_(std::move(region)), window_(std::move(window)) {}
     Loan(MemoryRegion region, MemoryRegion registration) noexcept

@@ -205,9 +205,10 @@ public:
     /// Lends `mr` to the peer for `lease` (at most max_lease) with mr.access()'s remote
     /// rights: the connection keeps it until the peer returns it (receive_local_mr hands
     /// it back) or the lease ends. Then the peer's key is destroyed before the memory
-    /// can be reused: a pooled region's window or registration (see Lending), or a
-    /// region of its own registration, that registration; a late access fails at the
-    /// NIC with a remote access error.
+    /// can be reused: a pooled region's window or registration (see Lending); a region
+    /// of its own registration is lent through a second registration of its bytes (its
+    /// own key, alive when it is handed back, is never told). A late access fails at
+    /// the NIC with a remote access error.
     /// @errors a wait's (see the class); registering the bytes or allocating the window
     /// fails (this loan only); the window's bind cannot be posted (the connection ends).
     /// @misuse a region not registered in this connection's PD, or with no remote
