@@ -32,6 +32,7 @@
 #include "../support/allocations.hpp"
 #include "../support/device.hpp"
 #include "../support/run_until.hpp"
+#include "../support/starved.hpp"
 
 using namespace rdmaxx;
 using namespace std::chrono_literals;
@@ -354,6 +355,63 @@ TEST_CASE("async Listener: 64 clients at once on one thread (sharing a group), a
     CHECK(stats.accepted == n);
     CHECK(stats.timed_out == 1);
     CHECK(stats.pending == 0);
+}
+
+namespace {
+
+asio::awaitable<void> connect_and_send(asio::any_io_executor ex, std::uint16_t port, Tally& t, bool& done) {
+    auto c = co_await async::Connection::connect(ex, "127.0.0.1", port, options());
+    if (t.ok(c, "connect after the descriptors came back")) {
+        auto mr = must(c->alloc_local_mr(8));
+        t.ok(co_await c->send(mr.slice(0, 1)), "send");
+    }
+    done = true;
+}
+
+asio::awaitable<void> accept_one(async::Listener& listener, Tally& t, bool& done) {
+    auto c = co_await listener.accept(20s);
+    if (t.ok(c, "accept after the descriptors came back")) {
+        std::array<std::byte, 8> buffer{};
+        t.ok(co_await c->receive(buffer), "receive");
+    }
+    done = true;
+}
+
+} // namespace
+
+TEST_CASE("async Listener: out of file descriptors, it rests between accepts rather than spin, and serves once it "
+          "has them again") {
+    const test::CapturedLog log; // the listener's warnings
+    asio::io_context io;
+    auto listener = must(async::Listener::listen(io.get_executor(), "127.0.0.1", 0, options()));
+    std::vector<asio::ip::tcp::socket> queued; // clients the kernel took, waiting for the accept
+    for (int i = 0; i < 3; ++i)
+        queued.emplace_back(io).connect({asio::ip::make_address("127.0.0.1"), listener.port()});
+    {
+        const test::NoMoreFiles starved; // each accept fails (EMFILE), the connection stays queued
+        const auto until = std::chrono::steady_clock::now() + 1500ms;
+        while (std::chrono::steady_clock::now() < until) {
+            io.restart();
+            io.run_for(10ms);
+        }
+    }
+    // rests of 10, 20, 40 ... ms: 8 accepts in 1.5 s (thousands, spinning on the ready fd)
+    const std::size_t failed_accepts = log.count("Listener: accept");
+    CHECK(failed_accepts >= 1);
+    CHECK(failed_accepts <= 12);
+    CHECK(log.count("Too many open files") >= 1);
+    Tally t;
+    bool accepted = false, sent = false;
+    asio::co_spawn(io, accept_one(listener, t, accepted), asio::detached);
+    asio::co_spawn(io, connect_and_send(io.get_executor(), listener.port(), t, sent), asio::detached);
+    const auto deadline = std::chrono::steady_clock::now() + 30s;
+    while (!(accepted && sent) && std::chrono::steady_clock::now() < deadline) {
+        io.restart();
+        io.run_for(10ms);
+    }
+    CHECK(accepted);
+    CHECK(sent);
+    CHECK(t.failures == 0);
 }
 
 // --- a blocking peer --------------------------------------------------------------

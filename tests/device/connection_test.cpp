@@ -31,6 +31,7 @@
 
 #include "../support/device.hpp"
 #include "../support/raw_cm.hpp"
+#include "../support/starved.hpp"
 #include "../support/thread.hpp"
 
 using namespace rdmaxx;
@@ -375,6 +376,33 @@ TEST_CASE("the owner's access ceiling and quota bound what a peer may request") 
     std::array<std::byte, 8> buffer{};
     must(conn.receive(buffer));
     CHECK(must(conn.receive_local_mr()).size() == 8192);
+    client.join();
+}
+
+TEST_CASE("a listener out of file descriptors rests between accepts rather than spin, and serves once it has "
+          "them again") {
+    const test::CapturedLog log; // the listener's warnings
+    Listener listener = must(Listener::listen("127.0.0.1", 0, quick()));
+    std::vector<TcpStream> queued; // clients the kernel took, waiting for the accept
+    for (int i = 0; i < 3; ++i)
+        queued.push_back(must(TcpStream::connect("127.0.0.1", listener.port(), 3s)));
+    {
+        const test::NoMoreFiles starved; // each accept fails (EMFILE), the connection stays queued
+        CHECK(must_fail(listener.accept(1500ms)).is_timeout());
+    }
+    // rests of 10, 20, 40 ... ms: 8 accepts in 1.5 s (hundreds of thousands, spinning)
+    const std::size_t failed_accepts = log.count("Listener: accept");
+    CHECK(failed_accepts >= 1);
+    CHECK(failed_accepts <= 12);
+    CHECK(log.count("Too many open files") >= 1);
+    test::Thread client([port = listener.port()] {
+        Connection conn = must(Connection::connect("127.0.0.1", port, quick()));
+        MemoryRegion mr = must(conn.alloc_local_mr(8));
+        must(conn.send(mr.slice(0, 1)));
+    });
+    Connection conn = must(listener.accept(10s)); // behind the queued ones, silent
+    std::array<std::byte, 8> buffer{};
+    must(conn.receive(buffer));
     client.join();
 }
 

@@ -143,3 +143,18 @@ TEST_CASE("an endpoint message the codec refuses aborts naming exchange()'s call
     TcpStream server = must(listener.accept(2s));
     RDMAXX_CHECK_DEATH((void)client.exchange(EndpointMessage{}, 1s), "an endpoint message with 0 QPs");
 }
+
+TEST_CASE("AcceptBackoff: 10 ms after a failure for want of resources, doubling to 1 s; none for other failures") {
+    using std::chrono::milliseconds;
+    AcceptBackoff backoff;
+    CHECK(backoff.failed(ECONNRESET) == milliseconds(0)); // the next client may be fine
+    CHECK(backoff.failed(EMFILE) == milliseconds(10));
+    CHECK(backoff.failed(ENFILE) == milliseconds(20));
+    CHECK(backoff.failed(ENOBUFS) == milliseconds(40));
+    CHECK(backoff.failed(ENOMEM) == milliseconds(80));
+    for (int i = 0; i < 10; ++i)
+        (void)backoff.failed(EMFILE);
+    CHECK(backoff.failed(EMFILE) == milliseconds(1000));
+    backoff.succeeded();
+    CHECK(backoff.failed(EMFILE) == milliseconds(10));
+}

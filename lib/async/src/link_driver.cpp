@@ -78,7 +78,8 @@ void LinkDriver::refresh() {
             wake = std::min(wake, *expiry);
     }
     if (listener_) {
-        wanted_.push_back({listener_->knock_fd(), EPOLLIN});
+        if (listener_->accepting())
+            wanted_.push_back({listener_->knock_fd(), EPOLLIN});
         handshake_fds_.clear();
         listener_->wanted(handshake_fds_, wake);
         // a handshake's fd closes with it when it fails, and its number may come back

@@ -212,12 +212,17 @@ void detail::ListenerCore::admit() {
         const auto deadline = Clock::now() + options.timeout;
         std::optional<detail::ServerHandshake> handshake;
         if (tcp) {
+            if (!accepting())
+                return;
             auto stream = tcp->accept(std::chrono::milliseconds(0));
             if (!stream) {
-                if (!stream.error().is_timeout())
+                if (!stream.error().is_timeout()) {
                     logger()->warn("Listener: accept: {}", stream.error());
+                    resting_until = Clock::now() + backoff.failed(stream.error().code());
+                }
                 return;
             }
+            backoff.succeeded();
             handshake.emplace(std::move(*stream), deadline);
         } else {
             auto request = cm->next(std::chrono::milliseconds(0));
@@ -276,7 +281,7 @@ Result<void> Listener::State::sleep(Clock::time_point deadline) {
     if (auto ok = group->pump(); !ok)
         return ok;
     auto wake = deadline;
-    std::vector<pollfd> fds{{.fd = knock_fd(), .events = POLLIN, .revents = 0},
+    std::vector<pollfd> fds{{.fd = accepting() ? knock_fd() : -1, .events = POLLIN, .revents = 0}, // -1: ignored
                             {.fd = group->cq.channel_fd(), .events = POLLIN, .revents = 0}};
     wanted(fds, wake);
     const auto left = std::chrono::ceil<std::chrono::milliseconds>(wake - Clock::now());
@@ -320,6 +325,8 @@ void detail::ListenerCore::wanted(std::vector<pollfd>& fds, Clock::time_point& w
         fds.push_back(handshake.wanted());
         wake = std::min(wake, handshake.deadline());
     }
+    if (!accepting())
+        wake = std::min(wake, resting_until);
 }
 
 std::unique_ptr<detail::Link> detail::ListenerCore::take_ready() {

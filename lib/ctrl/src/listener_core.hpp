@@ -36,17 +36,22 @@ struct ListenerCore {
     std::list<ServerHandshake> pending;
     std::deque<std::unique_ptr<Link>> ready;
     ListenerStats stats;
+    AcceptBackoff backoff;               // TCP: after accepts that failed for want of resources,
+    Clock::time_point resting_until{};   // it accepts again from then on (tcp.hpp)
 
     // Listens on host:port and makes the group. Options checked by the caller.
     Result<void> open(std::string_view host, std::uint16_t port, const ConnectionOptions& options);
     int knock_fd() const { return tcp ? tcp->fd() : cm->fd(); }
+    // Whether admit() takes clients now: a resting TCP listener's knock fd stays ready
+    // (its client queued), so it is not waited for meanwhile (wanted() gives the end).
+    bool accepting() const { return Clock::now() >= resting_until; }
     // Takes every client that knocked (counting those turned away).
     void admit();
     // Moves every handshake on as far as it goes; finished ones queue in `ready`,
     // failed and late ones are counted and dropped.
     void advance();
     // Adds what the running handshakes wait for, and lowers `wake` to the nearest of
-    // their deadlines.
+    // their deadlines and the end of a rest.
     void wanted(std::vector<pollfd>& fds, Clock::time_point& wake) const;
     // The oldest finished handshake's link (counted as accepted), or null.
     std::unique_ptr<Link> take_ready();

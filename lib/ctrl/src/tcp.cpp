@@ -1,5 +1,6 @@
 #include <rdmaxx/ctrl/tcp.hpp>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <memory>
@@ -243,6 +244,14 @@ Result<TcpStream> TcpListener::accept(std::chrono::milliseconds timeout) {
         if (auto ready = wait_fd(fd_, POLLIN, deadline, "accept", "any client"); !ready)
             return std::unexpected(std::move(ready.error()));
     }
+}
+
+std::chrono::milliseconds AcceptBackoff::failed(int error) noexcept {
+    using std::chrono::milliseconds;
+    if (error != EMFILE && error != ENFILE && error != ENOBUFS && error != ENOMEM)
+        return milliseconds(0);
+    rest_ = std::clamp<milliseconds>(2 * rest_, milliseconds(10), milliseconds(1000));
+    return rest_;
 }
 
 Result<EndpointMessage> connect_over_tcp(TcpStream& stream, std::span<QueuePair* const> qps,

@@ -327,16 +327,12 @@ asio::awaitable<Result<ControlChannel>> ControlListener::accept() {
         if (!open_)
             co_return std::unexpected(closed_now());
         if (!ec) {
-            pause_ = {};
+            backoff_.succeeded();
             co_return ControlChannel(std::move(socket));
         }
-        // Out of descriptors or memory, the client's connection stays queued and the
-        // next accept would fail at once: pause (10 ms, twice as long after each such
-        // failure in a row, up to 1 s) rather than spin, till the setups in progress end
-        if (const int e = async::errno_of(ec); e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM) {
-            using std::chrono::milliseconds;
-            pause_ = std::clamp<milliseconds>(2 * pause_, milliseconds(10), milliseconds(1000));
-            asio::steady_timer paused(executor_, pause_);
+        // rather than spin, till the setups in progress end (tcp.hpp)
+        if (const auto rest = backoff_.failed(async::errno_of(ec)); rest.count() > 0) {
+            asio::steady_timer paused(executor_, rest);
             (void)co_await unless_closed(paused.async_wait(no_throw), closed_, open_);
         }
         co_return std::unexpected(tcp_error(ec, call, "accepting"));

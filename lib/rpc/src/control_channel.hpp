@@ -22,6 +22,7 @@
 #include <asio/steady_timer.hpp>
 
 #include <rdmaxx/async/connection.hpp>
+#include <rdmaxx/ctrl/tcp.hpp>
 
 namespace rdmaxx::rpc::detail {
 
@@ -104,7 +105,7 @@ private:
     std::variant<asio::ip::tcp::acceptor, async::Listener> link_;
     asio::steady_timer closed_; // as ControlChannel's
     bool open_ = true;
-    std::chrono::milliseconds pause_{}; // after the last accept that failed for want of resources
+    AcceptBackoff backoff_; // after accepts that failed for want of resources
 };
 
 // `e`, of a step of a session's setup, as `call`'s Error: its kind and code kept,

@@ -108,6 +108,25 @@ private:
     std::uint16_t port_ = 0;
 };
 
+/// When a listener accepts again after accepting failed: a failure for want of
+/// descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM) leaves the client queued, so
+/// the next accept would fail at once; the listener rests instead, 10 ms after the first
+/// such failure, twice as long after each next one in a row, at most 1 s, while the
+/// connections it serves end and give their descriptors back. Every rdmaxx listener
+/// keeps one.
+/// @threadsafety Distinct objects: safe. Shared objects: unsafe.
+class AcceptBackoff {
+public:
+    /// After an accept that failed with errno `error`: how long to rest, or 0 for a
+    /// failure that resting does not cure (the next accept may go on at once).
+    std::chrono::milliseconds failed(int error) noexcept;
+    /// After an accept that succeeded: the next failure rests 10 ms again.
+    void succeeded() noexcept { rest_ = {}; }
+
+private:
+    std::chrono::milliseconds rest_{};
+};
+
 /// Exchanges endpoints over `stream` and connects each of `qps` to its counterpart
 /// (RC/UC: connect(peer); UD: activate()). The peer must offer as many QPs, of the
 /// same types, else an Error. Returns the peer's message (its metadata). Then post
