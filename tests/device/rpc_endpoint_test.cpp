@@ -10,9 +10,9 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <future>
 #include <optional>
 #include <random>
-#include <sstream>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include <asio/bind_cancellation_slot.hpp>
+#include <asio/bind_executor.hpp>
 #include <asio/cancellation_signal.hpp>
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
@@ -29,22 +30,21 @@
 #include <asio/ip/tcp.hpp>
 #include <asio/read.hpp>
 #include <asio/steady_timer.hpp>
+#include <asio/strand.hpp>
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
+#include <asio/use_future.hpp>
 #include <asio/write.hpp>
 
 #include <doctest/doctest.h>
 
-#include <spdlog/logger.h>
-#include <spdlog/sinks/ostream_sink.h>
-
 #include <rdmaxx/async/connection.hpp>
 #include <rdmaxx/rpc/endpoint.hpp>
-#include <rdmaxx/wrap/log.hpp>
 
 #include "../support/allocations.hpp"
 #include "../support/device.hpp"
 #include "../support/rpc_rig.hpp"
+#include "../support/starved.hpp"
 #include "../support/thread.hpp"
 #include "packet.hpp"
 #include "rc_codec.hpp"
@@ -1116,7 +1116,8 @@ asio::awaitable<void> wait_in_queue(Rig* rig, std::optional<rpc::Session>* sessi
     std::optional<Result<std::size_t>> timed_out;
     s.call(echo, request, response, {.timeout = 200ms},
            [&timed_out](Result<std::size_t> got) { timed_out = std::move(got); });
-    out->cancelled = co_await cancelled_call(&s, echo, request, response, 50ms);
+    // total (no side effect allowed): as good as any while it is unsent
+    out->cancelled = co_await cancelled_call(&s, echo, request, response, 50ms, asio::cancellation_type::total);
     co_await until([&timed_out] { return timed_out.has_value(); });
     out->timed_out_after = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
     out->timed_out = std::move(timed_out);
@@ -1145,6 +1146,48 @@ TEST_CASE("rpc endpoint: a call waiting for a window slot is cancelled, or times
     CHECK(out.handled_while_waiting == session->info().window);
     CHECK(out.answered_right == static_cast<int>(session->info().window) + 1);
     CHECK(rig.server->counters().handled == session->info().window + 1); // the patient call
+}
+
+namespace {
+
+struct SentCancelled {
+    std::optional<Result<std::size_t>> total, partial;
+    bool total_before_answer = false;
+};
+
+// A call the server holds, cancelled totally: the server may have run it (it holds
+// it), so it goes on and ends with its answer; then one cancelled partially ends at once.
+asio::awaitable<void> cancel_sent(Rig* rig, std::optional<rpc::Session>* session, SentCancelled* out) {
+    co_await connect_into(rig, session);
+    const auto request = message(3, 40);
+    std::vector<std::byte> response(64);
+    asio::cancellation_signal cancel;
+    (*session)->call(hold_it, request, response, {.timeout = 20s},
+                     asio::bind_cancellation_slot(cancel.slot(), [out](Result<std::size_t> r) { out->total = r; }));
+    co_await until([rig] { return rig->held.size() == 1; });
+    cancel.emit(asio::cancellation_type::total);
+    co_await pause(50ms);
+    out->total_before_answer = out->total.has_value();
+    rig->held.back().respond(request);
+    co_await until([out] { return out->total.has_value(); });
+    out->partial = co_await cancelled_call(&**session, hold_it, request, response, 50ms,
+                                           asio::cancellation_type::partial);
+    rig->held.clear();
+}
+
+} // namespace
+
+TEST_CASE("rpc endpoint: a call sent ignores a total cancellation (it may have run) and ends at a partial one") {
+    Rig rig;
+    std::optional<rpc::Session> session;
+    SentCancelled out;
+    run(rig.io, cancel_sent(&rig, &session, &out), 60s);
+    CHECK_FALSE(out.total_before_answer);
+    REQUIRE(out.total);
+    CHECK((out.total->has_value() && **out.total == 40));
+    REQUIRE(out.partial);
+    REQUIRE_FALSE(out.partial->has_value());
+    CHECK(out.partial->error().is_cancelled());
 }
 
 namespace {
@@ -1290,6 +1333,121 @@ TEST_CASE("rpc endpoint: a coroutine handler co_awaits before it answers, 8 at o
     run(rig.io, call_coroutine_handler(&rig, &session, &wrong), 60s);
     CHECK(wrong == 0);
     CHECK(rig.server->counters().handled == 8);
+}
+
+namespace {
+
+// What the handlers below hold, seen from outside them (a handler destroyed early
+// cannot be asked about its own captures).
+constexpr std::uint8_t waiting = 7; // a coroutine handler that waits 50 ms
+
+std::weak_ptr<const std::vector<std::byte>> plain_answer, coroutine_answer;
+bool plain_answer_alive = false;
+
+struct Replaced {
+    int right = 0, wrong = 0;
+    bool kept_while_waiting = false, freed_after = false;
+};
+
+// A plain handler that removes itself, then answers from its captures; then three calls
+// to a coroutine handler removed while each coroutine waits.
+asio::awaitable<void> call_replaced_handlers(Rig* rig, std::optional<rpc::Session>* session, Replaced* out) {
+    co_await connect_into(rig, session);
+    std::vector<std::byte> response(64);
+    const auto want = *plain_answer.lock();
+    auto got = co_await (*session)->call(later, message(1, 8), response);
+    (got && *got == want.size() && echoed(response, want) ? out->right : out->wrong)++;
+    int finished = 0;
+    std::vector<std::vector<std::byte>> responses(3, std::vector<std::byte>(64));
+    for (auto& r : responses)
+        (*session)->call(waiting, message(2, 8), r, {.timeout = 20s}, [&finished, &r, out](Result<std::size_t> got) {
+            const auto want = message(6, 40);
+            (got && *got == want.size() && echoed(r, want) ? out->right : out->wrong)++;
+            ++finished;
+        });
+    co_await until([rig] { return rig->server->counters().handled == 4; });
+    rig->server->set_coroutine_handler(waiting, nullptr);
+    out->kept_while_waiting = !coroutine_answer.expired();
+    co_await until([&finished] { return finished == 3; });
+    co_await pause(5ms);
+    out->freed_after = coroutine_answer.expired();
+}
+
+} // namespace
+
+TEST_CASE("rpc endpoint: a handler replaced as it runs, or while its coroutines wait, lives until they end") {
+    // Destroyed at once, a plain handler that replaced itself went on in freed
+    // captures, and so did a coroutine handler's coroutines after it was replaced.
+    Rig rig;
+    auto plain = std::make_shared<const std::vector<std::byte>>(message(5, 40));
+    plain_answer = plain;
+    rig.server->set_handler(later, [plain, server = rig.server.get()](rpc::Request, rpc::Responder responder) {
+        server->set_handler(later, nullptr);
+        plain_answer_alive = !plain_answer.expired();
+        responder.respond(*plain);
+    });
+    plain.reset();
+    auto answer = std::make_shared<const std::vector<std::byte>>(message(6, 40));
+    coroutine_answer = answer;
+    rig.server->set_coroutine_handler(
+        waiting, [answer](rpc::Request, rpc::Responder responder) -> asio::awaitable<void> {
+            co_await pause(50ms);
+            responder.respond(*answer);
+        });
+    answer.reset();
+    std::optional<rpc::Session> session;
+    Replaced out;
+    run(rig.io, call_replaced_handlers(&rig, &session, &out), 60s);
+    CHECK(plain_answer_alive);
+    CHECK(plain_answer.expired()); // once the handler returned
+    CHECK(out.right == 4);
+    CHECK(out.wrong == 0);
+    CHECK(out.kept_while_waiting);
+    CHECK(out.freed_after);
+}
+
+TEST_CASE("rpc endpoint: a call completes on the executor its handler names: a future's, a strand, another "
+          "io_context's") {
+    // A future's executor and a strand did not compile; a handler bound to another
+    // io_context got the endpoint's handler memory, which that io_context's thread then
+    // freed into, unsynchronized (or after the endpoint's io_context was gone).
+    asio::io_context other;
+    std::optional<Result<std::size_t>> on_other;
+    {
+        Rig rig;
+        std::optional<rpc::Session> session;
+        run(rig.io, connect_into(&rig, &session), 30s);
+        const auto request = message(3, 100);
+        std::vector<std::byte> first(200), second(200), third(200);
+        std::future<Result<std::size_t>> future = session->call(echo, request, first, {}, asio::use_future);
+        const auto strand = asio::make_strand(rig.io);
+        std::optional<Result<std::size_t>> by_strand;
+        bool in_strand = false;
+        session->call(echo, request, second, {},
+                      asio::bind_executor(strand, [&by_strand, &in_strand, &strand](Result<std::size_t> got) {
+                          in_strand = strand.running_in_this_thread();
+                          by_strand = std::move(got);
+                      }));
+        session->call(echo, request, third, {},
+                      asio::bind_executor(other, [&on_other](Result<std::size_t> got) { on_other = std::move(got); }));
+        const auto deadline = std::chrono::steady_clock::now() + 30s;
+        while ((future.wait_for(0s) != std::future_status::ready || !by_strand ||
+                rig.client->counters().completed < 3) &&
+               std::chrono::steady_clock::now() < deadline)
+            rig.io.run_for(5ms);
+        REQUIRE(future.wait_for(0s) == std::future_status::ready);
+        const Result<std::size_t> got = future.get();
+        CHECK((got && *got == request.size() && echoed(first, request)));
+        REQUIRE(by_strand);
+        CHECK((*by_strand && **by_strand == request.size() && echoed(second, request)));
+        CHECK(in_strand);
+        CHECK(rig.client->counters().completed == 3);
+        CHECK(!on_other); // posted to `other`, which nobody runs yet
+        session.reset();
+    } // the endpoints and their io_context are gone: what `other` holds owes them nothing
+    other.run();
+    REQUIRE(on_other);
+    CHECK(on_other->has_value());
 }
 
 // ---------------------------------------------------------------------------------
@@ -1617,39 +1775,20 @@ TEST_CASE("rpc endpoint: connect() to a server that never answers ends at the co
 TEST_CASE("rpc endpoint: a listener out of file descriptors pauses its accepts rather than spin, and serves "
           "once it has them again") {
     Rig rig;
-    // the listener's warnings, counted (the library's logger back however the test ends)
-    std::ostringstream log;
-    struct LoggerBack {
-        std::shared_ptr<spdlog::logger> was = rdmaxx::logger();
-        ~LoggerBack() { rdmaxx::set_logger(was); }
-    } logger_back;
-    rdmaxx::set_logger(std::make_shared<spdlog::logger>("test", std::make_shared<spdlog::sinks::ostream_sink_mt>(log)));
+    const test::CapturedLog log; // the listener's warnings
     asio::io_context raw;
     std::vector<asio::ip::tcp::socket> queued; // clients the kernel took, waiting for the accept
     for (int i = 0; i < 3; ++i)
         queued.emplace_back(raw).connect({asio::ip::make_address("127.0.0.1"), rig.port});
-    // no descriptor more for this process: each accept fails (EMFILE), the connection stays queued
     {
-        rlimit files{};
-        REQUIRE(getrlimit(RLIMIT_NOFILE, &files) == 0);
-        struct LimitBack {
-            rlimit was;
-            ~LimitBack() { setrlimit(RLIMIT_NOFILE, &was); }
-        } limit_back{files};
-        const auto open_now = std::distance(std::filesystem::directory_iterator("/proc/self/fd"), {}) - 1;
-        files.rlim_cur = static_cast<rlim_t>(open_now);
-        REQUIRE(setrlimit(RLIMIT_NOFILE, &files) == 0);
+        const test::NoMoreFiles starved; // each accept fails (EMFILE), the connection stays queued
         spin(rig.io, 1500ms);
     }
-    const std::string said = log.str();
-    std::size_t failed_accepts = 0;
-    for (auto at = said.find("accepting a session"); at != std::string::npos;
-         at = said.find("accepting a session", at + 1))
-        ++failed_accepts;
     // pauses of 10, 20, 40 ... ms: 8 accepts in 1.5 s (thousands, spinning)
+    const std::size_t failed_accepts = log.count("accepting a session");
     CHECK(failed_accepts >= 1);
     CHECK(failed_accepts <= 12);
-    CHECK(said.find("Too many open files") != std::string::npos);
+    CHECK(log.count("Too many open files") >= 1);
     // with descriptors again, a client is served (behind the queued ones, silent)
     int wrong = 0;
     auto work = [&]() -> asio::awaitable<void> {
@@ -2071,6 +2210,63 @@ TEST_CASE("rpc endpoint: a response waiting in the client's CQ when its RTO expi
     CHECK(client->counters().completed == calls);
     CHECK(client->counters().taken_by_timer == calls);
     CHECK(client->counters().retransmissions == 0);
+}
+
+namespace {
+
+constexpr std::uint8_t destroy_victim = 6;
+
+// `both` (manual mode: it polls only when a client session of its has an RTO or a
+// deadline due) calls `holder`, which holds the call: the victim session stays due at
+// each RTO. Then `holder` calls `both`, whose handler destroys the victim: it runs in
+// the poll the timer makes for the victim's due RTO, the only poll `both` makes.
+asio::awaitable<void> destroy_in_timer_poll(rpc::Endpoint* both, Rig* rig, std::optional<rpc::Session>* victim,
+                                            std::optional<Result<std::size_t>>* victim_call,
+                                            std::optional<Result<std::size_t>>* destroy_call) {
+    auto to_holder = co_await both->connect("127.0.0.1", rig->port);
+    REQUIRE_MESSAGE(to_holder.has_value(), (to_holder ? "" : to_holder.error().message()));
+    victim->emplace(std::move(*to_holder));
+    auto to_both = co_await rig->client->connect("127.0.0.1", both->listen_port());
+    REQUIRE_MESSAGE(to_both.has_value(), (to_both ? "" : to_both.error().message()));
+    const auto request = message(4, 32);
+    std::vector<std::byte> held_response(64), response(64);
+    (*victim)->call(hold_it, request, held_response, {.timeout = 20s},
+                    [victim_call](Result<std::size_t> r) { victim_call->emplace(std::move(r)); });
+    co_await until([rig] { return !rig->held.empty(); });
+    destroy_call->emplace(co_await to_both->call(destroy_victim, request, response, {.timeout = 20s}));
+    co_await until([victim_call] { return victim_call->has_value(); });
+}
+
+} // namespace
+
+TEST_CASE("rpc endpoint: a request handler run by the RTO timer's poll may destroy the session the timer "
+          "serves") {
+    // The timer went on with the destroyed session's state (its calls, its window)
+    // after the poll: a use after free.
+    Rig rig; // its server: the holder; its client: the one that asks for the destruction
+    rpc::EndpointOptions manual;
+    manual.drive = {.mode = async::CompletionMode::manual};
+    manual.listen_port = next_port();
+    manual.listen_address = "127.0.0.1";
+    auto both = must(rpc::Endpoint::create(rig.io, manual));
+    std::optional<rpc::Session> victim;
+    int destroyed = 0;
+    both->set_handler(destroy_victim, [&victim, &destroyed](rpc::Request request, rpc::Responder responder) {
+        victim.reset();
+        ++destroyed;
+        responder.respond(request.bytes());
+    });
+    std::optional<Result<std::size_t>> victim_call, destroy_call;
+    run(rig.io, destroy_in_timer_poll(both.get(), &rig, &victim, &victim_call, &destroy_call), 60s);
+    CHECK(destroyed == 1);
+    REQUIRE(destroy_call.has_value());
+    CHECK(destroy_call->has_value());
+    REQUIRE(victim_call.has_value());
+    REQUIRE_FALSE(victim_call->has_value());
+    CHECK(victim_call->error().is_errno(ECONNRESET));
+    CHECK(both->counters().taken_by_timer >= 1);
+    rig.held.clear();
+    spin(rig.io, 50ms);
 }
 
 namespace {

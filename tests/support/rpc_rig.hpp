@@ -139,18 +139,19 @@ asio::awaitable<void> until(Done done) {
         co_await pause(1ms);
 }
 
-// A call of `type` (one the server holds) cancelled, terminally, `after` it began: how
-// it ended. `request` and `response`: what Session::call takes (spans' owners, or
-// MessageBuffers).
+// A call of `type` (one the server holds) cancelled (terminally unless told) `after` it
+// began: how it ended. `request` and `response`: what Session::call takes (spans'
+// owners, or MessageBuffers).
 template <class Request, class Response>
 asio::awaitable<Result<std::size_t>> cancelled_call(rpc::Session* session, std::uint8_t type, Request& request,
-                                                    Response& response, std::chrono::milliseconds after) {
+                                                    Response& response, std::chrono::milliseconds after,
+                                                    asio::cancellation_type how = asio::cancellation_type::terminal) {
     asio::cancellation_signal cancel;
     std::optional<Result<std::size_t>> ended;
     session->call(type, request, response, {.timeout = 10s},
                   asio::bind_cancellation_slot(cancel.slot(), [&ended](Result<std::size_t> r) { ended = std::move(r); }));
     co_await pause(after);
-    cancel.emit(asio::cancellation_type::terminal);
+    cancel.emit(how);
     while (!ended)
         co_await pause(1ms);
     co_return std::move(*ended);

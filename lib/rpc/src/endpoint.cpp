@@ -353,6 +353,7 @@ struct EndpointCore {
     void tick();
 
     // server
+    void replace_handler(std::uint8_t type, Handler handler);
     inline void handle(SessionState& s, const HandlerCall& call);
     inline void run_handler(SessionState& s, std::uint8_t type, std::uint64_t request,
                             std::span<const std::byte> message, std::span<const std::byte> lent = {});
@@ -442,6 +443,10 @@ struct EndpointCore {
     std::unique_ptr<RcTransport> rc;        // made for the first RC QP; before the table too
     SessionTable<SessionState> table;
     std::array<Handler, 256> handlers;
+    // handlers replaced (set_handler) while a handler runs, perhaps the one replaced:
+    // destroyed once none runs
+    std::vector<Handler> replaced_handlers;
+    std::uint32_t handlers_running = 0;
     AcceptHandler accept_handler; // set: sessions are both ways
     Counters counters;
     std::shared_ptr<ControlListener> listener; // shared with its accept loop
@@ -915,12 +920,16 @@ void EndpointCore::tick() {
             // before the first session with something due, what has arrived is taken:
             // a response in the CQ (the driver's turn not yet come: a busy peer thread,
             // a loaded host) would otherwise be asked for again, or its call timed out,
-            // with its answer a poll away. (The poll ends no session; sessions it
-            // activates join the end of `active`, and this pass.)
+            // with its answer a poll away. (Sessions it activates join the end of
+            // `active`, and this pass.)
             polled = true;
             const std::uint64_t ended = counters.completed + counters.failed;
             transport->poll();
             counters.taken_by_timer += counters.completed + counters.failed - ended;
+            // a request's handler, run by the poll, may have destroyed this Session
+            s = table.lookup(active[i]);
+            if (s == nullptr)
+                continue;
         }
         if (s->rc.state == RcPath::State::offered && now - s->rc.offered_at > options.setup_timeout) {
             logger()->warn("rdmaxx rpc: session {}: no answer to its RC offer in {} ms: large messages go by UD",
@@ -1019,6 +1028,8 @@ void EndpointCore::run_handler(SessionState& s, std::uint8_t type, std::uint64_t
     const SessionId id = s.local;
     std::span<const std::byte>& view = s.views[request % s.views.size()];
     view = message;
+    bool thrown = false;
+    ++handlers_running;
     try {
         handlers[type](Request(type, &view), Responder(this, id.number, id.generation, request));
     } catch (...) {
@@ -1027,9 +1038,11 @@ void EndpointCore::run_handler(SessionState& s, std::uint8_t type, std::uint64_t
         // packets, the ring's buffers, RC transfers) goes on. The Responder answered
         // as it was destroyed (handler_dropped).
         asio::post(executor, [thrown = std::current_exception()] { std::rethrow_exception(thrown); });
-        return;
+        thrown = true;
     }
-    if (lent.empty())
+    if (--handlers_running == 0)
+        replaced_handlers.clear();
+    if (thrown || lent.empty())
         return;
     SessionState* still = table.lookup(id);
     if (still == nullptr || !still->server->awaiting(request) || writing_response(*still, request))
@@ -2142,6 +2155,9 @@ Endpoint::~Endpoint() {
         rdmaxx::detail::programming_error(
             fmt::format("the rpc::Endpoint created here destroyed while {} of its Sessions live", core_->handles),
             core_->created);
+    if (core_ && core_->handlers_running != 0) // the packet path it returns to is gone
+        rdmaxx::detail::programming_error("the rpc::Endpoint created here destroyed inside one of its request handlers",
+                                          core_->created);
 }
 
 Result<std::unique_ptr<Endpoint>> Endpoint::create(asio::io_context& io, EndpointOptions options,
@@ -2221,25 +2237,35 @@ void MessageBuffer::resize(std::size_t size, std::source_location where) {
     size_ = size;
 }
 
+void detail::EndpointCore::replace_handler(std::uint8_t type, Handler handler) {
+    if (handlers_running > 0) // perhaps the one running: it may still use its captures
+        replaced_handlers.push_back(std::move(handlers[type]));
+    handlers[type] = std::move(handler);
+}
+
 void Endpoint::set_handler(std::uint8_t type, Handler handler, std::source_location where) {
     core_->check_thread(where);
-    core_->handlers[type] = std::move(handler);
+    core_->replace_handler(type, std::move(handler));
 }
 
 void Endpoint::set_coroutine_handler(std::uint8_t type, CoroutineHandler handler, std::source_location where) {
     core_->check_thread(where);
-    if (!handler) {
-        core_->handlers[type] = nullptr;
-        return;
-    }
+    if (!handler)
+        return core_->replace_handler(type, nullptr);
+    // A coroutine made by a lambda reads its captures where the lambda is, in `handler`:
+    // each coroutine keeps it alive, however the handlers are replaced meanwhile.
     struct Spawn {
-        CoroutineHandler coroutine;
+        std::shared_ptr<const CoroutineHandler> coroutine;
         asio::io_context::executor_type executor;
+        static asio::awaitable<void> keeping(std::shared_ptr<const CoroutineHandler> coroutine, Request request,
+                                             Responder responder) {
+            co_await (*coroutine)(request, std::move(responder));
+        }
         void operator()(Request request, Responder responder) const {
-            asio::co_spawn(executor, coroutine(request, std::move(responder)), detail::RethrowOutOfRun{});
+            asio::co_spawn(executor, keeping(coroutine, request, std::move(responder)), detail::RethrowOutOfRun{});
         }
     };
-    core_->handlers[type] = Spawn{std::move(handler), core_->executor};
+    core_->replace_handler(type, Spawn{std::make_shared<const CoroutineHandler>(std::move(handler)), core_->executor});
 }
 
 void Endpoint::set_accept_handler(AcceptHandler handler, std::source_location where) {

@@ -47,7 +47,10 @@
 ///                            is copied, the Error's detail says the size (errno ENOBUFS)
 ///   handler dropped          the server's handler ended without answering (errno EPIPE)
 ///   transfer failed          the server could not READ a large request (errno EIO)
-///   cancelled                an Asio cancellation (Error::is_cancelled)
+///   cancelled                an Asio cancellation (Error::is_cancelled): terminal or
+///                            partial at any time; total only while the call waits
+///                            for a window slot, unsent (once sent, the server may
+///                            have run it)
 /// @endcode
 /// A call that ends early (timeout, cancelled) frees its slot: a late response to it is
 /// dropped and counted, never copied anywhere.
@@ -148,8 +151,10 @@
 #include <asio/async_result.hpp>
 #include <asio/awaitable.hpp>
 #include <asio/cancellation_type.hpp>
+#include <asio/execution/context.hpp>
 #include <asio/io_context.hpp>
 #include <asio/post.hpp>
+#include <asio/query.hpp>
 #include <asio/associated_allocator.hpp>
 #include <asio/use_awaitable.hpp>
 
@@ -540,15 +545,20 @@ public:
     Endpoint(const Endpoint&) = delete;
     Endpoint& operator=(const Endpoint&) = delete;
     /// Ends every session (their calls: session reset) and closes the listener.
-    /// @misuse A Session of it still exists (the message names the line that created
-    /// the endpoint: a destructor cannot name its caller).
+    /// @misuse A Session of it still exists; inside one of its request handlers (a
+    /// plain Handler as it runs; a coroutine handler's coroutine, a call's completion
+    /// may). The message names the line that created the endpoint: a destructor cannot
+    /// name its caller.
     ~Endpoint();
 
     /// The handler of requests of `type`; an empty one removes it (its requests are
-    /// answered "no handler").
+    /// answered "no handler"). May be called from a handler, even of the one it
+    /// replaces: a handler replaced while handlers run is destroyed once none runs.
     /// @misuse Not the endpoint's thread.
     void set_handler(std::uint8_t type, Handler handler, std::source_location where = std::source_location::current());
-    /// A coroutine handler of requests of `type` (an empty one removes it).
+    /// A coroutine handler of requests of `type` (an empty one removes it). The handler
+    /// (a lambda's captures, which its coroutines read where the lambda is) lives as
+    /// long as a coroutine it began, however it is replaced meanwhile.
     /// @misuse Not the endpoint's thread.
     void set_coroutine_handler(std::uint8_t type, CoroutineHandler handler,
                                std::source_location where = std::source_location::current());
@@ -633,6 +643,18 @@ auto Session::call(std::uint8_t type, MessageBuffer& request, MessageBuffer& res
 
 namespace detail {
 
+// The execution context `executor` runs its work in (Asio's executors answer the
+// context query, older ones context()), or nullptr if it does not tell.
+template <class Executor>
+const asio::execution_context* context_of(const Executor& executor) noexcept {
+    if constexpr (asio::can_query_v<const Executor&, asio::execution::context_t>)
+        return &static_cast<const asio::execution_context&>(asio::query(executor, asio::execution::context));
+    else if constexpr (requires { executor.context(); })
+        return &static_cast<const asio::execution_context&>(executor.context());
+    else
+        return nullptr;
+}
+
 template <class H>
 StoredCall StoredCall::store(H&& handler, const CallSite& site) {
     using B = Box<std::decay_t<H>>;
@@ -665,18 +687,24 @@ void StoredCall::Box<H>::complete(void* raw, Result<std::size_t>&& result) {
         Result<std::size_t> result;
         void operator()() { std::move(handler)(std::move(result)); }
     };
-    const auto executor = asio::get_associated_executor(handler, site.executor);
+    using Executor = std::decay_t<decltype(asio::get_associated_executor(handler, site.executor))>;
+    const Executor executor = asio::get_associated_executor(handler, site.executor);
     if constexpr (std::is_same_v<asio::associated_allocator_t<H>, std::allocator<void>>) {
         Call call{std::move(handler), std::move(result)};
+        // The service's memory is the endpoint's thread's: a call that completes in
+        // another context (another io_context, a future's) is posted in Asio's own.
+        if (context_of(executor) != &static_cast<const asio::execution_context&>(site.executor.context()))
+            return asio::post(executor, std::move(call));
         // On the endpoint's io_context, the call completes through lib/async's service:
         // run as the driver handler that took its response ends, or posted in the
         // service's memory (a coroutine's handler names its executor type-erased,
         // any_io_executor, whose post wraps the call in memory of Asio's own cache: two
-        // allocations per call when that cache holds blocks of other sizes).
+        // allocations per call when that cache holds blocks of other sizes). An
+        // executor of its own there (a strand) gets the call in that memory.
         bool on_site = false;
-        if constexpr (std::is_same_v<std::decay_t<decltype(executor)>, asio::io_context::executor_type>) {
+        if constexpr (std::is_same_v<Executor, asio::io_context::executor_type>) {
             on_site = executor == site.executor;
-        } else {
+        } else if constexpr (requires { executor.template target<asio::io_context::executor_type>(); }) {
             const auto* io = executor.template target<asio::io_context::executor_type>();
             on_site = io != nullptr && *io == site.executor;
         }
@@ -703,7 +731,11 @@ void StoredCall::Box<H>::on_cancel(void* raw, Target target) {
     struct Cancel {
         Target target;
         void operator()(asio::cancellation_type type) const noexcept {
-            if (type != asio::cancellation_type::none)
+            // total asks for no side effect: only a call not yet sent ends (a begun one
+            // may have run at the server); terminal and partial allow them
+            constexpr auto with_effects = asio::cancellation_type::terminal | asio::cancellation_type::partial;
+            if ((type & with_effects) != asio::cancellation_type::none ||
+                (target.queued && (type & asio::cancellation_type::total) != asio::cancellation_type::none))
                 cancel_call(target);
         }
     };
