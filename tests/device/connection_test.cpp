@@ -9,6 +9,7 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <random>
 #include <thread>
 #include <utility>
@@ -25,6 +26,7 @@
 
 #include <rdmaxx/ctrl/cm.hpp>
 #include <rdmaxx/ctrl/connection.hpp>
+#include <rdmaxx/data/completion.hpp>
 #include <rdmaxx/data/post.hpp>
 #include <rdmaxx/data/window_bounds.hpp>
 #include <rdmaxx/wrap/wire.hpp>
@@ -33,6 +35,8 @@
 #include "../support/raw_cm.hpp"
 #include "../support/starved.hpp"
 #include "../support/thread.hpp"
+#include "control_codec.hpp"
+#include "link.hpp"
 
 using namespace rdmaxx;
 using namespace std::chrono_literals;
@@ -928,6 +932,97 @@ TEST_CASE("the quota counts a region given back until its owner takes it, window
         CHECK(conn.pinned_for_peer() == 0);
         client.join();
     }
+}
+
+namespace {
+
+// A client that makes a Connection's handshake by hand (TCP), then SENDs whatever
+// control messages it likes, ignoring credits: a hostile peer once connected. Its
+// receives take what the server sends, unread.
+class ForgingClient {
+public:
+    static constexpr std::uint32_t depth = 16;
+
+    explicit ForgingClient(std::uint16_t port) : stream_(must(TcpStream::connect("127.0.0.1", port, 3s))) {
+        QueuePair* qps[] = {&qp_};
+        const auto limits = detail::encode_limits({.max_message = 4096, .receive_depth = depth});
+        must(connect_over_tcp(stream_, qps, limits, {}, 3s));
+        for (std::uint32_t i = 0; i < depth; ++i)
+            must(post_recv(qp_, buffers_.slice(i * 128, 128), receive_tag + i));
+        must(stream_.confirm_ready(3s));
+    }
+    // SENDs `message` (reporting no credit) and waits for it; false once that fails
+    // (the server broke the connection).
+    bool send(const detail::control::Message& message) {
+        const auto encoded = detail::control::encode(message, 0);
+        std::memcpy(buffers_.data() + send_at, encoded.span().data(), encoded.size);
+        const std::uint64_t id = ++sent_;
+        if (!post_send(qp_, buffers_.slice(send_at, encoded.size), {.wr_id = id}))
+            return false;
+        return wait_for(rig_.cq, id, {.timeout = 5s}, [](const WorkCompletion&) {}).has_value();
+    }
+
+private:
+    static constexpr std::uint64_t receive_tag = 1ull << 40;
+    static constexpr std::size_t send_at = 8192;
+    test::Rig rig_;
+    QueuePair qp_ = rig_.make_qp(QpType::rc, {.max_send_wr = 16, .max_recv_wr = depth, .max_send_sge = 1,
+                                             .max_recv_sge = 1});
+    MemoryRegion buffers_ = must(MemoryRegion::allocate(rig_.pd, 16384, access_all));
+    TcpStream stream_;
+    std::uint64_t sent_ = 0;
+};
+
+// The server's Connection broken by what `forge` sends: its Error, once progress()
+// sees it (within 20 s).
+Error broken_by(const std::function<void(ForgingClient&)>& forge) {
+    Listener listener = must(Listener::listen("127.0.0.1", 0, quick()));
+    std::atomic<bool> seen{false};
+    test::Thread client([&seen, &forge, port = listener.port()] {
+        ForgingClient forger(port);
+        forge(forger);
+        const auto bound = Clock::now() + 20s;
+        while (!seen && Clock::now() < bound) // its QP lives until the server has judged
+            std::this_thread::sleep_for(1ms);
+    });
+    Connection conn = must(listener.accept(5s));
+    std::optional<Error> error;
+    const auto bound = Clock::now() + 20s;
+    while (!error && Clock::now() < bound)
+        if (auto ok = conn.progress(); !ok)
+            error = ok.error();
+    seen = true;
+    client.join();
+    REQUIRE(error);
+    return *error;
+}
+
+} // namespace
+
+TEST_CASE("a peer that answers what was not asked, or sends past its credits, breaks the connection (protocol)") {
+    // Before, each was taken: the answers kept in maps by made-up id or token (memory the
+    // peer chose), the messages beyond credits served as long as it kept sending.
+    using namespace detail::control;
+    const Error grant = broken_by([](ForgingClient& f) {
+        (void)f.send(Grant{.region = {.request = 777, .memory = {.addr = 4096, .length = 64, .rkey = 1}, .token = 5,
+                                      .access = Access::remote_read, .lease = 1s}});
+    });
+    CHECK(grant.kind() == Error::Kind::protocol);
+    CHECK_MESSAGE(grant.message().find("region request 777, which is not waiting") != std::string::npos,
+                  grant.message());
+    const Error deny = broken_by([](ForgingClient& f) { (void)f.send(Deny{.request = 3, .code = EACCES}); });
+    CHECK(deny.message().find("region request 3, which is not waiting") != std::string::npos);
+    const Error ack = broken_by([](ForgingClient& f) { (void)f.send(ReturnAck{.token = 42, .code = 0}); });
+    CHECK(ack.kind() == Error::Kind::protocol);
+    CHECK_MESSAGE(ack.message().find("return of token 42, which is not waiting") != std::string::npos, ack.message());
+    const Error flood = broken_by([](ForgingClient& f) {
+        // the server's depth (32) plus what its 16 reports (one per 16 buffers) gave back:
+        // 288 at most, then the next one breaks it
+        for (int i = 0; i < 4096 && f.send(Credit{}); ++i) {
+        }
+    });
+    CHECK(flood.kind() == Error::Kind::protocol);
+    CHECK_MESSAGE(flood.message().find("without a credit") != std::string::npos, flood.message());
 }
 
 TEST_CASE("close(): the peer gets every message, then 'closed'; later calls fail; the destructor closes too") {

@@ -58,6 +58,23 @@ TEST_CASE("credit window: reports carry every reposted buffer; a failed post los
     CHECK(w.available() == 8);
 }
 
+TEST_CASE("credit window: a peer that sends past its credits is a protocol error") {
+    CreditWindow w(8, 4); // our depth: 4
+    for (int i = 0; i < 4; ++i)
+        must(w.received());
+    rdmaxx::test::check_protocol_error(w.received(), "without a credit");
+    w.reposted();
+    w.reposted();
+    CHECK(w.spend() == 2); // reported: the peer may send two more
+    must(w.received());
+    must(w.received());
+    rdmaxx::test::check_protocol_error(w.received(), "without a credit");
+    w.reposted();
+    const auto report = w.spend();
+    w.unspend(report); // never sent: the peer did not get it
+    rdmaxx::test::check_protocol_error(w.received(), "without a credit");
+}
+
 TEST_CASE("credit window: a WRITE_WITH_IMM (no header) spends a credit and keeps the reports for the next message") {
     CreditWindow w(8, 8);
     w.reposted();
@@ -92,6 +109,7 @@ struct Wire {
         while (!queue.empty()) {
             const Message m = queue.front();
             queue.pop_front();
+            must(to.window.received()); // an honest sender never trips it
             must(to.window.returned(m.credits));
             if (m.user)
                 to.inbox_user.push_back(true);

@@ -10,6 +10,10 @@
 // buffers wait to be reported; that threshold is at least 2, so answering a credit-only
 // message (which took one buffer) never needs another: no ping-pong.
 //
+// The peer is held to the same rule: it may have sent at most our receive depth plus
+// the credits we reported (received()); one more message is a protocol error, so a
+// peer that ignores its credits cannot keep our receives busy at its own pace.
+//
 // Pure logic, no verbs: tested on the host. Not thread-safe (one Link's).
 #pragma once
 
@@ -36,7 +40,7 @@ public:
     // ours. Both within [min_depth, max_depth]: the caller checked (the peer's is
     // untrusted input, refused before this).
     CreditWindow(std::uint32_t peer_depth, std::uint32_t own_depth) noexcept
-        : peer_depth_(peer_depth), available_(peer_depth),
+        : peer_depth_(peer_depth), available_(peer_depth), peer_holds_(own_depth),
           flush_threshold_(std::max<std::uint32_t>(2, std::min(own_depth / 2, own_depth - user_reserve))) {}
 
     // Whether a message of this use may be sent now.
@@ -54,6 +58,7 @@ public:
         --available_;
         const auto report = static_cast<std::uint16_t>(std::min<std::uint32_t>(unreported_, 0xffff));
         unreported_ -= report;
+        peer_holds_ += report;
         return report;
     }
     // One credit spent by a WRITE_WITH_IMM, which has no header: the unreported
@@ -63,6 +68,17 @@ public:
     void unspend(std::uint16_t report) noexcept {
         ++available_;
         unreported_ += report;
+        peer_holds_ -= report;
+    }
+
+    // A message (or a WRITE_WITH_IMM) of the peer's took one of our receives. More than
+    // it held credits for is a lie.
+    Result<void> received() {
+        if (peer_holds_ == 0)
+            return std::unexpected(Error::protocol(
+                "Connection", "the peer sent a message without a credit (more than our receives and its reports)"));
+        --peer_holds_;
+        return {};
     }
 
     // Credits the peer returned. More than it could ever have had back is a lie.
@@ -87,6 +103,7 @@ private:
     std::uint32_t peer_depth_;
     std::uint32_t available_;
     std::uint32_t unreported_ = 0;
+    std::uint32_t peer_holds_; // credits the peer may still spend: our depth, then our reports
     std::uint32_t flush_threshold_;
 };
 

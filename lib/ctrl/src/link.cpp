@@ -30,6 +30,7 @@ std::uint64_t random_token() {
 constexpr std::uint32_t max_slots = 32;
 // Window binds a link keeps in flight (its QP's send queue has room for them).
 constexpr std::uint32_t max_binds = 16;
+constexpr std::size_t max_unreceived = Connection::max_unreceived;
 
 // Whether windows on this device keep a peer inside them: probed once per device and
 // port in a process (window_bounds_enforced), since the probe costs two QPs.
@@ -312,7 +313,12 @@ void Link::on_completion(const WorkCompletion& wc) {
 }
 
 Result<void> Link::on_receive(std::uint32_t buffer, const WorkCompletion& wc) {
+    if (auto ok = credits_->received(); !ok)
+        return ok;
     if (wc.opcode() == WcOpcode::recv_rdma_with_imm) {
+        if (write_imms_.size() == max_unreceived)
+            return std::unexpected(Error::protocol(
+                "Connection", fmt::format("the peer sent more than {} immediates not yet received", max_unreceived)));
         write_imms_.push_back(*wc.imm());
         return recycle(buffer);
     }
@@ -339,19 +345,36 @@ Result<void> Link::on_control(const control::Message& message) {
     const auto remote_mr = [](const control::Region& r) {
         return RemoteMr{.memory = r.memory, .token = r.token, .access = r.access, .expires = Clock::now() + r.lease};
     };
+    // an answer to a request we made and that is not answered yet
+    const auto answer = [this](std::uint64_t request, Result<RemoteMr> answer) -> Result<void> {
+        const auto it = grants_.find(request);
+        if (it == grants_.end() || it->second.has_value())
+            return std::unexpected(Error::protocol(
+                "Connection", fmt::format("the peer answered region request {}, which is not waiting", request)));
+        it->second = std::move(answer);
+        return {};
+    };
     if (std::holds_alternative<control::Lend>(message)) {
+        if (lent_to_us_.size() == max_unreceived)
+            return std::unexpected(Error::protocol(
+                "Connection", fmt::format("the peer lent more than {} regions not yet received", max_unreceived)));
         lent_to_us_.push_back(remote_mr(std::get<control::Lend>(message).region));
     } else if (const auto* granted = std::get_if<control::Grant>(&message)) {
-        grants_.insert_or_assign(granted->region.request, remote_mr(granted->region));
+        return answer(granted->region.request, remote_mr(granted->region));
     } else if (const auto* deny = std::get_if<control::Deny>(&message)) {
-        grants_.insert_or_assign(deny->request, std::unexpected(Error::from_errno("request_remote_mr", deny->code,
-                                                                                 "the owner refused the request")));
+        return answer(deny->request, std::unexpected(Error::from_errno("request_remote_mr", deny->code,
+                                                                       "the owner refused the request")));
     } else if (const auto* request = std::get_if<control::Request>(&message)) {
         return grant(*request);
     } else if (const auto* given = std::get_if<control::Return>(&message)) {
         queue(control::ReturnAck{.token = given->token, .code = leases_.give_back(given->token) ? 0 : ESTALE});
     } else if (const auto* ack = std::get_if<control::ReturnAck>(&message)) {
-        return_acks_.insert_or_assign(ack->token, ack->code);
+        const auto it = return_acks_.find(ack->token);
+        if (it == return_acks_.end() || it->second.asked == 0)
+            return std::unexpected(Error::protocol(
+                "Connection", fmt::format("the peer acknowledged a return of token {}, which is not waiting", ack->token)));
+        --it->second.asked;
+        it->second.code = ack->code;
     } else if (std::holds_alternative<control::Goodbye>(message)) {
         peer_said_goodbye_ = true;
         fail(Error::from_errno("Connection", ECONNRESET, fmt::format("peer {} closed the connection", peer())));
@@ -654,10 +677,11 @@ Result<RemoteMr> Link::receive_remote_mr(Clock::time_point deadline) {
 std::uint64_t Link::ask_for_region(std::size_t size, Access access, std::chrono::milliseconds lease) {
     const std::uint64_t request = next_request_++;
     queue(control::Request{.request = request, .size = size, .access = access, .lease = lease});
+    grants_.emplace(request, std::nullopt); // a request whose wait ends early keeps it: its answer may come
     return request;
 }
 
-Result<RemoteMr> Link::take_answer(std::uint64_t request) { return std::move(grants_.extract(request).mapped()); }
+Result<RemoteMr> Link::take_answer(std::uint64_t request) { return std::move(*grants_.extract(request).mapped()); }
 
 Result<RemoteMr> Link::request_remote_mr(std::size_t size, Access access, std::chrono::milliseconds lease,
                                          Clock::time_point deadline) {
@@ -670,12 +694,17 @@ Result<RemoteMr> Link::request_remote_mr(std::size_t size, Access access, std::c
 }
 
 void Link::give_back(std::uint64_t token) {
-    return_acks_.erase(token);
+    ReturnWait& wait = return_acks_[token];
+    ++wait.asked;
+    wait.code.reset(); // an earlier return's answer, not taken (its wait ended early)
     queue(control::Return{.token = token});
 }
 
 Result<void> Link::take_return_answer(std::uint64_t token) {
-    const int status = return_acks_.extract(token).mapped();
+    const auto it = return_acks_.find(token);
+    const int status = *std::exchange(it->second.code, std::nullopt);
+    if (it->second.asked == 0)
+        return_acks_.erase(it);
     if (status != 0)
         return std::unexpected(Error::from_errno("send_remote_mr", status,
                                                  "the owner refused the region: its lease ended or it was never lent"));

@@ -169,11 +169,17 @@ public:
     RemoteMr take_lent_to_us();
     // request_remote_mr: ask, wait for answered(request), take_answer(request).
     std::uint64_t ask_for_region(std::size_t size, Access access, std::chrono::milliseconds lease);
-    bool answered(std::uint64_t request) const { return grants_.contains(request); }
+    bool answered(std::uint64_t request) const {
+        const auto it = grants_.find(request);
+        return it != grants_.end() && it->second.has_value();
+    }
     Result<RemoteMr> take_answer(std::uint64_t request);
     // send_remote_mr: give_back, wait for return_answered(token), take_return_answer(token).
     void give_back(std::uint64_t token);
-    bool return_answered(std::uint64_t token) const { return return_acks_.contains(token); }
+    bool return_answered(std::uint64_t token) const {
+        const auto it = return_acks_.find(token);
+        return it != return_acks_.end() && it->second.code.has_value();
+    }
     Result<void> take_return_answer(std::uint64_t token);
     bool has_returned() const noexcept { return leases_.has_returned(); }
     MemoryRegion take_returned();
@@ -288,13 +294,19 @@ private:
     std::uint32_t peer_max_message_ = 0;
     std::optional<CreditWindow> credits_;
     std::deque<Incoming> inbox_;      // at most receive_depth: bounded by the peer's credits
-    std::deque<std::uint32_t> write_imms_;
+    std::deque<std::uint32_t> write_imms_; // at most max_unreceived, as lent_to_us_
     std::deque<control::Message> outbox_; // control messages waiting for a credit or slot
     std::deque<RemoteMr> lent_to_us_;
     LeaseTable<Loan> leases_;
     std::uint64_t next_request_ = 1;
-    std::map<std::uint64_t, Result<RemoteMr>> grants_;   // request id -> answer
-    std::map<std::uint64_t, int> return_acks_;           // token -> errno (0: taken back)
+    // Answers the peer may send: only to what we asked (anything else is a protocol
+    // error, so a peer cannot grow these with made-up ids).
+    std::map<std::uint64_t, std::optional<Result<RemoteMr>>> grants_; // request id -> answer, once there
+    struct ReturnWait {
+        std::uint32_t asked = 0;  // Returns of the token not yet acknowledged
+        std::optional<int> code;  // the latest ack: errno, 0 when taken back
+    };
+    std::map<std::uint64_t, ReturnWait> return_acks_; // token -> its Returns
     std::vector<std::optional<WorkCompletion>> ops_; // by op slot: its completion, once there
     std::vector<std::uint32_t> free_ops_;
     std::optional<Error> broken_;

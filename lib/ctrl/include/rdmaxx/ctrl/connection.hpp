@@ -148,9 +148,19 @@ using Timeout = std::optional<std::chrono::milliseconds>;
 /// (ENOTCONN), a failed completion, a peer that broke the protocol (kind protocol), a
 /// failed ibv_poll_cq or completion-channel wait. Each call lists what it adds.
 ///
+/// The peer is held to the protocol: a message (or WRITE_WITH_IMM) beyond the credits
+/// we gave it, an answer to a region request or a return we are not waiting for, and
+/// more than max_unreceived regions lent or immediates written that this side has not
+/// received yet each break the connection (kind protocol), so what a peer sends never
+/// grows this side's memory without bound.
+///
 /// @misuse any call on a moved-from Connection.
 class Connection : detail::MoveOnly {
 public:
+    /// Regions the peer lent, or immediates it wrote, that may wait for
+    /// receive_remote_mr or receive_write_imm at once (see above).
+    static constexpr std::size_t max_unreceived = 65'536;
+
     /// Connects to a Listener at host:port (over options.transport).
     /// @errors opening the device or creating the PD, CQ, pool or QP fails (values above
     /// the device's limits); Lending::memory_window without type 2 windows; the TCP
