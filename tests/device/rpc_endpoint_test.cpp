@@ -1357,6 +1357,11 @@ asio::awaitable<void> call_replaced_handlers(Rig* rig, std::optional<rpc::Sessio
     const auto want = *plain_answer.lock();
     auto got = co_await (*session)->call(later, message(1, 8), response);
     (got && *got == want.size() && echoed(response, want) ? out->right : out->wrong)++;
+    // the small echo handler's answer, then its successor's
+    for (const auto& small_want : {message(8, 24), message(9, 24)}) {
+        got = co_await (*session)->call(echo, message(1, 8), response);
+        (got && *got == small_want.size() && echoed(response, small_want) ? out->right : out->wrong)++;
+    }
     int finished = 0;
     std::vector<std::vector<std::byte>> responses(3, std::vector<std::byte>(64));
     for (auto& r : responses)
@@ -1365,7 +1370,7 @@ asio::awaitable<void> call_replaced_handlers(Rig* rig, std::optional<rpc::Sessio
             (got && *got == want.size() && echoed(r, want) ? out->right : out->wrong)++;
             ++finished;
         });
-    co_await until([rig] { return rig->server->counters().handled == 4; });
+    co_await until([rig] { return rig->server->counters().handled == 6; });
     rig->server->set_coroutine_handler(waiting, nullptr);
     out->kept_while_waiting = !coroutine_answer.expired();
     co_await until([&finished] { return finished == 3; });
@@ -1387,6 +1392,14 @@ TEST_CASE("rpc endpoint: a handler replaced as it runs, or while its coroutines 
         responder.respond(*plain);
     });
     plain.reset();
+    // A lambda small enough to live inside its std::function, replaced by one of the same
+    // shape: moved out of the handler table, it read the new one's captures.
+    static const auto right = message(8, 24), wrong = message(9, 24); // static: captured by neither
+    rpc::Endpoint* const server = rig.server.get();
+    rig.server->set_handler(echo, [server, answer = &right](rpc::Request, rpc::Responder responder) {
+        server->set_handler(echo, [server, answer = &wrong](rpc::Request, rpc::Responder r) { r.respond(*answer); });
+        responder.respond(*answer);
+    });
     auto answer = std::make_shared<const std::vector<std::byte>>(message(6, 40));
     coroutine_answer = answer;
     rig.server->set_coroutine_handler(
@@ -1400,7 +1413,7 @@ TEST_CASE("rpc endpoint: a handler replaced as it runs, or while its coroutines 
     run(rig.io, call_replaced_handlers(&rig, &session, &out), 60s);
     CHECK(plain_answer_alive);
     CHECK(plain_answer.expired()); // once the handler returned
-    CHECK(out.right == 4);
+    CHECK(out.right == 6);
     CHECK(out.wrong == 0);
     CHECK(out.kept_while_waiting);
     CHECK(out.freed_after);

@@ -372,9 +372,10 @@ Result<void> Link::on_control(const control::Message& message) {
         const auto it = return_acks_.find(ack->token);
         if (it == return_acks_.end() || it->second.asked == 0)
             return std::unexpected(Error::protocol(
-                "Connection", fmt::format("the peer acknowledged a return of token {}, which is not waiting", ack->token)));
+                "Connection",
+                fmt::format("the peer acknowledged a return of token {}, which is not waiting", ack->token)));
         --it->second.asked;
-        it->second.code = ack->code;
+        it->second.codes.push_back(ack->code);
     } else if (std::holds_alternative<control::Goodbye>(message)) {
         peer_said_goodbye_ = true;
         fail(Error::from_errno("Connection", ECONNRESET, fmt::format("peer {} closed the connection", peer())));
@@ -694,16 +695,15 @@ Result<RemoteMr> Link::request_remote_mr(std::size_t size, Access access, std::c
 }
 
 void Link::give_back(std::uint64_t token) {
-    ReturnWait& wait = return_acks_[token];
-    ++wait.asked;
-    wait.code.reset(); // an earlier return's answer, not taken (its wait ended early)
+    ++return_acks_[token].asked; // each Return gets its ack, taken in order
     queue(control::Return{.token = token});
 }
 
 Result<void> Link::take_return_answer(std::uint64_t token) {
     const auto it = return_acks_.find(token);
-    const int status = *std::exchange(it->second.code, std::nullopt);
-    if (it->second.asked == 0)
+    const int status = it->second.codes.front();
+    it->second.codes.pop_front();
+    if (it->second.asked == 0 && it->second.codes.empty())
         return_acks_.erase(it);
     if (status != 0)
         return std::unexpected(Error::from_errno("send_remote_mr", status,

@@ -178,7 +178,7 @@ public:
     void give_back(std::uint64_t token);
     bool return_answered(std::uint64_t token) const {
         const auto it = return_acks_.find(token);
-        return it != return_acks_.end() && it->second.code.has_value();
+        return it != return_acks_.end() && !it->second.codes.empty();
     }
     Result<void> take_return_answer(std::uint64_t token);
     bool has_returned() const noexcept { return leases_.has_returned(); }
@@ -303,8 +303,8 @@ private:
     // error, so a peer cannot grow these with made-up ids).
     std::map<std::uint64_t, std::optional<Result<RemoteMr>>> grants_; // request id -> answer, once there
     struct ReturnWait {
-        std::uint32_t asked = 0;  // Returns of the token not yet acknowledged
-        std::optional<int> code;  // the latest ack: errno, 0 when taken back
+        std::uint32_t asked = 0; // Returns of the token not yet acknowledged
+        std::deque<int> codes;   // acks not yet taken, in order: errno, 0 when taken back
     };
     std::map<std::uint64_t, ReturnWait> return_acks_; // token -> its Returns
     std::vector<std::optional<WorkCompletion>> ops_; // by op slot: its completion, once there

@@ -442,12 +442,14 @@ struct EndpointCore {
     std::unique_ptr<UdTransport> transport; // before the table: the sessions' AHs go first
     std::unique_ptr<RcTransport> rc;        // made for the first RC QP; before the table too
     SessionTable<SessionState> table;
-    std::array<Handler, 256> handlers;
+    // Each handler where it stays while it runs (a std::function moved keeps a small
+    // lambda inside itself: it would move under the running one)
+    std::array<std::unique_ptr<Handler>, 256> handlers;
     // handlers replaced (set_handler) while a handler runs, perhaps the one replaced:
     // destroyed once none runs
-    std::vector<Handler> replaced_handlers;
+    std::vector<std::unique_ptr<Handler>> replaced_handlers;
     std::uint32_t handlers_running = 0;
-    AcceptHandler accept_handler; // set: sessions are both ways
+    std::shared_ptr<AcceptHandler> accept_handler; // set: sessions are both ways (shared with its run)
     Counters counters;
     std::shared_ptr<ControlListener> listener; // shared with its accept loop
     // an RDMA CM control connection of a session this end set up: the next one shares its
@@ -1028,20 +1030,28 @@ void EndpointCore::run_handler(SessionState& s, std::uint8_t type, std::uint64_t
     const SessionId id = s.local;
     std::span<const std::byte>& view = s.views[request % s.views.size()];
     view = message;
+    struct Running { // the handlers replaced meanwhile go once none runs, however it ends
+        EndpointCore& core;
+        explicit Running(EndpointCore& c) noexcept : core(c) { ++core.handlers_running; }
+        ~Running() {
+            if (--core.handlers_running == 0)
+                core.replaced_handlers.clear();
+        }
+    };
     bool thrown = false;
-    ++handlers_running;
-    try {
-        handlers[type](Request(type, &view), Responder(this, id.number, id.generation, request));
-    } catch (...) {
-        // the application's: it leaves run() from a handler of its own, as a coroutine
-        // handler's does, and the packet path it would cut short (a batch's other
-        // packets, the ring's buffers, RC transfers) goes on. The Responder answered
-        // as it was destroyed (handler_dropped).
-        asio::post(executor, [thrown = std::current_exception()] { std::rethrow_exception(thrown); });
-        thrown = true;
+    {
+        const Running running(*this);
+        try {
+            (*handlers[type])(Request(type, &view), Responder(this, id.number, id.generation, request));
+        } catch (...) {
+            // the application's: it leaves run() from a handler of its own, as a
+            // coroutine handler's does, and the packet path it would cut short (a
+            // batch's other packets, the ring's buffers, RC transfers) goes on. The
+            // Responder answered as it was destroyed (handler_dropped).
+            asio::post(executor, [thrown = std::current_exception()] { std::rethrow_exception(thrown); });
+            thrown = true;
+        }
     }
-    if (--handlers_running == 0)
-        replaced_handlers.clear();
     if (thrown || lent.empty())
         return;
     SessionState* still = table.lookup(id);
@@ -1989,9 +1999,9 @@ asio::awaitable<void> EndpointCore::serve_setup(Anchor anchor, ControlChannel ch
                           fmt::format("the client left during the setup: {}", written.error().message()));
         co_return;
     }
-    if (core->accept_handler) { // the server's handle: it may call the client from now on
+    if (const auto accept = core->accept_handler) { // the server's handle: it may call the client from now on
         ++core->handles;
-        core->accept_handler(Session(core, admitted->session.number, admitted->session.generation));
+        (*accept)(Session(core, admitted->session.number, admitted->session.generation)); // it may replace itself
     }
     co_await watch(anchor, admitted->session, std::move(channel));
 }
@@ -2238,9 +2248,10 @@ void MessageBuffer::resize(std::size_t size, std::source_location where) {
 }
 
 void detail::EndpointCore::replace_handler(std::uint8_t type, Handler handler) {
+    auto kept = handler ? std::make_unique<Handler>(std::move(handler)) : nullptr;
     if (handlers_running > 0) // perhaps the one running: it may still use its captures
         replaced_handlers.push_back(std::move(handlers[type]));
-    handlers[type] = std::move(handler);
+    handlers[type] = std::move(kept);
 }
 
 void Endpoint::set_handler(std::uint8_t type, Handler handler, std::source_location where) {
@@ -2270,7 +2281,7 @@ void Endpoint::set_coroutine_handler(std::uint8_t type, CoroutineHandler handler
 
 void Endpoint::set_accept_handler(AcceptHandler handler, std::source_location where) {
     core_->check_thread(where);
-    core_->accept_handler = std::move(handler);
+    core_->accept_handler = handler ? std::make_shared<AcceptHandler>(std::move(handler)) : nullptr;
 }
 
 asio::awaitable<Result<void>> Endpoint::shutdown(std::chrono::milliseconds timeout, std::source_location where) {
