@@ -89,12 +89,7 @@ struct Probe {
     }
 };
 
-// Where windows are missing their cases are skipped, not passed.
-bool device_has_windows() {
-    auto context = Context::open();
-    return context && context->attributes().type2_windows;
-}
-const bool windows = device_has_windows();
+const bool windows = test::device_has_windows();
 
 constexpr Access remote_all = Access::remote_read | Access::remote_write | Access::remote_atomic;
 
@@ -283,3 +278,57 @@ TEST_CASE("a revoked window: a late WRITE, READ or atomic fails and the reused b
     }
 }
 
+
+// What lib/rpc's windows per call rely on (a type 2 key handed to a peer and revoked
+// as the call ends): the key works only through the QP that bound it, and a message
+// posted after the bind on that QP reaches the peer after the bind took effect, so the
+// key may go out without waiting for the bind's completion.
+TEST_CASE("a type 2 key works through the QP that bound it, not through another of its PD" *
+          doctest::skip(!windows)) {
+    Probe p;
+    MemoryRegion block = must(p.pool.allocate(4096));
+    const RemoteMemory remote = p.bind(block, Access::remote_write);
+    // a second connection in the same PD: c beside b, d its peer
+    const QpCaps caps{.max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 1, .max_recv_sge = 1};
+    CompletionQueue cq_c = must(CompletionQueue::create(p.pair.context, {.depth = 64}));
+    CompletionQueue cq_d = must(CompletionQueue::create(p.pair.context, {.depth = 64}));
+    QueuePair c = must(QueuePair::create(p.pair.pd, {.send_cq = &cq_c, .recv_cq = &cq_c, .caps = caps}));
+    QueuePair d = must(QueuePair::create(p.pair.pd, {.send_cq = &cq_d, .recv_cq = &cq_d, .caps = caps}));
+    must(c.connect(d.endpoint()));
+    must(d.connect(c.endpoint()));
+    std::memset(p.pair.mem_a.data(), 0x5a, 64);
+    must(post_write(d, p.pair.mem_a.slice(0, 64), remote, {.wr_id = 6}));
+    CHECK(completion_of(cq_d, 6) == IBV_WC_REM_ACCESS_ERR);
+    CHECK(all_equal(block.bytes(), std::byte{0}));
+    CHECK(p.write(remote, 64) == IBV_WC_SUCCESS); // through b, which bound it
+    CHECK(all_equal(block.bytes().first(64), std::byte{0x5a}));
+}
+
+TEST_CASE("a window bound, revoked and bound again 200 times: each key, SENT right after its bind, works at once" *
+          doctest::skip(!windows)) {
+    Probe p;
+    MemoryRegion block = must(p.pool.allocate(4096));
+    std::byte* const key_out = p.pair.mem_b.data();
+    std::byte* const key_in = p.pair.mem_a.data() + 8192;
+    for (std::uint8_t round = 1; round <= 200; ++round) {
+        CAPTURE(round);
+        must(post_recv(p.pair.a, p.pair.mem_a.slice(8192, sizeof(RemoteMemory)), 10));
+        // the bind's completion is not awaited before the key goes
+        const RemoteMemory remote =
+            must(post_bind(p.pair.b, p.window, block, 0, 4096, Access::remote_write, {.wr_id = 11}));
+        std::memcpy(key_out, &remote, sizeof remote);
+        must(post_send(p.pair.b, p.pair.mem_b.slice(0, sizeof remote), {.wr_id = 12}));
+        REQUIRE(completion_of(p.pair.cq_a, 10) == IBV_WC_SUCCESS);
+        RemoteMemory received{};
+        std::memcpy(&received, key_in, sizeof received);
+        std::memset(p.pair.mem_a.data(), round, 4096);
+        REQUIRE(p.write(received, 4096) == IBV_WC_SUCCESS);
+        CHECK(all_equal(block.bytes(), std::byte{round}));
+        // a window binds again once revoked (Soft-RoCE refused it while the verbs
+        // window kept its first key: MemoryWindow::rkey)
+        CHECK(completion_of(p.pair.cq_b, 11) == IBV_WC_SUCCESS);
+        CHECK(completion_of(p.pair.cq_b, 12) == IBV_WC_SUCCESS);
+        must(post_invalidate(p.pair.b, p.window, {.wr_id = 13}));
+        REQUIRE(completion_of(p.pair.cq_b, 13) == IBV_WC_SUCCESS);
+    }
+}

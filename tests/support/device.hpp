@@ -34,6 +34,13 @@ struct Rig {
     }
 };
 
+// Whether the device has type 2 memory windows: where it has none, the cases that need
+// them are skipped, not passed.
+inline bool device_has_windows() {
+    auto context = Context::open();
+    return context && context->attributes().type2_windows;
+}
+
 // Two RC QPs of one process connected to each other, each with its own CQ, and a
 // registered buffer on each side.
 struct RcPair {

@@ -12,15 +12,12 @@ Result<MemoryWindow> MemoryWindow::allocate(const ProtectionDomain& pd, std::sou
     return MemoryWindow(detail::adopt(mw, "ibv_dealloc_mw", &ibv_dealloc_mw, pd_handle));
 }
 
-std::uint32_t MemoryWindow::rkey(std::source_location where) const {
-    get(where);
-    return rkey_;
-}
+std::uint32_t MemoryWindow::rkey(std::source_location where) const { return get(where)->rkey; }
 
 std::uint32_t MemoryWindow::advance_rkey(std::source_location where) {
-    get(where);
-    rkey_ = ibv_inc_rkey(rkey_);
-    return rkey_;
+    ibv_mw* mw = get(where);
+    mw->rkey = ibv_inc_rkey(mw->rkey);
+    return mw->rkey;
 }
 
 } // namespace rdmaxx

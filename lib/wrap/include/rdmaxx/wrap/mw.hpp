@@ -32,7 +32,10 @@ public:
                                          std::source_location where = std::source_location::current());
 
     /// The key of the last bind posted (its low 8 bits change with every bind, so a
-    /// key handed out before is refused once the window is bound again).
+    /// key handed out before is refused once the window is bound again). It is kept in
+    /// the verbs window itself: a provider names the window in the next bind's WR by
+    /// it (Soft-RoCE refuses a bind naming an older key, so a window kept elsewhere
+    /// bound once only).
     ///
     /// @misuse A moved-from window.
     std::uint32_t rkey(std::source_location where = std::source_location::current()) const;
@@ -49,9 +52,8 @@ public:
     }
 
 private:
-    explicit MemoryWindow(std::shared_ptr<ibv_mw> mw) : mw_(std::move(mw)), rkey_(mw_->rkey) {}
+    explicit MemoryWindow(std::shared_ptr<ibv_mw> mw) : mw_(std::move(mw)) {}
     std::shared_ptr<ibv_mw> mw_; // keeps the PD alive
-    std::uint32_t rkey_;
 };
 
 } // namespace rdmaxx
