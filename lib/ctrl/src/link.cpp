@@ -346,12 +346,12 @@ Result<void> Link::on_control(const control::Message& message) {
         return RemoteMr{.memory = r.memory, .token = r.token, .access = r.access, .expires = Clock::now() + r.lease};
     };
     // an answer to a request we made and that is not answered yet
-    const auto answer = [this](std::uint64_t request, Result<RemoteMr> answer) -> Result<void> {
+    const auto answer = [this](std::uint64_t request, Result<RemoteMr> region) -> Result<void> {
         const auto it = grants_.find(request);
         if (it == grants_.end() || it->second.has_value())
             return std::unexpected(Error::protocol(
                 "Connection", fmt::format("the peer answered region request {}, which is not waiting", request)));
-        it->second = std::move(answer);
+        it->second = std::move(region);
         return {};
     };
     if (std::holds_alternative<control::Lend>(message)) {
