@@ -133,7 +133,9 @@ std::string usage() {
            "      --callbacks         each call completes to a callback that makes the next call (lib/rpc's\n"
            "                          callback form), not to a coroutine that co_awaits it\n"
            "      --rdma-threshold N  bytes above which a message takes the session's RC path (lib/rpc's\n"
-           "                          default, 16384); both sides should give the same\n";
+           "                          default, 16384); both sides should give the same\n"
+           "      --windows           the client lends its memory through memory windows bound per call\n"
+           "                          (EndpointOptions::lend_through_windows)\n";
 }
 
 Result<Options> parse_options(std::span<const std::string_view> args) {
@@ -207,6 +209,8 @@ Result<Options> parse_options(std::span<const std::string_view> args) {
             o.callbacks = true;
         } else if (is("", "--rdma-threshold")) {
             ok = take(o.rdma_threshold, 0, rpc_max_size);
+        } else if (is("", "--windows")) {
+            o.windows = true;
         } else if (is("", "--timeout")) {
             ok = take(o.timeout, 100, 3'600'000);
         } else if (is("-m", "--mtu")) {
@@ -266,10 +270,10 @@ Result<Options> parse_options(std::span<const std::string_view> args) {
         o.window = window.value_or(latency ? 1 : 32);
         if (o.async == AsyncMode::off)
             o.async = AsyncMode::busy;
-    } else if (window || o.sessions != 1 || o.one_way || o.callbacks || o.rdma_threshold) {
+    } else if (window || o.sessions != 1 || o.one_way || o.callbacks || o.rdma_threshold || o.windows) {
         return std::unexpected(
-            invalid("--window, --sessions, --one-way, --callbacks and --rdma-threshold are the RPC tests' "
-                    "(rpc_lat, rpc_bw)"));
+            invalid("--window, --sessions, --one-way, --callbacks, --rdma-threshold and --windows are the RPC "
+                    "tests' (rpc_lat, rpc_bw)"));
     }
     if (o.test.verb == Verb::atomic && size && *size != atomic_size)
         return std::unexpected(invalid("atomics move 8 bytes: --size must be 8 or absent"));

@@ -75,6 +75,7 @@ struct Options {
     bool one_way = false;                     // RPC tests: empty responses (SIZE bytes one way)
     bool callbacks = false;                   // RPC tests: each call's completion a callback, not a coroutine
     std::optional<std::uint32_t> rdma_threshold; // RPC tests: EndpointOptions::rdma_threshold (lib/rpc's default)
+    bool windows = false;                     // RPC tests: EndpointOptions::lend_through_windows (client)
     bool json = false;
     std::chrono::milliseconds timeout{10'000}; // longest silence of the peer before an Error
     bool help = false;

@@ -56,6 +56,7 @@ rpc::EndpointOptions endpoint_options(const Options& o, bool server) {
     e.setup_timeout = o.timeout;
     if (o.rdma_threshold)
         e.rdma_threshold = *o.rdma_threshold;
+    e.lend_through_windows = o.windows && !server;
     if (server) {
         e.listen_port = o.port;
         e.credits = most_ring / rpc_max_sessions;

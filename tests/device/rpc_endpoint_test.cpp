@@ -804,6 +804,123 @@ TEST_CASE("rpc endpoint: a hostile server's immediates and SENDs end its own ses
     MESSAGE("client drops: ", c.dropped());
 }
 
+// A server that keeps the keys a large call lent it: during the call it READs the
+// request and WRITEs an honest response; once the call has ended it tries the keys
+// again. With EndpointOptions::lend_through_windows, each key is a window bound to the
+// call's bytes through the session's QP and revoked before the call ends: the late READ
+// or WRITE fails at the NIC, and the caller's memory stays as the call left it. Without
+// (the keys are the registrations'), the late WRITE lands in the caller's response
+// buffer.
+
+namespace {
+
+struct KeyThief {
+    HostileServer h;
+    std::vector<std::byte> packet; // the last the client sent it: the call's descriptor
+    static void capture(void* self, rpc::detail::UdSource, std::span<const std::byte> packet) {
+        static_cast<KeyThief*>(self)->packet.assign(packet.begin(), packet.end());
+    }
+};
+
+// The status of the next completion (the only WR in flight); spins, as the NIC serves
+// the other end without its thread.
+ibv_wc_status next_status(CompletionQueue& cq) {
+    ibv_wc wc{};
+    int polled = 0;
+    for (long spins = 0; polled == 0 && spins < 200'000'000; ++spins)
+        polled = ibv_poll_cq(cq.get(), 1, &wc);
+    REQUIRE(polled == 1);
+    return wc.status;
+}
+
+struct Theft {
+    std::optional<Result<std::size_t>> call;
+    ibv_wc_status read = IBV_WC_GENERAL_ERR, written = IBV_WC_GENERAL_ERR; // during the call
+    bool request_read = false;                                            // its bytes, READ
+    ibv_wc_status late = IBV_WC_SUCCESS;                                  // after it
+    bool response_kept = false; // the caller's response is the honest one
+    bool nothing_read = false;  // the late READ brought nothing
+};
+
+constexpr std::size_t stolen_request = 100'000, stolen_response = 1000;
+
+asio::awaitable<void> steal(Rig* rig, bool buffers, bool late_write, Theft* out) {
+    namespace d = rpc::detail;
+    const auto executor = co_await asio::this_coro::executor;
+    KeyThief thief;
+    thief.h.attacker.ud =
+        must(d::UdTransport::create(rig->io, {.ring = 64, .send_depth = 64}, &KeyThief::capture, &thief));
+    const std::uint16_t port = next_port();
+    asio::ip::tcp::acceptor acceptor(executor, {asio::ip::make_address("127.0.0.1"), port});
+    asio::ip::tcp::socket socket(executor);
+    asio::co_spawn(executor, serve_hostile(&acceptor, &socket, &thief.h), asio::detached);
+    auto session = co_await rig->client->connect("127.0.0.1", port);
+    REQUIRE_MESSAGE(session.has_value(), (session ? "" : session.error().message()));
+    const auto bytes = message(5, stolen_request);
+    rpc::MessageBuffer request = must(rig->client->alloc_buffer(stolen_request, rpc::BufferUse::request));
+    rpc::MessageBuffer response = must(rig->client->alloc_buffer(300'000, rpc::BufferUse::response));
+    std::vector<std::byte> response_span(300'000);
+    const auto ended = [out](Result<std::size_t> r) { out->call = std::move(r); };
+    if (buffers) {
+        request.resize(stolen_request);
+        std::memcpy(request.bytes().data(), bytes.data(), bytes.size());
+        session->call(echo, request, response, {.timeout = 30s}, ended);
+    } else {
+        session->call(echo, bytes, response_span, {.timeout = 30s}, ended);
+    }
+    co_await until([&thief] { return thief.h.ready && !thief.packet.empty(); });
+    const auto descriptor = must(d::decode_request_descriptor(std::span(thief.packet).subspan(d::header_bytes),
+                                                              1 << 20, 1 << 20));
+    REQUIRE(descriptor.request.length == stolen_request);
+    MemoryRegion mine = must(MemoryRegion::allocate(thief.h.attacker.ud->pd(), stolen_request, Access::local_write));
+    QueuePair& qp = *thief.h.rc.qp;
+    must(post_read(qp, mine.slice(0, stolen_request), descriptor.request, {.wr_id = 1}));
+    out->read = next_status(*thief.h.rc.cq);
+    out->request_read = std::equal(bytes.begin(), bytes.end(), mine.data());
+    std::memset(mine.data(), 0xab, stolen_response);
+    const std::uint32_t imm = d::encode_written({.session = thief.h.request.session.number, .slot = 0, .round = 0});
+    must(post_write_with_imm(qp, mine.slice(0, stolen_response), descriptor.response.slice(0, stolen_response), imm,
+                             {.wr_id = 2}));
+    out->written = next_status(*thief.h.rc.cq);
+    co_await until([out] { return out->call.has_value(); });
+    std::memset(mine.data(), 0xcd, stolen_request);
+    if (late_write)
+        must(post_write(qp, mine.slice(0, stolen_response), descriptor.response.slice(0, stolen_response), {.wr_id = 3}));
+    else
+        must(post_read(qp, mine.slice(0, stolen_request), descriptor.request, {.wr_id = 3}));
+    out->late = next_status(*thief.h.rc.cq);
+    const std::span<const std::byte> answer =
+        buffers ? response.bytes() : std::span<const std::byte>(response_span).first(stolen_response);
+    out->response_kept = answer.size() == stolen_response &&
+                         std::ranges::all_of(answer, [](std::byte b) { return b == std::byte{0xab}; });
+    out->nothing_read = std::all_of(mine.data(), mine.data() + stolen_request, [](std::byte b) { return b == std::byte{0xcd}; });
+}
+
+} // namespace
+
+TEST_CASE("rpc endpoint: lending through windows, a server's keys to a large call's memory work during the call only" *
+          doctest::skip(!test::device_has_windows())) {
+    for (bool buffers : {true, false})
+        for (bool late_write : {true, false}) {
+            CAPTURE(buffers);
+            CAPTURE(late_write);
+            rpc::EndpointOptions lending = large_messages;
+            lending.lend_through_windows = true;
+            Rig rig(large_messages, lending);
+            Theft out;
+            run(rig.io, steal(&rig, buffers, late_write, &out), 60s);
+            REQUIRE(out.call);
+            REQUIRE_MESSAGE(out.call->has_value(), (*out.call ? "" : out.call->error().message()));
+            CHECK(**out.call == stolen_response);
+            CHECK(out.read == IBV_WC_SUCCESS);
+            CHECK(out.request_read);
+            CHECK(out.written == IBV_WC_SUCCESS);
+            CHECK(out.late == IBV_WC_REM_ACCESS_ERR);
+            CHECK(out.response_kept);
+            CHECK(out.nothing_read);
+        }
+}
+
 namespace {
 
 asio::awaitable<void> many_sessions(Rig* rig, std::vector<rpc::Session>* sessions, std::uint32_t count,

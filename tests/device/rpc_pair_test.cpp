@@ -113,15 +113,20 @@ asio::awaitable<void> lossy_calls(rpc::Endpoint* client, std::uint16_t port, con
 
 } // namespace
 
-TEST_CASE("rpc across a wire losing 1 % and 5 % of packets: 2,000 calls of 32 B to 1 MiB each (or RDMAXX_RPC_PAIR_CALLS), every one right and run once" *
+TEST_CASE("rpc across a wire losing 1 % and 5 % of packets: 2,000 calls of 32 B to 1 MiB each (or RDMAXX_RPC_PAIR_CALLS), every one right and run once; at 5 % also lending through memory windows" *
           doctest::skip(!have_pair())) {
     std::uint16_t port = 31900;
-    std::vector<std::string> rates{"1%", "5%"};
+    struct Pass {
+        std::string rate;
+        bool windows = false; // EndpointOptions::lend_through_windows at the client
+    };
+    std::vector<Pass> passes{{"1%"}, {"5%"}, {"5%", test::device_has_windows()}};
     if (*env("RDMAXX_RPC_PAIR_LOSS"))
-        rates = {env("RDMAXX_RPC_PAIR_LOSS")};
-    for (const std::string& rate : rates) {
+        passes = {{env("RDMAXX_RPC_PAIR_LOSS")}};
+    for (const auto& [rate, windows] : passes) {
         const char* loss = rate.c_str();
         CAPTURE(rate);
+        CAPTURE(windows);
         asio::io_context io;
         const std::uint32_t gid_index = static_cast<std::uint32_t>(std::atoi(env("RDMAXX_PAIR_GID_INDEX")));
         auto server = must(rpc::Endpoint::create(io, {.device = env("RDMAXX_PAIR_A_DEV"),
@@ -135,7 +140,8 @@ TEST_CASE("rpc across a wire losing 1 % and 5 % of packets: 2,000 calls of 32 B 
                                                       .gid_index = gid_index,
                                                       .max_request = mib,
                                                       .max_response = mib,
-                                                      .rdma_threshold = kib16}));
+                                                      .rdma_threshold = kib16,
+                                                      .lend_through_windows = windows}));
         Server state;
         server->set_handler(work, [&state](rpc::Request request, rpc::Responder responder) {
             std::uint64_t n = 0;
@@ -174,7 +180,7 @@ TEST_CASE("rpc across a wire losing 1 % and 5 % of packets: 2,000 calls of 32 B 
         const auto& s = server->counters();
         CHECK(s.rdma_reads == (calls + large_request_every - 1) / large_request_every);
         CHECK(s.rdma_writes == (calls + large_response_every - 1) / large_response_every);
-        MESSAGE("loss ", rate, ", ", calls, " calls in ",
+        MESSAGE("loss ", rate, windows ? " (windows)" : "", ", ", calls, " calls in ",
                 std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - began).count(),
                 " ms: client retransmissions ", c.retransmissions, ", drops ", c.dropped(),
                 "; server drops ", s.dropped(), ", handled ", s.handled, ", RDMA READs ", s.rdma_reads, ", WRITEs ",

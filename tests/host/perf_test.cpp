@@ -121,6 +121,8 @@ TEST_CASE("perf options: the RPC tests take a size, a window and sessions, on li
     CHECK(must(parse({"rpc_lat", "h", "--callbacks"})).callbacks);
     CHECK_FALSE(bw.rdma_threshold);
     CHECK(must(parse({"rpc_lat", "h", "--rdma-threshold", "0"})).rdma_threshold == 0u);
+    CHECK_FALSE(bw.windows);
+    CHECK(must(parse({"rpc_bw", "h", "--windows"})).windows);
     const Options sweep = must(parse({"rpc_lat", "-a"}));
     CHECK(sweep.sizes.front() == 2);
     CHECK(sweep.sizes.back() == rpc_max_size);
@@ -133,6 +135,7 @@ TEST_CASE("perf options: the RPC tests take a size, a window and sessions, on li
     expect_invalid({"write_bw", "h", "--one-way"}, "the RPC tests'");
     expect_invalid({"write_lat", "h", "--callbacks"}, "the RPC tests'");
     expect_invalid({"write_lat", "h", "--rdma-threshold", "4096"}, "the RPC tests'");
+    expect_invalid({"write_lat", "h", "--windows"}, "the RPC tests'");
     expect_invalid({"rpc_lat", "h", "--rdma-threshold", "2097152"}, "outside 0..1048576");
 }
 

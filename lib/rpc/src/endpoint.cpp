@@ -21,6 +21,7 @@
 
 #include <rdmaxx/async/deadline.hpp>
 #include <rdmaxx/wrap/log.hpp>
+#include <rdmaxx/wrap/mw.hpp>
 
 #include "control_channel.hpp"
 #include "packet.hpp"
@@ -83,6 +84,11 @@ struct PendingCall {
     bool whole_posted = false; // its whole request's SEND was posted (not only stalled)
     // it offered memory for its response: the server may WRITE it, with an immediate
     bool may_be_written = false;
+    // its descriptor handed out keys of its slot's memory windows (RcPath::ClientSlot)
+    bool windows_bound = false;
+    // its answer, held while its windows are revoked (it is then no longer in the
+    // ClientWindow: it ends only as the revocation completes, or with its session)
+    std::optional<Result<std::size_t>> revoking;
     Clock::time_point deadline{};
     StoredCall handler;
 };
@@ -162,7 +168,11 @@ constexpr std::uint32_t rc_offers = rc_receives / 2;
 constexpr std::uint32_t whole_max_message = request_descriptor_bytes + 16 * 1024;
 constexpr std::uint32_t rc_whole_receives = 256;
 constexpr std::uint32_t rc_sends = 256;
-static_assert(rc_receives + rc_whole_receives + rc_budget + rc_sends < rc_cq_depth);
+// The calls of this end whose memory windows are bound (RcPath::ClientSlot), each with
+// at most two binds or two revocations in the CQ at a time: a call past them offers no
+// memory (it goes by UD).
+constexpr std::uint32_t rc_lending_calls = 512;
+static_assert(rc_receives + rc_whole_receives + rc_budget + rc_sends + 2 * rc_lending_calls < rc_cq_depth);
 static_assert(whole_max_message <= 0xffff); // RcMessage::whole_max
 
 // A client SEND's wr_id: a transfer's (its session and window slot) with this bit.
@@ -170,6 +180,9 @@ constexpr std::uint64_t client_send_bit = std::uint64_t{1} << 59;
 std::uint64_t send_id(SessionId id, std::uint32_t slot) noexcept {
     return transfer_id(id, slot, RcTransport::Op::read) | client_send_bit;
 }
+// A client's window bind, or revocation, has a transfer's wr_id with one of these bits.
+constexpr std::uint64_t client_bind_bit = std::uint64_t{1} << 60;
+constexpr std::uint64_t client_revoke_bit = std::uint64_t{1} << 61;
 
 } // namespace
 
@@ -202,6 +215,19 @@ struct RcPath {
         std::vector<MemoryRegion> retired;
         std::array<BufferHold, 2> lent;
         std::vector<BufferHold> retired_lent;
+        std::uint8_t bound = 0; // the slot's windows its call bound (bit i: SlotWindows::current[i])
+    };
+    // client, lending through windows (EndpointOptions::lend_through_windows): the memory a call offers is
+    // reached only through its slot's windows, current[0] READ (the request) and
+    // current[1] WRITTEN (the response), each bound on the session's RC QP to exactly
+    // the call's bytes before its descriptor goes, and revoked (LOCAL_INV) before the
+    // call finishes. An abandoned call's windows stay bound (its server may still READ
+    // or WRITE, into memory the caller no longer holds: renew) and wait in `retired`
+    // until the server is heard from in the slot; destroying a window revokes its key
+    // at once.
+    struct SlotWindows {
+        std::array<std::optional<MemoryWindow>, 2> current;
+        std::vector<MemoryWindow> retired;
     };
     // server: per window slot, the request READ into and the response WRITTEN from
     struct ServerSlot {
@@ -232,6 +258,9 @@ struct RcPath {
     // the receives it keeps for the session); 0: none
     std::uint32_t whole_max = 0, whole_grant = 0;
     std::uint32_t sends = 0; // client: SENDs in flight
+    // client: window binds posted whose completion has not come: no packet goes until
+    // it has (the binds take effect before the server may use their keys)
+    std::uint32_t binding = 0;
     // client: the calls that offered memory and ended without their immediate: each
     // may still get one (the server WROTE it before the call ended, or will), so many
     // immediates naming no call in progress an honest server may send; one more ends
@@ -240,8 +269,12 @@ struct RcPath {
     // server: descriptor requests that came while this end's own offer was still out
     // (the peer was ready first): handled once the path is, refused if it never is
     std::vector<HandlerCall> waiting;
-    // last: destroyed first, before the memory it reaches
+    // destroyed first, before the memory it reaches
     std::optional<QueuePair> qp;
+    // per client slot; destroyed before the QP they are bound through (Soft-RoCE's
+    // destruction of a QP waits, for tens of seconds, for the windows bound through it)
+    // and before the memory they are bound in (whose deregistration they would fail)
+    std::vector<SlotWindows> windows;
 };
 
 // One session at this end: a ClientWindow and its calls where this end calls (the
@@ -365,9 +398,30 @@ struct EndpointCore {
     struct Description {
         std::span<const std::byte> message;
         bool whole = false; // SENT whole over RC (from the call's MessageBuffer or staging memory)
+        bool bound = false; // its keys are the slot's windows'
     };
     Result<Description> describe(SessionState& s, std::span<const std::byte> request, std::uint32_t capacity,
                                  CallBuffers lend);
+    // How memory the RC path may lend with `remote` rights is registered: with those
+    // rights, or, where windows lend it, with none (its own key reaches nothing).
+    Access lendable(Access remote) const noexcept {
+        if (!windows)
+            return remote;
+        return has(remote, Access::remote_write) ? Access::local_write | Access::mw_bind : Access::mw_bind;
+    }
+    struct Lent {
+        const MemoryRegion* region = nullptr;
+        std::size_t offset = 0;
+    };
+    // Binds the slot's windows to what the call offers (`keys[i]`, whose length is not 0:
+    // in `lent[i]`) and makes `keys` theirs. Runtime error: a window could not be made,
+    // or the post failed (the session then ends).
+    Result<void> bind_windows(SessionState& s, std::uint32_t k, std::array<RemoteMemory*, 2> keys,
+                              const std::array<Lent, 2>& lent);
+    // Posts the revocation of the windows call `call`'s slot bound. False: the post
+    // failed (the QP is broken: nothing reaches the windows), and the session ends.
+    bool revoke_windows(SessionState& s, const PendingCall& call);
+    void windows_done(const WorkCompletion& completion, SessionId session, std::uint32_t slot, bool revoked);
     inline void call_left_slot(SessionState& s, std::uint64_t request, bool heard_from_server);
     void renew_reachable(SessionState& s, const PendingCall& call);
     void renew(MessageBuffer& buffer, bool keep_bytes);
@@ -462,6 +516,8 @@ struct EndpointCore {
     std::uint32_t handles = 0;     // Session handles alive
     // EndpointOptions::rdma_threshold, or one UD packet's payload at the port's MTU
     std::uint32_t rdma_threshold = 0;
+    bool windows = false;            // EndpointOptions::lend_through_windows
+    std::uint32_t lending_calls = 0; // client: calls with windows bound (rc_lending_calls)
     std::vector<std::byte> descriptor; // the request descriptor being built (reused)
     std::uint32_t rc_in_flight = 0;    // server transfers posted on live sessions' QPs
     std::uint32_t offers_unheard = 0;  // client: the ClientSlots' offers_unheard, summed (rc_offers)
@@ -621,7 +677,7 @@ void EndpointCore::end_session_soon(SessionId id, std::string why) {
 
 [[gnu::always_inline]]
 void EndpointCore::pump(SessionState& s, Clock::time_point now) {
-    if (!s.client)
+    if (!s.client || s.rc.binding > 0)
         return;
     while (transport->free_send_buffers() > 0) {
         const auto out = s.client->next_packet(now);
@@ -699,7 +755,7 @@ bool EndpointCore::try_begin(SessionState& s, std::uint8_t type, std::span<const
         .request = buffers.request != nullptr && buffers.request->hold_.sole() ? buffers.request : nullptr,
         .response = buffers.response != nullptr && buffers.response->hold_.sole() ? buffers.response : nullptr};
     std::span<const std::byte> message = request;
-    bool rdma = false, whole = false;
+    bool rdma = false, whole = false, bound = false;
     if (wants_rdma(s, request.size(), capacity)) {
         if (s.rc.state == RcPath::State::none)
             offer_rc(s);
@@ -710,6 +766,7 @@ bool EndpointCore::try_begin(SessionState& s, std::uint8_t type, std::span<const
                 message = described->message;
                 rdma = true;
                 whole = described->whole;
+                bound = described->bound;
             } else {
                 logger()->warn("rdmaxx rpc: staging a large call of session {} (it goes by UD): {}", s.local.number,
                                described.error());
@@ -744,6 +801,7 @@ bool EndpointCore::try_begin(SessionState& s, std::uint8_t type, std::span<const
     call.sending = from_buffer ? lend.request->hold_ : BufferHold{};
     call.whole_posted = false;
     call.may_be_written = offered;
+    call.windows_bound = bound;
     call.deadline = deadline;
     call.handler = std::move(handler);
     call.handler.on_cancel(
@@ -782,6 +840,11 @@ void EndpointCore::expire_queued(SessionState& s, Clock::time_point now) {
 }
 
 void EndpointCore::finish(PendingCall& call, SessionState& s, Result<std::size_t> result) {
+    if (std::exchange(call.windows_bound, false) && revoke_windows(s, call)) [[unlikely]] {
+        call.revoking.emplace(std::move(result)); // finished as the revocation completes
+        return;
+    }
+    call.revoking.reset();
     call.busy = false;
     --s.in_flight;
     if (result && call.buffers.response != nullptr)
@@ -856,8 +919,8 @@ void EndpointCore::cancel(const StoredCall::Target& target) {
         return;
     }
     PendingCall& call = s->calls[target.call % s->calls.size()];
-    if (!call.busy || call.request != target.call)
-        return;
+    if (!call.busy || call.request != target.call || call.revoking)
+        return; // ended, or its answer is in (its windows being revoked)
     s->client->abandon(target.call);
     call_left_slot(*s, target.call, false);
     finish(call, *s, std::unexpected(Error::cancelled("rpc::Session::call")));
@@ -902,7 +965,8 @@ namespace {
 bool due(const SessionState& s, Clock::time_point now) {
     if (const auto rto = s.client->next_deadline(); rto && *rto <= now)
         return true;
-    return std::ranges::any_of(s.calls, [now](const PendingCall& call) { return call.busy && call.deadline <= now; });
+    return std::ranges::any_of(
+        s.calls, [now](const PendingCall& call) { return call.busy && !call.revoking && call.deadline <= now; });
 }
 
 } // namespace
@@ -939,7 +1003,7 @@ void EndpointCore::tick() {
             rc_unavailable(*s);
         }
         for (PendingCall& call : s->calls)
-            if (call.busy && call.deadline <= now) {
+            if (call.busy && !call.revoking && call.deadline <= now) {
                 s->client->abandon(call.request);
                 call_left_slot(*s, call.request, false);
                 finish(call, *s, std::unexpected(Error::timeout("rpc::Session::call", "no response in time")));
@@ -1113,6 +1177,8 @@ bool EndpointCore::wants_rdma(const SessionState& s, std::size_t request, std::u
     // hold them keeps to UD (the peer may have agreed to any max_request or max_response)
     if (s.limits.max_request < request_descriptor_bytes || s.limits.max_response < response_descriptor_bytes)
         return false;
+    if (windows && lending_calls >= rc_lending_calls)
+        return false;
     const std::uint32_t threshold = rdma_threshold;
     if (request > threshold)
         return true;
@@ -1129,28 +1195,34 @@ bool EndpointCore::wants_rdma(const SessionState& s, std::size_t request, std::u
 // into the slot's staging memory.
 Result<EndpointCore::Description> EndpointCore::describe(SessionState& s, std::span<const std::byte> request,
                                                         std::uint32_t capacity, CallBuffers lend) {
-    RcPath::ClientSlot& slot = s.rc.client_slots[s.client->next_request() % s.calls.size()];
+    const auto k = static_cast<std::uint32_t>(s.client->next_request() % s.calls.size());
+    RcPath::ClientSlot& slot = s.rc.client_slots[k];
     std::vector<MemoryRegion>* retire = slot.touched ? &slot.retired : nullptr;
     const std::size_t inline_size = request_descriptor_bytes + request.size();
     // a request the threshold sends to the RC path is SENT whole when it fits (a READ of
     // it would cost a round trip more); so is one whose descriptor makes it more than a
     // UD packet
-    const bool whole = s.rc.whole_grant > 0 && inline_size <= s.rc.whole_max &&
+    // (not where windows lend: the client's QP then posts binds and revocations only,
+    // EndpointOptions::lend_through_windows)
+    const bool whole = !windows && s.rc.whole_grant > 0 && inline_size <= s.rc.whole_max &&
                        (request.size() > rdma_threshold || inline_size > s.limits.payload_per_packet);
     RemoteMemory read_from{}, write_into{};
+    std::array<Lent, 2> offers{};
     slot.lent = {};
     if (request.size() > rdma_threshold && !whole) {
         if (lend.request != nullptr) {
             const BufferBlock& block = *lend.request->hold_.get();
             read_from = block.region.remote().slice(block.room, request.size());
+            offers[0] = {&block.region, block.room};
             slot.lent[0] = lend.request->hold_;
         } else {
-            auto region = staging(transport->pd(), slot.request, request.size(), Access::remote_read, retire);
+            auto region = staging(transport->pd(), slot.request, request.size(), lendable(Access::remote_read), retire);
             if (!region)
                 return std::unexpected(std::move(region.error()));
             std::memcpy((*region)->data(), request.data(), request.size());
             ++counters.message_copies;
             read_from = (*region)->remote().slice(0, request.size());
+            offers[0] = {*region, 0};
         }
     }
     slot.offered = 0;
@@ -1159,23 +1231,31 @@ Result<EndpointCore::Description> EndpointCore::describe(SessionState& s, std::s
         if (lend.response != nullptr) {
             const BufferBlock& block = *lend.response->hold_.get();
             write_into = block.region.remote().slice(block.room, capacity);
+            offers[1] = {&block.region, block.room};
             slot.lent[1] = lend.response->hold_;
             slot.in_place = true;
         } else {
             auto region = staging(transport->pd(), slot.response, capacity,
-                                  Access::local_write | Access::remote_write, retire);
+                                  Access::local_write | lendable(Access::remote_write), retire);
             if (!region)
                 return std::unexpected(std::move(region.error()));
             write_into = (*region)->remote().slice(0, capacity);
+            offers[1] = {*region, 0};
         }
         slot.offered = capacity;
+    }
+    bool bound = false;
+    if (windows && (read_from.length > 0 || write_into.length > 0)) {
+        if (auto made = bind_windows(s, k, {&read_from, &write_into}, offers); !made)
+            return std::unexpected(std::move(made.error()));
+        bound = true;
     }
     const auto head = encode_request_head(read_from, write_into);
     if (whole && lend.request != nullptr) {
         // SENT from the buffer itself: the descriptor in the room in front of the request
         std::byte* at = lend.request->hold_.get()->message().data() - head.size();
         std::memcpy(at, head.data(), head.size());
-        return Description{.message = {at, inline_size}, .whole = true};
+        return Description{.message = {at, inline_size}, .whole = true, .bound = bound};
     }
     if (whole) {
         auto region = staging(transport->pd(), slot.whole, header_bytes + inline_size, Access::none,
@@ -1187,14 +1267,14 @@ Result<EndpointCore::Description> EndpointCore::describe(SessionState& s, std::s
         if (!request.empty())
             std::memcpy(at + head.size(), request.data(), request.size());
         ++counters.message_copies;
-        return Description{.message = {at, inline_size}, .whole = true};
+        return Description{.message = {at, inline_size}, .whole = true, .bound = bound};
     }
     descriptor.assign(head.begin(), head.end());
     if (read_from.length == 0 && !request.empty()) {
         descriptor.insert(descriptor.end(), request.begin(), request.end());
         ++counters.message_copies;
     }
-    return Description{.message = descriptor, .whole = false};
+    return Description{.message = descriptor, .whole = false, .bound = bound};
 }
 
 // A call left its window slot: with an answer from the server (which serves a slot's
@@ -1210,6 +1290,8 @@ void EndpointCore::call_left_slot(SessionState& s, std::uint64_t request, bool h
     if (heard_from_server) {
         offers_unheard -= std::exchange(slot.offers_unheard, 0);
         slot.touched = false;
+        if (!s.rc.windows.empty())
+            s.rc.windows[request % s.calls.size()].retired.clear(); // before the memory they are bound in
         if (slot.sends == 0)
             slot.retired.clear();
         slot.retired_lent.clear();
@@ -1218,6 +1300,15 @@ void EndpointCore::call_left_slot(SessionState& s, std::uint64_t request, bool h
         for (BufferHold& lent : slot.lent)
             if (lent.get() != nullptr)
                 slot.retired_lent.push_back(std::move(lent));
+        PendingCall& call = s.calls[request % s.calls.size()];
+        if (std::exchange(call.windows_bound, false)) {
+            RcPath::SlotWindows& held = s.rc.windows[request % s.calls.size()];
+            for (std::size_t i = 0; i < held.current.size(); ++i)
+                if ((slot.bound & (1u << i)) != 0)
+                    held.retired.push_back(std::move(*std::exchange(held.current[i], std::nullopt)));
+            slot.bound = 0;
+            --lending_calls;
+        }
     }
     slot.lent = {};
     slot.rdma = false;
@@ -1272,11 +1363,14 @@ Result<QueuePair> EndpointCore::make_rc_qp(RcRole role, std::uint32_t depth) {
 namespace {
 
 // The role of this end's RC QP on session `s`, and its send queue's depth (a server's
-// transfers; a client's SENDs, at most the server's grant, itself at most the window).
+// transfers; a client's SENDs, at most the server's grant, itself at most the window,
+// and its window binds and revocations).
 std::pair<RcRole, std::uint32_t> rc_role(const SessionState& s) noexcept {
+    // a client's slot has at most a SEND and two window binds or revocations posted
+    const std::uint32_t client = 3 * s.limits.window;
     if (s.client && s.server)
-        return {RcRole::both, s.limits.window};
-    return {s.initiator ? RcRole::client : RcRole::server, s.limits.window};
+        return {RcRole::both, s.limits.window + client};
+    return s.initiator ? std::pair{RcRole::client, client} : std::pair{RcRole::server, s.limits.window};
 }
 
 } // namespace
@@ -1404,8 +1498,11 @@ Result<std::optional<std::array<std::byte, rc_message_bytes>>> EndpointCore::tak
 // session: `s` is then gone).
 void EndpointCore::rc_ready(SessionState& s) {
     s.rc.state = RcPath::State::ready;
-    if (s.client)
+    if (s.client) {
         s.rc.client_slots.resize(s.limits.window);
+        if (windows)
+            s.rc.windows.resize(s.limits.window);
+    }
     if (s.server)
         s.rc.server_slots.resize(s.limits.window);
     const SessionId id = s.local;
@@ -1461,6 +1558,8 @@ void EndpointCore::transfer_done(const WorkCompletion& wc) {
     const auto k = static_cast<std::uint32_t>((id >> 1) & 0x3ff);
     if ((id & client_send_bit) != 0)
         return sent_whole(wc, session, k);
+    if ((id & (client_bind_bit | client_revoke_bit)) != 0)
+        return windows_done(wc, session, k, (id & client_revoke_bit) != 0);
     SessionState* s = table.lookup(session);
     if (s == nullptr || !s->rc.qp || s->rc.qp->qpn() != wc.qp_num())
         return post_waiting(); // a completion of a QP gone with its session
@@ -1566,6 +1665,82 @@ void EndpointCore::sent_whole(const WorkCompletion& wc, SessionId session, std::
     }
 }
 
+Result<void> EndpointCore::bind_windows(SessionState& s, std::uint32_t k, std::array<RemoteMemory*, 2> keys,
+                                       const std::array<Lent, 2>& lent) {
+    RcPath::ClientSlot& slot = s.rc.client_slots[k];
+    std::array<std::optional<MemoryWindow>, 2>& held = s.rc.windows[k].current;
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+        if (keys[i]->length == 0)
+            continue;
+        if (!held[i]) {
+            auto made = MemoryWindow::allocate(transport->pd());
+            if (!made)
+                return std::unexpected(std::move(made.error()));
+            held[i].emplace(std::move(*made));
+        }
+        const Access rights = i == 0 ? Access::remote_read : Access::remote_write;
+        const std::uint64_t id = transfer_id(s.local, k, RcTransport::Op::read) | client_bind_bit;
+        auto bound = post_bind(*s.rc.qp, *held[i], *lent[i].region, lent[i].offset, keys[i]->length, rights,
+                               {.wr_id = id}); // signaled, as every WR of the RC QPs
+        if (!bound) {
+            end_session_soon(s.local, fmt::format("binding a call's memory window: {}", bound.error().message()));
+            return std::unexpected(std::move(bound.error()));
+        }
+        if (slot.bound == 0)
+            ++lending_calls;
+        slot.bound |= static_cast<std::uint8_t>(1u << i);
+        ++s.rc.binding;
+        *keys[i] = *bound;
+    }
+    return {};
+}
+
+bool EndpointCore::revoke_windows(SessionState& s, const PendingCall& call) {
+    const auto k = static_cast<std::uint32_t>(call.request % s.calls.size());
+    RcPath::ClientSlot& slot = s.rc.client_slots[k];
+    for (std::size_t i = 0; i < s.rc.windows[k].current.size(); ++i) {
+        if ((slot.bound & (1u << i)) == 0)
+            continue;
+        const std::uint64_t id = transfer_id(s.local, k, RcTransport::Op::read) | client_revoke_bit;
+        if (auto posted = post_invalidate(*s.rc.qp, *s.rc.windows[k].current[i], {.wr_id = id}); !posted) {
+            // a broken QP takes no request: the keys reach nothing
+            end_session_soon(s.local, fmt::format("revoking a call's memory window: {}", posted.error().message()));
+            slot.bound = 0;
+            --lending_calls;
+            return false;
+        }
+    }
+    return true;
+}
+
+// A call's windows are bound (its packets may go) or revoked (it finishes). A failed
+// bind or revocation ends the session, as a failed transfer does.
+void EndpointCore::windows_done(const WorkCompletion& wc, SessionId session, std::uint32_t k, bool revoked) {
+    SessionState* s = table.lookup(session);
+    if (s == nullptr || !s->rc.qp || s->rc.qp->qpn() != wc.qp_num())
+        return; // a QP gone with its session (whose end settled the counts)
+    if (!wc.ok())
+        return end_session(session, fmt::format("{} a call's memory window failed: {}",
+                                                revoked ? "revoking" : "binding", wc.error().message()));
+    const auto now = Clock::now();
+    if (revoked) {
+        if (!s->calls[k].revoking)
+            return; // a revocation whose sibling's post failed: the session is ending
+        // the slot's revocations complete in order: the lowest window bound first
+        std::uint8_t& bound = s->rc.client_slots[k].bound;
+        bound &= static_cast<std::uint8_t>(bound - 1);
+        if (bound != 0)
+            return;
+        --lending_calls;
+        PendingCall& call = s->calls[k];
+        finish(call, *s, std::move(*call.revoking));
+        begin_queued(*s, now);
+    } else {
+        --s->rc.binding;
+    }
+    pump(*s, now);
+}
+
 // A whole request SENT into one of this end's receive buffers (the transport posts it
 // again once this returns: what the handler keeps, the window copies). Untrusted as
 // any packet, and it must come over its session's RC QP.
@@ -1592,7 +1767,9 @@ void EndpointCore::take_whole(const WorkCompletion& wc) {
 void EndpointCore::set_rc_qp(SessionState& s, std::optional<QueuePair> qp) {
     if (s.rc.qp)
         rc_qps.erase(s.rc.qp->qpn());
+    s.rc.windows.clear(); // before the QP they are bound through (RcPath::windows)
     s.rc.qp = std::move(qp);
+    s.rc.binding = 0; // a new QP's binds are its own
     if (s.rc.qp)
         rc_qps[s.rc.qp->qpn()] = s.local;
 }
@@ -1691,6 +1868,7 @@ void EndpointCore::end_session(SessionId id, std::string_view why) {
     for (PendingCall& call : s->calls)
         if (call.busy) {
             renew_reachable(*s, call);
+            call.windows_bound = false; // the QP goes first: nothing reaches them after
             finish(call, *s, std::unexpected(call_error(ECONNRESET, std::string(why))));
         }
     fail_queued(*s, why);
@@ -1702,8 +1880,10 @@ void EndpointCore::end_session(SessionId id, std::string_view why) {
     const bool budget_freed = s->rc.transfers > 0;
     sends_in_flight -= s->rc.sends;
     whole_granted -= s->rc.whole_grant;
-    for (const RcPath::ClientSlot& slot : s->rc.client_slots) // nothing comes to a QP destroyed
+    for (const RcPath::ClientSlot& slot : s->rc.client_slots) { // nothing comes to a QP destroyed
         offers_unheard -= slot.offers_unheard;
+        lending_calls -= slot.bound != 0 ? 1 : 0;
+    }
     set_rc_qp(*s, std::nullopt); // before the memory it reaches, as RcPath's own order has it
     table.release(id);
     // other sessions' transfers waiting for the budget go now: no completion of this
@@ -2193,6 +2373,11 @@ Result<std::unique_ptr<Endpoint>> Endpoint::create(asio::io_context& io, Endpoin
     core->transport = std::move(*transport);
     const std::uint32_t payload = core->transport->mtu() - static_cast<std::uint32_t>(detail::header_bytes);
     core->rdma_threshold = o.rdma_threshold.value_or(payload);
+    if (o.lend_through_windows && !core->transport->context().attributes().type2_windows)
+        return std::unexpected(Error::unsupported(
+            "rpc::Endpoint", fmt::format("lend_through_windows: {} has no type 2 memory windows",
+                                         core->transport->context().name())));
+    core->windows = o.lend_through_windows;
     require(detail::packet_count(std::max(o.max_request, o.max_response), payload) <= detail::max_packets, where,
             "rpc::Endpoint: a max_request {} / max_response {} takes more than {} packets of {} bytes", o.max_request,
             o.max_response, detail::max_packets, payload);
@@ -2216,8 +2401,8 @@ Result<MessageBuffer> Endpoint::alloc_buffer(std::size_t capacity, BufferUse use
             use == BufferUse::request ? "request" : "response", most);
     const bool remote = capacity > core_->rdma_threshold; // the RC path may reach it
     const Access access = use == BufferUse::request
-                              ? (remote ? Access::remote_read : Access::none)
-                              : (remote ? Access::local_write | Access::remote_write : Access::local_write);
+                              ? (remote ? core_->lendable(Access::remote_read) : Access::none)
+                              : Access::local_write | (remote ? core_->lendable(Access::remote_write) : Access::none);
     // a request buffer's room in front: a whole request's packet header and descriptor
     const std::uint32_t room =
         use == BufferUse::request ? static_cast<std::uint32_t>(detail::header_bytes + detail::request_descriptor_bytes)

@@ -2,10 +2,12 @@
 // share, made when the first session needs one (an endpoint that never moves a large
 // message pays nothing), and the READs and WRITEs a server posts on them.
 //
-//  * A client's RC QP is only a target: the server READs requests from, and WRITEs
-//    responses into, the client's staging memory (rc_codec.hpp); the client posts
-//    nothing on it. Its QP allows remote READ and WRITE; each staging region allows
-//    only the one its role needs. A response's WRITE carries an immediate, which
+//  * A client's RC QP is a target: the server READs requests from, and WRITEs
+//    responses into, the client's staging memory or MessageBuffers (rc_codec.hpp),
+//    by the keys of regions registered with only the right their role needs, or
+//    through the memory windows the client binds and revokes on this QP for each call
+//    (EndpointOptions::lend_through_windows; endpoint.cpp, RcPath::SlotWindows). Its
+//    QP allows remote READ and WRITE. A response's WRITE carries an immediate, which
 //    consumes a receive: the client QPs take theirs from one SRQ of the transport,
 //    `receives` zero-byte receives (a multiple of receive_batch) kept posted but for
 //    at most receive_batch - 1 taken ones that wait to go back together (one post, not

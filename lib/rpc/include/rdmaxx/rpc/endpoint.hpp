@@ -208,6 +208,22 @@ struct EndpointOptions {
     /// session. A session whose max_request is below 40 bytes or max_response below 4
     /// (too small for the RC path's descriptors) keeps to UD.
     std::optional<std::uint32_t> rdma_threshold = std::nullopt;
+    /// How this endpoint's calls lend their memory to the server on the RC path
+    /// (message_buffer.hpp, "Rights"). false (the default): by the keys of its
+    /// registrations, valid beyond the call and from every RC QP of the endpoint: for
+    /// servers it trusts. true: through memory windows (type 2) bound through the
+    /// session's QP to exactly the call's bytes before its descriptor goes and revoked
+    /// before the call ends, so a server reaches a call's memory while it is in flight
+    /// only. The cost, per call that lends: two local work requests and their
+    /// completions before its descriptor goes (the session's packets wait for them),
+    /// two more before its answer is delivered; at most 512 such calls at once per
+    /// endpoint (a call past them goes by UD); and requests the server would take
+    /// whole (up to 16 KiB) are READ instead, so the client's QP posts binds and
+    /// revocations only (Soft-RoCE in Linux 6.1 stalled a QP whose binds and
+    /// revocations were mixed with SENDs once the wire lost packets: tests/device/
+    /// rpc_pair_test.cpp at 5 % loss). Runtime error of Endpoint::create: true on a
+    /// device without type 2 windows (DeviceAttributes::type2_windows).
+    bool lend_through_windows = false;
     /// Congestion control of the sessions this endpoint calls through (congestion.hpp):
     /// empty (the default) for none, the credits alone limit a session.
     CongestionFactory congestion = {};

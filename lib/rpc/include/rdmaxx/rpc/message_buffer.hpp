@@ -28,11 +28,21 @@
 /// touches only the call's bytes, while the call is in flight (or, abandoned, until the
 /// buffer has new memory: below); a hostile server could READ a request buffer or WRITE
 /// a response buffer later, also while it is lent to another session's call. The
-/// staging memory of large calls with spans is as reachable (its key is the endpoint's
-/// registration of the slot's memory), so an endpoint that calls a server it does not
-/// trust keeps every call on UD (rdma_threshold = UINT32_MAX). Not yet done: a memory
-/// window per call, bound to its bytes and its session's QP and invalidated as the
-/// call ends, would make the access exact.
+/// staging memory of large calls with spans is as reachable.
+///
+/// EndpointOptions::lend_through_windows makes the access exact. Buffers above the
+/// threshold (and staging memory) are then registered for binding memory windows only
+/// (plus local WRITE for a response buffer): the registration's key reaches nothing
+/// remotely. A call that lends memory hands the server the key of a window of its slot,
+/// bound through the session's RC QP to exactly the call's bytes (the request, READ;
+/// the response's capacity, WRITTEN) before the descriptor goes, and revoked before the
+/// call ends: the key works from that QP only, and only while the call is in flight. A
+/// call abandoned (timed out, cancelled) keeps its windows bound until the server is
+/// heard from in the slot, as its memory stays where its late transfer lands (below).
+/// Where the device enforces a window's bounds (Soft-RoCE in Linux 6.1 checks the
+/// region's only: window_bounds_enforced() tells), nothing outside the call's bytes is
+/// reachable either. Without it, an endpoint that calls a server it does not trust
+/// keeps every call on UD (rdma_threshold = UINT32_MAX).
 ///
 /// Safety: the NIC may still reach a buffer's memory after its call ended: a UD send
 /// of its packets or a SEND of its whole request (a resend's too) not yet complete, or
