@@ -180,7 +180,7 @@ TEST_CASE("rpc across a wire losing 1 % and 5 % of packets: 2,000 calls of 32 B 
         const auto& s = server->counters();
         CHECK(s.rdma_reads == (calls + large_request_every - 1) / large_request_every);
         CHECK(s.rdma_writes == (calls + large_response_every - 1) / large_response_every);
-        MESSAGE("loss ", rate, windows ? " (windows)" : "", ", ", calls, " calls in ",
+        MESSAGE("loss ", rate, std::string(windows ? " (windows)" : ""), ", ", calls, " calls in ",
                 std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - began).count(),
                 " ms: client retransmissions ", c.retransmissions, ", drops ", c.dropped(),
                 "; server drops ", s.dropped(), ", handled ", s.handled, ", RDMA READs ", s.rdma_reads, ", WRITEs ",
