@@ -840,6 +840,9 @@ void EndpointCore::expire_queued(SessionState& s, Clock::time_point now) {
 }
 
 void EndpointCore::finish(PendingCall& call, SessionState& s, Result<std::size_t> result) {
+    // counted as the call leaves its window (its immediate may come before it finishes)
+    if (std::exchange(call.may_be_written, false))
+        ++s.rc.late_writes;
     if (std::exchange(call.windows_bound, false) && revoke_windows(s, call)) [[unlikely]] {
         call.revoking.emplace(std::move(result)); // finished as the revocation completes
         return;
@@ -851,8 +854,6 @@ void EndpointCore::finish(PendingCall& call, SessionState& s, Result<std::size_t
         call.buffers.response->size_ = *result;
     call.buffers = {};
     call.sending = BufferHold{};
-    if (std::exchange(call.may_be_written, false))
-        ++s.rc.late_writes;
     if (result)
         ++counters.completed;
     else
