@@ -923,6 +923,100 @@ TEST_CASE("rpc endpoint: lending through windows, a server's keys to a large cal
 
 namespace {
 
+// Lending through windows, bursts of cancellations: a window of large calls begins
+// (each binds two windows through the session's QP), the same synchronous step cancels
+// all but the last, their binds not yet complete, and each cancellation begins a queued
+// call in its slot. The abandoned calls' binds still take room in the QP's send queue:
+// a queued call lends through windows only where its own four work requests fit beside
+// them, else it goes by UD. Rounds of it, then a window of calls: all lend again (the
+// room comes back as the binds complete). (Not the whole window: W consecutive calls
+// that end unsent desynchronise a session, slots.hpp.)
+struct Bursts {
+    int wrong = 0;                    // a call answered wrong, or ended other than cancelled
+    std::uint32_t window = 0;
+    std::uint64_t lent_in_bursts = 0; // calls of the bursts the server READ
+    std::uint64_t lent_after = 0;     // of the last window
+    std::uint32_t sessions = 0;       // the client's, at the end
+};
+
+asio::awaitable<void> cancel_bursts(Rig* rig, int rounds, Bursts* out) {
+    std::optional<rpc::Session> session;
+    co_await connect_into(rig, &session);
+    const std::uint32_t w = out->window = session->info().window;
+    constexpr std::size_t size = 20'000;
+    std::vector<std::vector<std::byte>> requests, responses;
+    for (std::uint32_t i = 0; i < 2 * w; ++i) {
+        requests.push_back(message(i, size - i));
+        responses.emplace_back(size);
+    }
+    const auto right = [&](std::uint32_t i, const Result<std::size_t>& got) {
+        return got && *got == requests[i].size() && echoed(responses[i], requests[i]);
+    };
+    // the session's RC path, set up by a first large call
+    if (!right(0, co_await session->call(echo, requests[0], responses[0], {.timeout = 30s})))
+        ++out->wrong;
+    std::uint32_t ended = 0;
+    for (int round = 0; round < rounds; ++round) {
+        const std::uint64_t read = rig->server->counters().rdma_reads;
+        std::vector<asio::cancellation_signal> cancels(w - 1);
+        ended = 0;
+        for (std::uint32_t i = 0; i < 2 * w; ++i) {
+            auto done = [&, i](Result<std::size_t> got) {
+                ++ended;
+                if (i < w - 1 ? !(!got && got.error().is_cancelled()) : !right(i, got))
+                    ++out->wrong;
+            };
+            if (i < w - 1)
+                session->call(echo, requests[i], responses[i], {.timeout = 30s},
+                              asio::bind_cancellation_slot(cancels[i].slot(), std::move(done)));
+            else
+                session->call(echo, requests[i], responses[i], {.timeout = 30s}, std::move(done));
+        }
+        for (asio::cancellation_signal& cancel : cancels)
+            cancel.emit(asio::cancellation_type::terminal);
+        co_await until([&] { return ended == 2 * w; });
+        out->lent_in_bursts += rig->server->counters().rdma_reads - read;
+    }
+    const std::uint64_t read = rig->server->counters().rdma_reads;
+    ended = 0;
+    for (std::uint32_t i = 0; i < w; ++i)
+        session->call(echo, requests[i], responses[i], {.timeout = 30s}, [&, i](Result<std::size_t> got) {
+            ++ended;
+            if (!right(i, got))
+                ++out->wrong;
+        });
+    co_await until([&] { return ended == w; });
+    out->lent_after = rig->server->counters().rdma_reads - read;
+    out->sessions = rig->client->sessions();
+}
+
+} // namespace
+
+TEST_CASE("rpc endpoint: lending through windows, bursts of cancelled calls: a call lends only where its binds and "
+          "revocations fit beside the abandoned calls' binds, else it goes by UD" *
+          doctest::skip(!test::device_has_windows())) {
+    rpc::EndpointOptions lending = large_messages;
+    lending.lend_through_windows = true;
+    Rig rig(large_messages, lending);
+    constexpr int rounds = 20;
+    Bursts out;
+    run(rig.io, cancel_bursts(&rig, rounds, &out), 120s);
+    CHECK(out.wrong == 0);
+    // each burst: the window's calls lend (their 4 W work requests fill the QP's share);
+    // a cancellation frees two of them (the revocations; the binds are in flight), so
+    // every second of the W - 1 calls begun by a cancellation fits, the others go by UD;
+    // the last queued call begins once the window's last call has its answer, its own
+    // binds and revocations complete: it lends
+    CHECK(out.lent_in_bursts == rounds * (1 + (out.window - 1) / 2 + 1));
+    CHECK(out.lent_after == out.window);
+    const auto& c = rig.client->counters();
+    CHECK(c.failed == rounds * (out.window - 1)); // the cancelled, and no session ended
+    CHECK(c.rc_misuses == 0);
+    CHECK(out.sessions == 1);
+}
+
+namespace {
+
 asio::awaitable<void> many_sessions(Rig* rig, std::vector<rpc::Session>* sessions, std::uint32_t count,
                                     int* wrong) {
     for (std::uint32_t i = 0; i < count; ++i) {
@@ -1351,10 +1445,8 @@ asio::awaitable<void> call_both_ways(Rig* rig, std::optional<rpc::Session>* sess
         out->after_server_left = got.error();
 }
 
-} // namespace
-
-TEST_CASE("rpc endpoint: a server with an accept handler calls its clients back on their sessions") {
-    Rig rig;
+// call_both_ways on `rig`, whose client answers echo too.
+BothWays both_ways(Rig& rig) {
     std::vector<rpc::Session> accepted;
     rig.server->set_accept_handler([&accepted](rpc::Session session) { accepted.push_back(std::move(session)); });
     rig.client->set_handler(echo, [](rpc::Request request, rpc::Responder responder) {
@@ -1363,6 +1455,14 @@ TEST_CASE("rpc endpoint: a server with an accept handler calls its clients back 
     std::optional<rpc::Session> session;
     BothWays out;
     run(rig.io, call_both_ways(&rig, &session, &accepted, &out), 120s);
+    return out;
+}
+
+} // namespace
+
+TEST_CASE("rpc endpoint: a server with an accept handler calls its clients back on their sessions") {
+    Rig rig;
+    const BothWays out = both_ways(rig);
     CHECK(out.wrong == 0);
     CHECK(rig.client->counters().handled == 300);
     CHECK(rig.server->counters().handled == 300);
@@ -1373,6 +1473,20 @@ TEST_CASE("rpc endpoint: a server with an accept handler calls its clients back 
     REQUIRE(out.after_server_left);
     CHECK(out.after_server_left->is_errno(ECONNRESET));
     CHECK(rig.server->sessions() == 0);
+}
+
+TEST_CASE("rpc endpoint: lending through windows, a both-ways session's own large calls go by UD (its QP carries "
+          "the peer's READs and WRITEs)" *
+          doctest::skip(!test::device_has_windows())) {
+    rpc::EndpointOptions lending;
+    lending.lend_through_windows = true;
+    Rig rig({}, lending);
+    CHECK(both_ways(rig).wrong == 0);
+    CHECK(rig.client->counters().rdma_reads > 0);  // the server's large calls: the RC path
+    CHECK(rig.server->counters().rdma_reads == 0); // the client's: UD
+    CHECK(rig.server->counters().rdma_writes == 0);
+    CHECK(rig.client->counters().failed == 1); // only the call after the server left
+    CHECK(rig.server->counters().failed == 0);
 }
 
 namespace {

@@ -168,11 +168,14 @@ constexpr std::uint32_t rc_offers = rc_receives / 2;
 constexpr std::uint32_t whole_max_message = request_descriptor_bytes + 16 * 1024;
 constexpr std::uint32_t rc_whole_receives = 256;
 constexpr std::uint32_t rc_sends = 256;
-// The calls of this end whose memory windows are bound (RcPath::ClientSlot), each with
-// at most two binds or two revocations in the CQ at a time: a call past them offers no
-// memory (it goes by UD).
-constexpr std::uint32_t rc_lending_calls = 512;
-static_assert(rc_receives + rc_whole_receives + rc_budget + rc_sends + 2 * rc_lending_calls < rc_cq_depth);
+// Lending through windows, the window work requests of this end's RC QPs that may
+// complete at once: binds and revocations posted and not complete, and the revocation
+// each bound window will need (RcPath::window_wrs). A call lends through windows only
+// while its four (two windows, each bound and revoked) fit here and in its session's
+// share of its QP's send queue (window_wrs_per_slot per window slot): else it goes by UD.
+constexpr std::uint32_t rc_window_wrs = 1024;
+constexpr std::uint32_t window_wrs_per_slot = 4;
+static_assert(rc_receives + rc_whole_receives + rc_budget + rc_sends + rc_window_wrs < rc_cq_depth);
 static_assert(whole_max_message <= 0xffff); // RcMessage::whole_max
 
 // A client SEND's wr_id: a transfer's (its session and window slot) with this bit.
@@ -261,6 +264,10 @@ struct RcPath {
     // client: window binds posted whose completion has not come: no packet goes until
     // it has (the binds take effect before the server may use their keys)
     std::uint32_t binding = 0;
+    // client: binds and revocations posted and not complete, and the revocation each
+    // bound window will need (an abandoned call's windows need none: they are destroyed
+    // later); at most window_wrs_per_slot per window slot, the QP's send queue's share
+    std::uint32_t window_wrs = 0;
     // client: the calls that offered memory and ended without their immediate: each
     // may still get one (the server WROTE it before the call ended, or will), so many
     // immediates naming no call in progress an honest server may send; one more ends
@@ -398,7 +405,6 @@ struct EndpointCore {
     struct Description {
         std::span<const std::byte> message;
         bool whole = false; // SENT whole over RC (from the call's MessageBuffer or staging memory)
-        bool bound = false; // its keys are the slot's windows'
     };
     Result<Description> describe(SessionState& s, std::span<const std::byte> request, std::uint32_t capacity,
                                  CallBuffers lend);
@@ -414,13 +420,16 @@ struct EndpointCore {
         std::size_t offset = 0;
     };
     // Binds the slot's windows to what the call offers (`keys[i]`, whose length is not 0:
-    // in `lent[i]`) and makes `keys` theirs. Runtime error: a window could not be made,
-    // or the post failed (the session then ends).
+    // in `lent[i]`) and makes `keys` theirs; ClientSlot::bound names those posted.
+    // Runtime error: a window could not be made (none is bound), or a post failed (the
+    // QP is broken: the session ends, and the call with it).
     Result<void> bind_windows(SessionState& s, std::uint32_t k, std::array<RemoteMemory*, 2> keys,
                               const std::array<Lent, 2>& lent);
-    // Posts the revocation of the windows call `call`'s slot bound. False: the post
-    // failed (the QP is broken: nothing reaches the windows), and the session ends.
-    bool revoke_windows(SessionState& s, const PendingCall& call);
+    // Whether a call of session `s` may lend through windows now (rc_window_wrs).
+    bool window_room(const SessionState& s) const noexcept;
+    // Posts the revocation of the windows call `call`'s slot bound. A failed post (the
+    // QP is broken) ends the session, which then finishes the call.
+    void revoke_windows(SessionState& s, const PendingCall& call);
     void windows_done(const WorkCompletion& completion, SessionId session, std::uint32_t slot, bool revoked);
     inline void call_left_slot(SessionState& s, std::uint64_t request, bool heard_from_server);
     void renew_reachable(SessionState& s, const PendingCall& call);
@@ -516,8 +525,8 @@ struct EndpointCore {
     std::uint32_t handles = 0;     // Session handles alive
     // EndpointOptions::rdma_threshold, or one UD packet's payload at the port's MTU
     std::uint32_t rdma_threshold = 0;
-    bool windows = false;            // EndpointOptions::lend_through_windows
-    std::uint32_t lending_calls = 0; // client: calls with windows bound (rc_lending_calls)
+    bool windows = false;         // EndpointOptions::lend_through_windows
+    std::uint32_t window_wrs = 0; // client: the sessions' RcPath::window_wrs, summed (rc_window_wrs)
     std::vector<std::byte> descriptor; // the request descriptor being built (reused)
     std::uint32_t rc_in_flight = 0;    // server transfers posted on live sessions' QPs
     std::uint32_t offers_unheard = 0;  // client: the ClientSlots' offers_unheard, summed (rc_offers)
@@ -755,7 +764,7 @@ bool EndpointCore::try_begin(SessionState& s, std::uint8_t type, std::span<const
         .request = buffers.request != nullptr && buffers.request->hold_.sole() ? buffers.request : nullptr,
         .response = buffers.response != nullptr && buffers.response->hold_.sole() ? buffers.response : nullptr};
     std::span<const std::byte> message = request;
-    bool rdma = false, whole = false, bound = false;
+    bool rdma = false, whole = false;
     if (wants_rdma(s, request.size(), capacity)) {
         if (s.rc.state == RcPath::State::none)
             offer_rc(s);
@@ -766,7 +775,6 @@ bool EndpointCore::try_begin(SessionState& s, std::uint8_t type, std::span<const
                 message = described->message;
                 rdma = true;
                 whole = described->whole;
-                bound = described->bound;
             } else {
                 logger()->warn("rdmaxx rpc: staging a large call of session {} (it goes by UD): {}", s.local.number,
                                described.error());
@@ -783,10 +791,13 @@ bool EndpointCore::try_begin(SessionState& s, std::uint8_t type, std::span<const
         return false;
     if (!rdma && keep == ClientWindow::Keep::copy && !request.empty())
         ++counters.message_copies;
-    bool offered = false;
+    bool offered = false, bound = false;
     if (!s.rc.client_slots.empty()) {
         RcPath::ClientSlot& slot = s.rc.client_slots[*begun % s.calls.size()];
         slot.rdma = rdma;
+        // windows describe() bound, if it then failed too: the call revokes them as it
+        // finishes (a failed post ends the session: end_session finishes it)
+        bound = slot.bound != 0;
         offered = rdma && slot.offered > 0;
         if (offered) {
             ++slot.offers_unheard;
@@ -843,7 +854,8 @@ void EndpointCore::finish(PendingCall& call, SessionState& s, Result<std::size_t
     // counted as the call leaves its window (its immediate may come before it finishes)
     if (std::exchange(call.may_be_written, false))
         ++s.rc.late_writes;
-    if (std::exchange(call.windows_bound, false) && revoke_windows(s, call)) [[unlikely]] {
+    if (std::exchange(call.windows_bound, false)) [[unlikely]] {
+        revoke_windows(s, call);
         call.revoking.emplace(std::move(result)); // finished as the revocation completes
         return;
     }
@@ -962,12 +974,21 @@ void EndpointCore::arm_ticker() {
 
 namespace {
 
+// How long past its deadline a call whose answer is in may wait for the revocation of
+// its windows (local work requests: microseconds on a NIC) before its session is taken
+// for stalled and ended (which destroys the windows and delivers the answer).
+constexpr auto revocation_grace = std::chrono::seconds(1);
+
+// When call `call` (busy) is due: its deadline, or, its answer in, the end of its grace.
+Clock::time_point due_at(const PendingCall& call) noexcept {
+    return call.revoking ? call.deadline + revocation_grace : call.deadline;
+}
+
 // Whether a call's deadline or an RTO has come by `now` in the client session `s`.
 bool due(const SessionState& s, Clock::time_point now) {
     if (const auto rto = s.client->next_deadline(); rto && *rto <= now)
         return true;
-    return std::ranges::any_of(
-        s.calls, [now](const PendingCall& call) { return call.busy && !call.revoking && call.deadline <= now; });
+    return std::ranges::any_of(s.calls, [now](const PendingCall& call) { return call.busy && due_at(call) <= now; });
 }
 
 } // namespace
@@ -1003,12 +1024,22 @@ void EndpointCore::tick() {
                            s->local.number, options.setup_timeout.count());
             rc_unavailable(*s);
         }
-        for (PendingCall& call : s->calls)
-            if (call.busy && !call.revoking && call.deadline <= now) {
-                s->client->abandon(call.request);
-                call_left_slot(*s, call.request, false);
-                finish(call, *s, std::unexpected(Error::timeout("rpc::Session::call", "no response in time")));
+        bool stalled = false;
+        for (PendingCall& call : s->calls) {
+            if (!call.busy || due_at(call) > now)
+                continue;
+            if (call.revoking) {
+                stalled = true;
+                continue;
             }
+            s->client->abandon(call.request);
+            call_left_slot(*s, call.request, false);
+            finish(call, *s, std::unexpected(Error::timeout("rpc::Session::call", "no response in time")));
+        }
+        if (stalled) [[unlikely]] {
+            end_session(s->local, "its RC QP revoked no memory window in a call's time and a second");
+            continue;
+        }
         const std::uint32_t before = s->client->in_flight();
         while (const auto end = s->client->expire(now))
             end_call(*s, *end);
@@ -1178,7 +1209,10 @@ bool EndpointCore::wants_rdma(const SessionState& s, std::size_t request, std::u
     // hold them keeps to UD (the peer may have agreed to any max_request or max_response)
     if (s.limits.max_request < request_descriptor_bytes || s.limits.max_response < response_descriptor_bytes)
         return false;
-    if (windows && lending_calls >= rc_lending_calls)
+    // a session both ways does not lend through windows: its QP carries the server's
+    // READs and WRITEs (Soft-RoCE stalled a QP mixing binds with wire operations:
+    // EndpointOptions::lend_through_windows)
+    if (windows && (s.server || !window_room(s)))
         return false;
     const std::uint32_t threshold = rdma_threshold;
     if (request > threshold)
@@ -1245,18 +1279,15 @@ Result<EndpointCore::Description> EndpointCore::describe(SessionState& s, std::s
         }
         slot.offered = capacity;
     }
-    bool bound = false;
-    if (windows && (read_from.length > 0 || write_into.length > 0)) {
+    if (windows && (read_from.length > 0 || write_into.length > 0))
         if (auto made = bind_windows(s, k, {&read_from, &write_into}, offers); !made)
             return std::unexpected(std::move(made.error()));
-        bound = true;
-    }
     const auto head = encode_request_head(read_from, write_into);
     if (whole && lend.request != nullptr) {
         // SENT from the buffer itself: the descriptor in the room in front of the request
         std::byte* at = lend.request->hold_.get()->message().data() - head.size();
         std::memcpy(at, head.data(), head.size());
-        return Description{.message = {at, inline_size}, .whole = true, .bound = bound};
+        return Description{.message = {at, inline_size}, .whole = true};
     }
     if (whole) {
         auto region = staging(transport->pd(), slot.whole, header_bytes + inline_size, Access::none,
@@ -1268,14 +1299,14 @@ Result<EndpointCore::Description> EndpointCore::describe(SessionState& s, std::s
         if (!request.empty())
             std::memcpy(at + head.size(), request.data(), request.size());
         ++counters.message_copies;
-        return Description{.message = {at, inline_size}, .whole = true, .bound = bound};
+        return Description{.message = {at, inline_size}, .whole = true};
     }
     descriptor.assign(head.begin(), head.end());
     if (read_from.length == 0 && !request.empty()) {
         descriptor.insert(descriptor.end(), request.begin(), request.end());
         ++counters.message_copies;
     }
-    return Description{.message = descriptor, .whole = false, .bound = bound};
+    return Description{.message = descriptor, .whole = false};
 }
 
 // A call left its window slot: with an answer from the server (which serves a slot's
@@ -1283,16 +1314,17 @@ Result<EndpointCore::Description> EndpointCore::describe(SessionState& s, std::s
 // (a transfer of its own may still come).
 [[gnu::always_inline]]
 void EndpointCore::call_left_slot(SessionState& s, std::uint64_t request, bool heard_from_server) {
+    const std::size_t k = request % s.calls.size();
     if (!heard_from_server)
-        renew_reachable(s, s.calls[request % s.calls.size()]);
+        renew_reachable(s, s.calls[k]);
     if (s.rc.client_slots.empty())
         return;
-    RcPath::ClientSlot& slot = s.rc.client_slots[request % s.calls.size()];
+    RcPath::ClientSlot& slot = s.rc.client_slots[k];
     if (heard_from_server) {
         offers_unheard -= std::exchange(slot.offers_unheard, 0);
         slot.touched = false;
         if (!s.rc.windows.empty())
-            s.rc.windows[request % s.calls.size()].retired.clear(); // before the memory they are bound in
+            s.rc.windows[k].retired.clear(); // before the memory they are bound in
         if (slot.sends == 0)
             slot.retired.clear();
         slot.retired_lent.clear();
@@ -1301,14 +1333,17 @@ void EndpointCore::call_left_slot(SessionState& s, std::uint64_t request, bool h
         for (BufferHold& lent : slot.lent)
             if (lent.get() != nullptr)
                 slot.retired_lent.push_back(std::move(lent));
-        PendingCall& call = s.calls[request % s.calls.size()];
-        if (std::exchange(call.windows_bound, false)) {
-            RcPath::SlotWindows& held = s.rc.windows[request % s.calls.size()];
+        if (std::exchange(s.calls[k].windows_bound, false)) {
+            RcPath::SlotWindows& held = s.rc.windows[k];
             for (std::size_t i = 0; i < held.current.size(); ++i)
-                if ((slot.bound & (1u << i)) != 0)
+                if ((slot.bound & (1u << i)) != 0) {
                     held.retired.push_back(std::move(*std::exchange(held.current[i], std::nullopt)));
+                    // revoked by its destruction, not by a work request (its bind's
+                    // completion may still come)
+                    --s.rc.window_wrs;
+                    --window_wrs;
+                }
             slot.bound = 0;
-            --lending_calls;
         }
     }
     slot.lent = {};
@@ -1364,11 +1399,11 @@ Result<QueuePair> EndpointCore::make_rc_qp(RcRole role, std::uint32_t depth) {
 namespace {
 
 // The role of this end's RC QP on session `s`, and its send queue's depth (a server's
-// transfers; a client's SENDs, at most the server's grant, itself at most the window,
-// and its window binds and revocations).
-std::pair<RcRole, std::uint32_t> rc_role(const SessionState& s) noexcept {
-    // a client's slot has at most a SEND and two window binds or revocations posted
-    const std::uint32_t client = 3 * s.limits.window;
+// transfers, at most the window; a client's SENDs, at most the server's grant, itself
+// at most the window, or, lending through windows (`windows`, one way only), its window
+// binds and revocations, RcPath::window_wrs).
+std::pair<RcRole, std::uint32_t> rc_role(const SessionState& s, bool windows) noexcept {
+    const std::uint32_t client = windows && !s.server ? window_wrs_per_slot * s.limits.window : s.limits.window;
     if (s.client && s.server)
         return {RcRole::both, s.limits.window + client};
     return s.initiator ? std::pair{RcRole::client, client} : std::pair{RcRole::server, s.limits.window};
@@ -1377,7 +1412,7 @@ std::pair<RcRole, std::uint32_t> rc_role(const SessionState& s) noexcept {
 } // namespace
 
 void EndpointCore::offer_rc(SessionState& s) {
-    const auto [role, depth] = rc_role(s);
+    const auto [role, depth] = rc_role(s, windows);
     auto qp = make_rc_qp(role, depth);
     if (!qp) {
         logger()->warn("rdmaxx rpc: session {}: an RC QP (large messages go by UD): {}", s.local.number, qp.error());
@@ -1441,7 +1476,7 @@ Result<std::optional<std::array<std::byte, rc_message_bytes>>> EndpointCore::tak
             return std::unexpected(Error::protocol(call, "a second RC offer"));
         set_rc_qp(s, std::nullopt); // crossed: ours is dropped, its answer will be ignored
         RcMessage answer{.kind = RcMessage::Kind::answer, .available = false, .qp = {}};
-        const auto [role, depth] = rc_role(s);
+        const auto [role, depth] = rc_role(s, windows);
         auto qp = make_rc_qp(role, depth);
         Result<void> up = qp ? qp->connect(message.qp) : std::unexpected(qp.error());
         if (up) {
@@ -1670,15 +1705,19 @@ Result<void> EndpointCore::bind_windows(SessionState& s, std::uint32_t k, std::a
                                        const std::array<Lent, 2>& lent) {
     RcPath::ClientSlot& slot = s.rc.client_slots[k];
     std::array<std::optional<MemoryWindow>, 2>& held = s.rc.windows[k].current;
+    // every window the call needs is made before any is bound: a failure here leaves
+    // the slot with none bound, and the call goes by UD
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+        if (keys[i]->length == 0 || held[i])
+            continue;
+        auto made = MemoryWindow::allocate(transport->pd());
+        if (!made)
+            return std::unexpected(std::move(made.error()));
+        held[i].emplace(std::move(*made));
+    }
     for (std::size_t i = 0; i < keys.size(); ++i) {
         if (keys[i]->length == 0)
             continue;
-        if (!held[i]) {
-            auto made = MemoryWindow::allocate(transport->pd());
-            if (!made)
-                return std::unexpected(std::move(made.error()));
-            held[i].emplace(std::move(*made));
-        }
         const Access rights = i == 0 ? Access::remote_read : Access::remote_write;
         const std::uint64_t id = transfer_id(s.local, k, RcTransport::Op::read) | client_bind_bit;
         auto bound = post_bind(*s.rc.qp, *held[i], *lent[i].region, lent[i].offset, keys[i]->length, rights,
@@ -1687,31 +1726,35 @@ Result<void> EndpointCore::bind_windows(SessionState& s, std::uint32_t k, std::a
             end_session_soon(s.local, fmt::format("binding a call's memory window: {}", bound.error().message()));
             return std::unexpected(std::move(bound.error()));
         }
-        if (slot.bound == 0)
-            ++lending_calls;
         slot.bound |= static_cast<std::uint8_t>(1u << i);
         ++s.rc.binding;
+        s.rc.window_wrs += 2; // the bind, and the revocation it will need
+        window_wrs += 2;
         *keys[i] = *bound;
     }
     return {};
 }
 
-bool EndpointCore::revoke_windows(SessionState& s, const PendingCall& call) {
+bool EndpointCore::window_room(const SessionState& s) const noexcept {
+    return s.rc.window_wrs + window_wrs_per_slot <= window_wrs_per_slot * s.limits.window &&
+           window_wrs + window_wrs_per_slot <= rc_window_wrs;
+}
+
+void EndpointCore::revoke_windows(SessionState& s, const PendingCall& call) {
     const auto k = static_cast<std::uint32_t>(call.request % s.calls.size());
-    RcPath::ClientSlot& slot = s.rc.client_slots[k];
+    const RcPath::ClientSlot& slot = s.rc.client_slots[k];
     for (std::size_t i = 0; i < s.rc.windows[k].current.size(); ++i) {
         if ((slot.bound & (1u << i)) == 0)
             continue;
         const std::uint64_t id = transfer_id(s.local, k, RcTransport::Op::read) | client_revoke_bit;
         if (auto posted = post_invalidate(*s.rc.qp, *s.rc.windows[k].current[i], {.wr_id = id}); !posted) {
-            // a broken QP takes no request: the keys reach nothing
+            // the send queue has room for it (window_wrs): the QP is broken. The call
+            // keeps its answer until the session ends, which destroys the windows
+            // before it finishes the call (end_session)
             end_session_soon(s.local, fmt::format("revoking a call's memory window: {}", posted.error().message()));
-            slot.bound = 0;
-            --lending_calls;
-            return false;
+            return;
         }
     }
-    return true;
 }
 
 // A call's windows are bound (its packets may go) or revoked (it finishes). A failed
@@ -1723,16 +1766,16 @@ void EndpointCore::windows_done(const WorkCompletion& wc, SessionId session, std
     if (!wc.ok())
         return end_session(session, fmt::format("{} a call's memory window failed: {}",
                                                 revoked ? "revoking" : "binding", wc.error().message()));
+    --s->rc.window_wrs;
+    --window_wrs;
     const auto now = Clock::now();
     if (revoked) {
-        if (!s->calls[k].revoking)
-            return; // a revocation whose sibling's post failed: the session is ending
-        // the slot's revocations complete in order: the lowest window bound first
+        // the slot's revocations complete in order: the lowest window bound first (if
+        // the other's post failed, the session is ending: end_session finishes the call)
         std::uint8_t& bound = s->rc.client_slots[k].bound;
         bound &= static_cast<std::uint8_t>(bound - 1);
         if (bound != 0)
             return;
-        --lending_calls;
         PendingCall& call = s->calls[k];
         finish(call, *s, std::move(*call.revoking));
         begin_queued(*s, now);
@@ -1771,6 +1814,7 @@ void EndpointCore::set_rc_qp(SessionState& s, std::optional<QueuePair> qp) {
     s.rc.windows.clear(); // before the QP they are bound through (RcPath::windows)
     s.rc.qp = std::move(qp);
     s.rc.binding = 0; // a new QP's binds are its own
+    window_wrs -= std::exchange(s.rc.window_wrs, 0);
     if (s.rc.qp)
         rc_qps[s.rc.qp->qpn()] = s.local;
 }
@@ -1869,8 +1913,12 @@ void EndpointCore::end_session(SessionId id, std::string_view why) {
     for (PendingCall& call : s->calls)
         if (call.busy) {
             renew_reachable(*s, call);
-            call.windows_bound = false; // the QP goes first: nothing reaches them after
-            finish(call, *s, std::unexpected(call_error(ECONNRESET, std::string(why))));
+            // its windows are destroyed below, before its completion runs (posted): a
+            // call whose windows were being revoked gets the answer it had
+            call.windows_bound = false;
+            finish(call, *s,
+                   call.revoking ? std::move(*call.revoking)
+                                 : std::unexpected(call_error(ECONNRESET, std::string(why))));
         }
     fail_queued(*s, why);
     if (s->control != nullptr)
@@ -1881,10 +1929,8 @@ void EndpointCore::end_session(SessionId id, std::string_view why) {
     const bool budget_freed = s->rc.transfers > 0;
     sends_in_flight -= s->rc.sends;
     whole_granted -= s->rc.whole_grant;
-    for (const RcPath::ClientSlot& slot : s->rc.client_slots) { // nothing comes to a QP destroyed
+    for (const RcPath::ClientSlot& slot : s->rc.client_slots) // nothing comes to a QP destroyed
         offers_unheard -= slot.offers_unheard;
-        lending_calls -= slot.bound != 0 ? 1 : 0;
-    }
     set_rc_qp(*s, std::nullopt); // before the memory it reaches, as RcPath's own order has it
     table.release(id);
     // other sessions' transfers waiting for the budget go now: no completion of this

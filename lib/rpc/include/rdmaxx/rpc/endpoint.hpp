@@ -216,13 +216,19 @@ struct EndpointOptions {
     /// before the call ends, so a server reaches a call's memory while it is in flight
     /// only. The cost, per call that lends: two local work requests and their
     /// completions before its descriptor goes (the session's packets wait for them),
-    /// two more before its answer is delivered; at most 512 such calls at once per
-    /// endpoint (a call past them goes by UD); and requests the server would take
+    /// two more before its answer is delivered; and requests the server would take
     /// whole (up to 16 KiB) are READ instead, so the client's QP posts binds and
     /// revocations only (Soft-RoCE in Linux 6.1 stalled a QP whose binds and
     /// revocations were mixed with SENDs once the wire lost packets: tests/device/
-    /// rpc_pair_test.cpp at 5 % loss). Runtime error of Endpoint::create: true on a
-    /// device without type 2 windows (DeviceAttributes::type2_windows).
+    /// rpc_pair_test.cpp at 5 % loss). For the same reason a both-ways session's own
+    /// large calls go by UD (its QP carries the peer's READs and WRITEs). A call goes
+    /// by UD too where its four work requests would not fit beside those in flight: its
+    /// session's QP holds four per window slot, the endpoint 1,024 (calls abandoned with
+    /// their binds in flight take room until the binds complete). A call whose answer is
+    /// in waits for its revocations; if they have not completed a second past its
+    /// deadline, the QP is taken for stalled and the session ends (the call still gets
+    /// its answer: the windows are destroyed first). Runtime error of Endpoint::create:
+    /// true on a device without type 2 windows (DeviceAttributes::type2_windows).
     bool lend_through_windows = false;
     /// Congestion control of the sessions this endpoint calls through (congestion.hpp):
     /// empty (the default) for none, the credits alone limit a session.
