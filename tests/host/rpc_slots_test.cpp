@@ -336,6 +336,32 @@ TEST_CASE("rpc slots: a response to an abandoned call is dropped, never delivere
     CHECK(wire.ended.count(old_id) == 0);
 }
 
+TEST_CASE("rpc slots: a call abandoned before any packet of it went gives its number to the next call begun") {
+    Wire wire(ClientOptions{.window = 2});
+    // a window of calls begun and abandoned unsent, three times over: with new numbers
+    // each time, the next call's (6) would be beyond the server's bound (0 + 2)
+    for (int round = 0; round < 3; ++round) {
+        const auto first = wire.begin(make_request(8, 10, 1));
+        const auto second = wire.begin(make_request(8, 10, 2));
+        CHECK(first == 0);
+        CHECK(second == 1);
+        wire.client.abandon(second); // in either order: the lowest number goes first
+        wire.client.abandon(first);
+    }
+    const Bytes request = make_request(8, 20, 3);
+    const auto id = wire.begin(request);
+    CHECK(id == 0);
+    wire.run();
+    wire.check_ok(id, request);
+    CHECK(wire.server_drops.empty());
+    // a call whose packet went may have reached the server: its number is spent
+    const auto sent = wire.begin(make_request(8, 10, 4));
+    CHECK(sent == 1);
+    wire.send_from_client();
+    wire.client.abandon(sent);
+    CHECK(wire.client.next_request() == 2);
+}
+
 TEST_CASE("rpc slots: a response sent after in_progress ends its call when it arrives, not at the next question") {
     for (const std::uint32_t response_size : {10u, 3 * per + 5}) { // one packet; more, the rest asked for
         INFO("response of ", response_size, " bytes");

@@ -178,14 +178,14 @@ constexpr std::uint32_t window_wrs_per_slot = 4;
 static_assert(rc_receives + rc_whole_receives + rc_budget + rc_sends + rc_window_wrs < rc_cq_depth);
 static_assert(whole_max_message <= 0xffff); // RcMessage::whole_max
 
-// A client SEND's wr_id: a transfer's (its session and window slot) with this bit.
+// A client's SEND, window bind or revocation has a transfer's wr_id (its session and
+// window slot) with one of these bits.
 constexpr std::uint64_t client_send_bit = std::uint64_t{1} << 59;
-std::uint64_t send_id(SessionId id, std::uint32_t slot) noexcept {
-    return transfer_id(id, slot, RcTransport::Op::read) | client_send_bit;
-}
-// A client's window bind, or revocation, has a transfer's wr_id with one of these bits.
 constexpr std::uint64_t client_bind_bit = std::uint64_t{1} << 60;
 constexpr std::uint64_t client_revoke_bit = std::uint64_t{1} << 61;
+std::uint64_t client_id(SessionId id, std::uint32_t slot, std::uint64_t bit) noexcept {
+    return transfer_id(id, slot, RcTransport::Op::read) | bit;
+}
 
 } // namespace
 
@@ -664,7 +664,7 @@ void EndpointCore::send_whole(SessionState& s, const Outgoing& out) {
             "rpc: a whole request of session {} not a header's room into its memory", s.local.number);
     const LocalSlice message = memory->slice(0, header_bytes + out.payload.size());
     encode(out.header, std::span<std::byte, header_bytes>(message.data(), header_bytes));
-    if (auto posted = RcTransport::send(*s.rc.qp, message, send_id(s.local, k)); !posted) {
+    if (auto posted = RcTransport::send(*s.rc.qp, message, client_id(s.local, k, client_send_bit)); !posted) {
         end_session_soon(s.local, fmt::format("posting a whole request: {}", posted.error().message()));
         return;
     }
@@ -1719,7 +1719,7 @@ Result<void> EndpointCore::bind_windows(SessionState& s, std::uint32_t k, std::a
         if (keys[i]->length == 0)
             continue;
         const Access rights = i == 0 ? Access::remote_read : Access::remote_write;
-        const std::uint64_t id = transfer_id(s.local, k, RcTransport::Op::read) | client_bind_bit;
+        const std::uint64_t id = client_id(s.local, k, client_bind_bit);
         auto bound = post_bind(*s.rc.qp, *held[i], *lent[i].region, lent[i].offset, keys[i]->length, rights,
                                {.wr_id = id}); // signaled, as every WR of the RC QPs
         if (!bound) {
@@ -1746,7 +1746,7 @@ void EndpointCore::revoke_windows(SessionState& s, const PendingCall& call) {
     for (std::size_t i = 0; i < s.rc.windows[k].current.size(); ++i) {
         if ((slot.bound & (1u << i)) == 0)
             continue;
-        const std::uint64_t id = transfer_id(s.local, k, RcTransport::Op::read) | client_revoke_bit;
+        const std::uint64_t id = client_id(s.local, k, client_revoke_bit);
         if (auto posted = post_invalidate(*s.rc.qp, *s.rc.windows[k].current[i], {.wr_id = id}); !posted) {
             // the send queue has room for it (window_wrs): the QP is broken. The call
             // keeps its answer until the session ends, which destroys the windows

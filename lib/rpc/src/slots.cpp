@@ -66,6 +66,7 @@ ClientWindow::ClientWindow(const ClientOptions& options, PacketLimits limits, Ro
       credit_stalls_(options.credit_stalls), rto_(options.rto, where), slots_(options.window) {
     require(options.window > 0, where, "ClientWindow: a window of 0 slots");
     require(options.credits > 0, where, "ClientWindow: 0 credits");
+    given_back_.reserve(options.window);
 }
 
 std::expected<std::uint64_t, WindowFull> ClientWindow::begin(std::uint8_t rpc_type, std::span<const std::byte> request,
@@ -74,11 +75,16 @@ std::expected<std::uint64_t, WindowFull> ClientWindow::begin(std::uint8_t rpc_ty
     require(request.size() <= limits_.max_message(), where, "ClientWindow::begin: a {}-byte request, the most is {}",
             request.size(), limits_.max_message());
     require(!whole || rdma, where, "ClientWindow::begin: a whole request that is not a descriptor");
-    Slot& slot = slots_[next_request_ % slots_.size()];
+    const std::uint64_t number = next_request();
+    Slot& slot = slots_[number % slots_.size()];
     if (slot.busy)
         return std::unexpected(WindowFull{slot.request});
+    if (number == next_request_) [[likely]]
+        ++next_request_;
+    else
+        given_back_.erase(given_back_.begin());
     slot.busy = true;
-    slot.request = next_request_++;
+    slot.request = number;
     slot.rpc_type = rpc_type;
     if (keep == Keep::copy) {
         slot.request_bytes.assign(request.begin(), request.end());
@@ -95,6 +101,7 @@ std::expected<std::uint64_t, WindowFull> ClientWindow::begin(std::uint8_t rpc_ty
     slot.response_capacity = response_capacity;
     slot.response_packets = 0;
     slot.response_bytes.clear();
+    slot.on_wire = false;
     slot.sent = 0;
     slot.received = 0;
     slot.timeouts = 0;
@@ -108,6 +115,8 @@ std::expected<std::uint64_t, WindowFull> ClientWindow::begin(std::uint8_t rpc_ty
 void ClientWindow::abandon(std::uint64_t request, std::source_location where) {
     Slot& slot = slots_[request % slots_.size()];
     require(slot.busy && slot.request == request, where, "ClientWindow::abandon: call {} is not in progress", request);
+    if (!slot.on_wire) // the server never heard of it: its number goes to the next call
+        given_back_.insert(std::ranges::upper_bound(given_back_, request), request);
     release(slot);
 }
 
@@ -156,6 +165,7 @@ std::optional<Outgoing> ClientWindow::next_packet(Clock::time_point now) {
         cursor_ = k + 1 == n ? 0 : k + 1;
         const Outgoing out = packet_at(slot, slot.sent);
         slot.last_was_probe = out.header.probe;
+        slot.on_wire = true;
         if (++slot.sent == sendable(slot))
             --unsent_slots_;
         ++in_flight_;

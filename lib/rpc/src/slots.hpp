@@ -10,9 +10,11 @@
 // client begins them; call r lives in slot r % W, so a call waits while the call W
 // before it is still in its slot (WindowFull) even when other slots are free. The price
 // buys a bound: an honest client's numbers are dense, so the server drops any request
-// number more than W beyond the highest it has seen (a client whose W consecutive calls
-// ended (abandoned, timed out) without one packet of theirs reaching the server has
-// desynchronised its session: its next calls time out and the session must be reset).
+// number more than W beyond the highest it has seen. A call abandoned before any packet
+// of it went gives its number back: the next call begun takes it (and its slot), so
+// cancellations, a credit stall or binds still in flight (lib/rpc's windows) leave no
+// gap. (A client whose W consecutive calls ended with every packet of theirs lost has
+// desynchronised its session: its next calls time out and the session must be reset.)
 //
 // One call's packets (n_req request packets, n_resp response packets), each client
 // packet answered by one server packet:
@@ -207,8 +209,9 @@ public:
     // and ends the first that reached the retry cap: call again until it returns nothing.
     std::optional<CallEnd> expire(Clock::time_point now);
 
-    // The number the next call begun will have (its slot: next_request() % window).
-    std::uint64_t next_request() const noexcept { return next_request_; }
+    // The number the next call begun will have (its slot: next_request() % window): the
+    // lowest given back by a call abandoned unsent, else a new one.
+    std::uint64_t next_request() const noexcept { return given_back_.empty() ? next_request_ : given_back_.front(); }
 
     // Packets sent and not answered yet (at most ClientOptions::credits).
     std::uint32_t in_flight() const noexcept { return in_flight_; }
@@ -230,6 +233,7 @@ private:
         std::uint32_t response_capacity = 0;
         std::uint32_t response_packets = 0;  // n_resp; 0 until response packet 0 arrives
         std::vector<std::byte> response_bytes;
+        bool on_wire = false;       // a packet of it went: the server may know its number
         std::uint32_t sent = 0;     // positions sent (num_tx)
         std::uint32_t received = 0; // positions answered, in order (num_rx)
         std::uint32_t timeouts = 0; // consecutive, since the call last made progress
@@ -268,7 +272,10 @@ private:
     bool stalled_ = false; // next_packet() found no room for a packet, none sent since
     RtoEstimator rto_;
     std::vector<Slot> slots_;
-    std::uint64_t next_request_ = 0;
+    std::uint64_t next_request_ = 0; // the lowest number not yet begun
+    // numbers of calls abandoned before a packet of theirs went, lowest first (at most
+    // the window's; their slots stay free for them): begin() takes them before new ones
+    std::vector<std::uint64_t> given_back_;
     std::uint32_t in_flight_ = 0;
     std::size_t cursor_ = 0; // next_packet() serves the slots round-robin from here
     // Slots with a packet to send (sent < sendable(), resend_at or not): next_packet()
