@@ -268,6 +268,10 @@ struct RcPath {
     // bound window will need (an abandoned call's windows need none: they are destroyed
     // later); at most window_wrs_per_slot per window slot, the QP's send queue's share
     std::uint32_t window_wrs = 0;
+    // client: of them, the binds and revocations posted and not complete, and when the
+    // last completed (or, none posted before, the first was posted): windows_stalled
+    std::uint32_t window_posted = 0;
+    Clock::time_point window_progress_at{};
     // client: the calls that offered memory and ended without their immediate: each
     // may still get one (the server WROTE it before the call ended, or will), so many
     // immediates naming no call in progress an honest server may send; one more ends
@@ -432,6 +436,10 @@ struct EndpointCore {
     void revoke_windows(SessionState& s, const PendingCall& call);
     void windows_done(const WorkCompletion& completion, SessionId session, std::uint32_t slot, bool revoked);
     inline void call_left_slot(SessionState& s, std::uint64_t request, bool heard_from_server);
+    // Call `call` (in progress, its answer not in) ends with `why` as its caller is gone
+    // (cancelled, past its deadline): what it offered stays out of reach of its next
+    // calls (renew_reachable, call_left_slot) unless none of its packets went.
+    void abandon(SessionState& s, PendingCall& call, Error why);
     void renew_reachable(SessionState& s, const PendingCall& call);
     void renew(MessageBuffer& buffer, bool keep_bytes);
     Result<QueuePair> make_rc_qp(RcRole role, std::uint32_t depth);
@@ -876,6 +884,8 @@ void EndpointCore::finish(PendingCall& call, SessionState& s, Result<std::size_t
 [[gnu::always_inline]]
 void EndpointCore::end_call(SessionState& s, const CallEnd& end) {
     PendingCall& call = s.calls[end.request % s.calls.size()];
+    if (end.outcome == CallOutcome::timed_out)
+        renew_reachable(s, call);
     call_left_slot(s, end.request, end.outcome != CallOutcome::timed_out);
     switch (end.outcome) {
     case CallOutcome::ok:
@@ -934,15 +944,27 @@ void EndpointCore::cancel(const StoredCall::Target& target) {
     PendingCall& call = s->calls[target.call % s->calls.size()];
     if (!call.busy || call.request != target.call || call.revoking)
         return; // ended, or its answer is in (its windows being revoked)
-    s->client->abandon(target.call);
-    call_left_slot(*s, target.call, false);
-    finish(call, *s, std::unexpected(Error::cancelled("rpc::Session::call")));
+    abandon(*s, call, Error::cancelled("rpc::Session::call"));
     const auto now = Clock::now();
     begin_queued(*s, now);
     pump(*s, now);
 }
 
 void cancel_call(const StoredCall::Target& target) noexcept { target.core->cancel(target); }
+
+void EndpointCore::abandon(SessionState& s, PendingCall& call, Error why) {
+    if (s.client->abandon(call.request)) {
+        // nothing of it went: the server can neither READ nor WRITE what it offered
+        if (std::exchange(call.may_be_written, false)) {
+            --s.rc.client_slots[call.request % s.calls.size()].offers_unheard;
+            --offers_unheard;
+        }
+    } else {
+        renew_reachable(s, call);
+    }
+    call_left_slot(s, call.request, false);
+    finish(call, s, std::unexpected(std::move(why)));
+}
 
 [[gnu::always_inline]]
 void EndpointCore::activate(SessionState& s) {
@@ -974,21 +996,22 @@ void EndpointCore::arm_ticker() {
 
 namespace {
 
-// How long past its deadline a call whose answer is in may wait for the revocation of
-// its windows (local work requests: microseconds on a NIC) before its session is taken
-// for stalled and ended (which destroys the windows and delivers the answer).
-constexpr auto revocation_grace = std::chrono::seconds(1);
+// How long a session's window binds and revocations may go without one completing
+// before its QP is taken for stalled and the session ended (which destroys the windows
+// and delivers the answers they held back): local work requests take microseconds on a
+// NIC and on Soft-RoCE, whose stalls lasted 40 s and more.
+constexpr auto window_stall = std::chrono::seconds(5);
 
-// When call `call` (busy) is due: its deadline, or, its answer in, the end of its grace.
-Clock::time_point due_at(const PendingCall& call) noexcept {
-    return call.revoking ? call.deadline + revocation_grace : call.deadline;
+bool windows_stalled(const SessionState& s, Clock::time_point now) noexcept {
+    return s.rc.window_posted > 0 && now - s.rc.window_progress_at > window_stall;
 }
 
 // Whether a call's deadline or an RTO has come by `now` in the client session `s`.
 bool due(const SessionState& s, Clock::time_point now) {
     if (const auto rto = s.client->next_deadline(); rto && *rto <= now)
         return true;
-    return std::ranges::any_of(s.calls, [now](const PendingCall& call) { return call.busy && due_at(call) <= now; });
+    return std::ranges::any_of(
+        s.calls, [now](const PendingCall& call) { return call.busy && !call.revoking && call.deadline <= now; });
 }
 
 } // namespace
@@ -1024,21 +1047,19 @@ void EndpointCore::tick() {
                            s->local.number, options.setup_timeout.count());
             rc_unavailable(*s);
         }
-        bool stalled = false;
-        for (PendingCall& call : s->calls) {
-            if (!call.busy || due_at(call) > now)
+        for (PendingCall& call : s->calls)
+            if (call.busy && !call.revoking && call.deadline <= now)
+                abandon(*s, call, Error::timeout("rpc::Session::call", "no response in time"));
+        if (windows_stalled(*s, now)) [[unlikely]] {
+            rc->poll(); // a completion the driver has not taken yet is no stall
+            s = table.lookup(active[i]);
+            if (s == nullptr)
                 continue;
-            if (call.revoking) {
-                stalled = true;
+            if (windows_stalled(*s, now)) {
+                end_session(s->local, fmt::format("its RC QP completed no window bind or revocation in {} s",
+                                                  window_stall.count()));
                 continue;
             }
-            s->client->abandon(call.request);
-            call_left_slot(*s, call.request, false);
-            finish(call, *s, std::unexpected(Error::timeout("rpc::Session::call", "no response in time")));
-        }
-        if (stalled) [[unlikely]] {
-            end_session(s->local, "its RC QP revoked no memory window in a call's time and a second");
-            continue;
         }
         const std::uint32_t before = s->client->in_flight();
         while (const auto end = s->client->expire(now))
@@ -1315,8 +1336,6 @@ Result<EndpointCore::Description> EndpointCore::describe(SessionState& s, std::s
 [[gnu::always_inline]]
 void EndpointCore::call_left_slot(SessionState& s, std::uint64_t request, bool heard_from_server) {
     const std::size_t k = request % s.calls.size();
-    if (!heard_from_server)
-        renew_reachable(s, s.calls[k]);
     if (s.rc.client_slots.empty())
         return;
     RcPath::ClientSlot& slot = s.rc.client_slots[k];
@@ -1701,6 +1720,16 @@ void EndpointCore::sent_whole(const WorkCompletion& wc, SessionId session, std::
     }
 }
 
+namespace {
+
+// A window bind or revocation posted on the session's QP (RcPath::window_posted).
+void window_wr_posted(RcPath& rc) {
+    if (rc.window_posted++ == 0)
+        rc.window_progress_at = Clock::now();
+}
+
+} // namespace
+
 Result<void> EndpointCore::bind_windows(SessionState& s, std::uint32_t k, std::array<RemoteMemory*, 2> keys,
                                        const std::array<Lent, 2>& lent) {
     RcPath::ClientSlot& slot = s.rc.client_slots[k];
@@ -1728,6 +1757,7 @@ Result<void> EndpointCore::bind_windows(SessionState& s, std::uint32_t k, std::a
         }
         slot.bound |= static_cast<std::uint8_t>(1u << i);
         ++s.rc.binding;
+        window_wr_posted(s.rc);
         s.rc.window_wrs += 2; // the bind, and the revocation it will need
         window_wrs += 2;
         *keys[i] = *bound;
@@ -1754,6 +1784,7 @@ void EndpointCore::revoke_windows(SessionState& s, const PendingCall& call) {
             end_session_soon(s.local, fmt::format("revoking a call's memory window: {}", posted.error().message()));
             return;
         }
+        window_wr_posted(s.rc);
     }
 }
 
@@ -1768,8 +1799,12 @@ void EndpointCore::windows_done(const WorkCompletion& wc, SessionId session, std
                                                 revoked ? "revoking" : "binding", wc.error().message()));
     --s->rc.window_wrs;
     --window_wrs;
+    --s->rc.window_posted;
     const auto now = Clock::now();
+    s->rc.window_progress_at = now;
     if (revoked) {
+        if (!s->calls[k].revoking)
+            return; // not one whose answer is held: the session is ending
         // the slot's revocations complete in order: the lowest window bound first (if
         // the other's post failed, the session is ending: end_session finishes the call)
         std::uint8_t& bound = s->rc.client_slots[k].bound;
@@ -1814,6 +1849,7 @@ void EndpointCore::set_rc_qp(SessionState& s, std::optional<QueuePair> qp) {
     s.rc.windows.clear(); // before the QP they are bound through (RcPath::windows)
     s.rc.qp = std::move(qp);
     s.rc.binding = 0; // a new QP's binds are its own
+    s.rc.window_posted = 0;
     window_wrs -= std::exchange(s.rc.window_wrs, 0);
     if (s.rc.qp)
         rc_qps[s.rc.qp->qpn()] = s.local;

@@ -114,6 +114,9 @@ public:
     // SENDs `local` (a whole request), signaled. Runtime error: the post failed.
     static Result<void> send(QueuePair& qp, const LocalSlice& local, std::uint64_t wr_id);
 
+    // Takes what the CQ holds now, up to a driver's turn, as the driver's next turn would.
+    std::size_t poll() { return cq_->poll(); }
+
 private:
     RcTransport(const ProtectionDomain& pd, Sizes sizes, Done done, void* done_context)
         : pd_(&pd), sizes_(sizes), done_(done), done_context_(done_context) {}

@@ -112,12 +112,14 @@ std::expected<std::uint64_t, WindowFull> ClientWindow::begin(std::uint8_t rpc_ty
     return slot.request;
 }
 
-void ClientWindow::abandon(std::uint64_t request, std::source_location where) {
+bool ClientWindow::abandon(std::uint64_t request, std::source_location where) {
     Slot& slot = slots_[request % slots_.size()];
     require(slot.busy && slot.request == request, where, "ClientWindow::abandon: call {} is not in progress", request);
-    if (!slot.on_wire) // the server never heard of it: its number goes to the next call
+    const bool unsent = !slot.on_wire;
+    if (unsent) // the server never heard of it: its number goes to the next call
         given_back_.insert(std::ranges::upper_bound(given_back_, request), request);
     release(slot);
+    return unsent;
 }
 
 [[gnu::always_inline]]

@@ -171,9 +171,11 @@ public:
                                                    std::source_location where = std::source_location::current());
 
     // The call's caller is gone: its slot is free, whatever the server still sends for
-    // it is dropped (stale_request), its packets in flight are written off.
-    // Programming error: `request` is not a call in progress (never begun, ended, abandoned).
-    void abandon(std::uint64_t request, std::source_location where = std::source_location::current());
+    // it is dropped (stale_request), its packets in flight are written off. True: no
+    // packet of it went (the server cannot know of it), and its number goes to the next
+    // call begun. Programming error: `request` is not a call in progress (never begun,
+    // ended, abandoned).
+    bool abandon(std::uint64_t request, std::source_location where = std::source_location::current());
 
     // The next packet to send, if a call has one and a credit is free. It counts as
     // sent at `now` (its RTO runs from there).

@@ -225,9 +225,10 @@ struct EndpointOptions {
     /// by UD too where its four work requests would not fit beside those in flight: its
     /// session's QP holds four per window slot, the endpoint 1,024 (calls abandoned with
     /// their binds in flight take room until the binds complete). A call whose answer is
-    /// in waits for its revocations; if they have not completed a second past its
-    /// deadline, the QP is taken for stalled and the session ends (the call still gets
-    /// its answer: the windows are destroyed first). Runtime error of Endpoint::create:
+    /// in waits for its revocations, past its deadline if need be: a session whose binds
+    /// and revocations go 5 s without one completing has its QP taken for stalled, and
+    /// ends (a call whose answer was in still gets it: the windows are destroyed first).
+    /// Runtime error of Endpoint::create:
     /// true on a device without type 2 windows (DeviceAttributes::type2_windows).
     bool lend_through_windows = false;
     /// Congestion control of the sessions this endpoint calls through (congestion.hpp):
