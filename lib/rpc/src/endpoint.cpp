@@ -431,6 +431,11 @@ struct EndpointCore {
                               const std::array<Lent, 2>& lent);
     // Whether a call of session `s` may lend through windows now (rc_window_wrs).
     bool window_room(const SessionState& s) const noexcept;
+    // Session `s`'s RcPath::window_wrs, and the endpoint's sum of them, grow by `n`.
+    void add_window_wrs(SessionState& s, std::int32_t n) noexcept {
+        s.rc.window_wrs += n;
+        window_wrs += n;
+    }
     // Posts the revocation of the windows call `call`'s slot bound. A failed post (the
     // QP is broken) ends the session, which then finishes the call.
     void revoke_windows(SessionState& s, const PendingCall& call);
@@ -1359,8 +1364,7 @@ void EndpointCore::call_left_slot(SessionState& s, std::uint64_t request, bool h
                     held.retired.push_back(std::move(*std::exchange(held.current[i], std::nullopt)));
                     // revoked by its destruction, not by a work request (its bind's
                     // completion may still come)
-                    --s.rc.window_wrs;
-                    --window_wrs;
+                    add_window_wrs(s, -1);
                 }
             slot.bound = 0;
         }
@@ -1758,8 +1762,7 @@ Result<void> EndpointCore::bind_windows(SessionState& s, std::uint32_t k, std::a
         slot.bound |= static_cast<std::uint8_t>(1u << i);
         ++s.rc.binding;
         window_wr_posted(s.rc);
-        s.rc.window_wrs += 2; // the bind, and the revocation it will need
-        window_wrs += 2;
+        add_window_wrs(s, 2); // the bind, and the revocation it will need
         *keys[i] = *bound;
     }
     return {};
@@ -1797,8 +1800,7 @@ void EndpointCore::windows_done(const WorkCompletion& wc, SessionId session, std
     if (!wc.ok())
         return end_session(session, fmt::format("{} a call's memory window failed: {}",
                                                 revoked ? "revoking" : "binding", wc.error().message()));
-    --s->rc.window_wrs;
-    --window_wrs;
+    add_window_wrs(*s, -1);
     --s->rc.window_posted;
     const auto now = Clock::now();
     s->rc.window_progress_at = now;
@@ -1850,7 +1852,7 @@ void EndpointCore::set_rc_qp(SessionState& s, std::optional<QueuePair> qp) {
     s.rc.qp = std::move(qp);
     s.rc.binding = 0; // a new QP's binds are its own
     s.rc.window_posted = 0;
-    window_wrs -= std::exchange(s.rc.window_wrs, 0);
+    add_window_wrs(s, -static_cast<std::int32_t>(s.rc.window_wrs));
     if (s.rc.qp)
         rc_qps[s.rc.qp->qpn()] = s.local;
 }
