@@ -77,22 +77,6 @@ int post_extended(ibv_qp_ex* qpx, const ibv_send_wr* wr) {
     return ibv_wr_complete(qpx);
 }
 
-namespace {
-
-// What post_bind and post_invalidate check, and the part of the WR they share.
-ibv_send_wr window_wr(const QueuePair& qp, ibv_wr_opcode opcode, const PostOptions& options,
-                      std::source_location where) {
-    require(qp.type() == QpType::rc, where, "a memory window on a {} QP: type 2 windows are bound through RC QPs",
-            qp.type());
-    ibv_send_wr wr{};
-    wr.wr_id = options.wr_id;
-    wr.opcode = opcode;
-    wr.send_flags = (options.signaled ? IBV_SEND_SIGNALED : 0) | (options.fence ? IBV_SEND_FENCE : 0);
-    return wr;
-}
-
-} // namespace
-
 Error post_error(bool extended, int rc, const ibv_send_wr& first, const ibv_send_wr* bad, std::size_t count,
                  std::size_t& accepted) {
     accepted = 0;
@@ -116,39 +100,3 @@ Error post_recv_error(const char* call, int rc, const ibv_recv_wr& first, const 
 }
 
 } // namespace rdmaxx::detail
-
-namespace rdmaxx {
-
-Result<RemoteMemory> post_bind(QueuePair& qp, MemoryWindow& window, const MemoryRegion& region, std::size_t offset,
-                               std::size_t length, Access rights, const PostOptions& options,
-                               std::source_location where) {
-    require(rights != Access::none && has(access_remote, rights), where,
-            "a window's rights must be remote ones, at least one (got {})", rights);
-    require(offset <= region.size() && length <= region.size() - offset, where,
-            "a window on [{}, +{}) of a {}-byte region", offset, length, region.size());
-    ibv_send_wr wr = detail::window_wr(qp, IBV_WR_BIND_MW, options, where);
-    const RemoteMemory bound{.addr = reinterpret_cast<std::uintptr_t>(region.data(where) + offset),
-                             .length = length,
-                             .rkey = ibv_inc_rkey(window.rkey(where))};
-    wr.bind_mw.mw = window.get(where);
-    wr.bind_mw.rkey = bound.rkey;
-    wr.bind_mw.bind_info = {.mr = region.get(where),
-                            .addr = bound.addr,
-                            .length = bound.length,
-                            .mw_access_flags = static_cast<unsigned>(rights)};
-    std::size_t accepted = 0;
-    if (auto ok = detail::submit(qp, wr, 1, accepted, where); !ok)
-        return std::unexpected(std::move(ok.error()));
-    window.advance_rkey(where);
-    return bound;
-}
-
-Result<void> post_invalidate(QueuePair& qp, const MemoryWindow& window, const PostOptions& options,
-                             std::source_location where) {
-    ibv_send_wr wr = detail::window_wr(qp, IBV_WR_LOCAL_INV, options, where);
-    wr.invalidate_rkey = window.rkey(where);
-    std::size_t accepted = 0;
-    return detail::submit(qp, wr, 1, accepted, where);
-}
-
-} // namespace rdmaxx

@@ -14,10 +14,4 @@ Result<MemoryWindow> MemoryWindow::allocate(const ProtectionDomain& pd, std::sou
 
 std::uint32_t MemoryWindow::rkey(std::source_location where) const { return get(where)->rkey; }
 
-std::uint32_t MemoryWindow::advance_rkey(std::source_location where) {
-    ibv_mw* mw = get(where);
-    mw->rkey = ibv_inc_rkey(mw->rkey);
-    return mw->rkey;
-}
-
 } // namespace rdmaxx

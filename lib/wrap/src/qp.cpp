@@ -104,15 +104,18 @@ Result<void> check_caps(const QpCaps& caps, bool with_srq, const ibv_device_attr
     return {};
 }
 
-// Every operation the data layer posts on a QP of this type.
-std::uint64_t send_ops(QpType type, bool atomics) {
+// Every operation the data layer posts on a QP of this type (an ibv_wr_* entry of an
+// operation not asked for here is a null pointer in some providers: Soft-RoCE's).
+std::uint64_t send_ops(QpType type, const DeviceAttributes& device) {
     std::uint64_t ops = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
     if (type != QpType::ud)
         ops |= IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM;
     if (type == QpType::rc) {
         ops |= IBV_QP_EX_WITH_RDMA_READ;
-        if (atomics)
+        if (device.atomics)
             ops |= IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+        if (device.type2_windows)
+            ops |= IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_LOCAL_INV;
     }
     return ops;
 }
@@ -165,7 +168,7 @@ Result<QueuePair> QueuePair::create(const ProtectionDomain& pd, const QpOptions&
     if (options.post_api == PostApi::extended) {
         ibv_qp_init_attr_ex extended = init;
         extended.comp_mask |= IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
-        extended.send_ops_flags = send_ops(options.type, device->attributes.atomics);
+        extended.send_ops_flags = send_ops(options.type, device->attributes);
         raw = ibv_create_qp_ex(device->context, &extended);
         if (!raw)
             return std::unexpected(Error::from_last_errno(

@@ -145,6 +145,18 @@ inline void build_atomic(SendWr& s, const QueuePair& qp, ibv_wr_opcode opcode, c
     s.wr.wr.atomic.rkey = target.rkey;
 }
 
+// What a bind or an invalidation of a memory window checks, and the part of their WR
+// they share (no SGEs; inline_data and solicited do not apply).
+inline void build_window(SendWr& s, const QueuePair& qp, ibv_wr_opcode opcode, const PostOptions& options,
+                         std::source_location where) {
+    require(qp.type() == QpType::rc, where, "a memory window on a {} QP: type 2 windows are bound through RC QPs",
+            qp.type());
+    s.wr = {};
+    s.wr.wr_id = options.wr_id;
+    s.wr.opcode = opcode;
+    s.wr.send_flags = (options.signaled ? IBV_SEND_SIGNALED : 0) | (options.fence ? IBV_SEND_FENCE : 0);
+}
+
 // Replays a WR chain through the ibv_wr_* API; returns ibv_wr_complete's result.
 int post_extended(ibv_qp_ex* qpx, const ibv_send_wr* wr);
 
@@ -195,7 +207,7 @@ public:
     /// N: the most WRs the batch holds.
     static constexpr std::size_t capacity() noexcept { return N; }
     /// Removes every WR: the next one added is WR 0.
-    void clear() noexcept { count_ = 0, atomics_ = false; }
+    void clear() noexcept { count_ = 0, atomics_ = false, windows_ = false; }
     /// The QP the batch posts on.
     const QueuePair& queue_pair() const noexcept { return *qp_; }
 
@@ -272,6 +284,58 @@ public:
         detail::build_atomic(next(where), *qp_, IBV_WR_ATOMIC_FETCH_AND_ADD, result, target, add, 0, options, where);
         atomics_ = true;
         return *this;
+    }
+
+    /// Adds a bind of `window` to `length` bytes at `offset` of `region` with the remote
+    /// `rights` (as post_bind). Each post() binds it anew, with the window's next key:
+    /// bound(k) tells the bytes and the key to hand to the peer, and the key becomes the
+    /// window's once the device took the WR. Two windows bound with one doorbell, only
+    /// the last signaled, cost one post and one completion (an RC QP's WRs complete in
+    /// order, so the last one's completion says both are done).
+    /// @misuse as post_bind's; a window the batch already binds or invalidates; a full
+    /// batch.
+    SendBatch& bind(MemoryWindow& window, const MemoryRegion& region, std::size_t offset, std::size_t length,
+                    Access rights, const PostOptions& options = {},
+                    std::source_location where = std::source_location::current()) {
+        require(rights != Access::none && has(access_remote, rights), where,
+                "a window's rights must be remote ones, at least one (got {})", rights);
+        require(offset <= region.size() && length <= region.size() - offset, where,
+                "a window on [{}, +{}) of a {}-byte region", offset, length, region.size());
+        require_new_window(window, where);
+        detail::SendWr& s = next(where);
+        detail::build_window(s, *qp_, IBV_WR_BIND_MW, options, where);
+        s.wr.bind_mw.mw = window.get(where);
+        s.wr.bind_mw.rkey = ibv_inc_rkey(window.rkey(where));
+        s.wr.bind_mw.bind_info = {.mr = region.get(where),
+                                  .addr = reinterpret_cast<std::uintptr_t>(region.data(where) + offset),
+                                  .length = length,
+                                  .mw_access_flags = static_cast<unsigned>(rights)};
+        windows_ = true;
+        return *this;
+    }
+    /// Adds an invalidation of `window`'s key as it is now (as post_invalidate): after the
+    /// window is bound again, add it anew.
+    /// @misuse as post_invalidate's; a window the batch already binds or invalidates; a
+    /// full batch.
+    SendBatch& invalidate(const MemoryWindow& window, const PostOptions& options = {},
+                          std::source_location where = std::source_location::current()) {
+        require_new_window(window, where);
+        detail::SendWr& s = next(where);
+        detail::build_window(s, *qp_, IBV_WR_LOCAL_INV, options, where);
+        s.wr.invalidate_rkey = window.rkey(where);
+        // where a bind names its window: LOCAL_INV reads invalidate_rkey only, and
+        // require_new_window compares windows so
+        s.wr.bind_mw.mw = window.get(where);
+        return *this;
+    }
+    /// What bind k bound in the last post() (before any: what it will bind): the bytes
+    /// and the key to hand to the peer.
+    /// @misuse k past the batch, WR k not a bind.
+    RemoteMemory bound(std::size_t k, std::source_location where = std::source_location::current()) const {
+        require(k < count_ && wrs_[k].wr.opcode == IBV_WR_BIND_MW, where, "bound({}) of a batch of {}: not a bind", k,
+                count_);
+        const ibv_mw_bind_info& info = wrs_[k].wr.bind_mw.bind_info;
+        return {.addr = info.addr, .length = info.length, .rkey = wrs_[k].wr.bind_mw.rkey};
     }
 
     // The set_* calls are always inlined: they are the post path of a batch built once.
@@ -365,7 +429,12 @@ public:
             wrs_[i].wr.sg_list = wrs_[i].sge.data();
             wrs_[i].wr.next = i + 1 < count_ ? &wrs_[i + 1].wr : nullptr;
         }
-        return detail::submit(*qp_, wrs_[0].wr, count_, accepted_, where);
+        if (windows_) [[unlikely]]
+            key_binds();
+        auto posted = detail::submit(*qp_, wrs_[0].wr, count_, accepted_, where);
+        if (windows_) [[unlikely]]
+            advance_bound();
+        return posted;
     }
     /// How many WRs the last post() handed to the device.
     std::size_t accepted() const noexcept { return accepted_; }
@@ -379,11 +448,32 @@ private:
         require(k < count_, where, "WR {} of a batch of {}", k, count_);
         return wrs_[k];
     }
+    static bool window_wr(const ibv_send_wr& wr) noexcept {
+        return wr.opcode == IBV_WR_BIND_MW || wr.opcode == IBV_WR_LOCAL_INV;
+    }
+    // a window's key changes with each bind: a batch names each window once
+    void require_new_window(const MemoryWindow& window, std::source_location where) const {
+        for (std::size_t i = 0; i < count_; ++i)
+            require(!window_wr(wrs_[i].wr) || wrs_[i].wr.bind_mw.mw != window.get(where), where,
+                    "a memory window twice in one SendBatch");
+    }
+    // Each bind takes its window's next key; each the device took makes it the window's.
+    void key_binds() noexcept {
+        for (std::size_t i = 0; i < count_; ++i)
+            if (wrs_[i].wr.opcode == IBV_WR_BIND_MW)
+                wrs_[i].wr.bind_mw.rkey = ibv_inc_rkey(wrs_[i].wr.bind_mw.mw->rkey);
+    }
+    void advance_bound() noexcept {
+        for (std::size_t i = 0; i < accepted_; ++i)
+            if (wrs_[i].wr.opcode == IBV_WR_BIND_MW)
+                wrs_[i].wr.bind_mw.mw->rkey = wrs_[i].wr.bind_mw.rkey;
+    }
 
     QueuePair* qp_;
     std::size_t count_ = 0;
     std::size_t accepted_ = 0;
     bool atomics_ = false;
+    bool windows_ = false; // binds or invalidations: post() keys them
     std::array<detail::SendWr, N> wrs_;
 };
 
@@ -480,9 +570,15 @@ inline Result<void> post_fetch_add(QueuePair& qp, const LocalSlice& result, cons
 /// @misuse `rights` not remote ones (remote_read|remote_write|remote_atomic,
 /// at least one), a range outside the region, a QP not RC, or not in RTS; a moved-from
 /// QP, window or region.
-Result<RemoteMemory> post_bind(QueuePair& qp, MemoryWindow& window, const MemoryRegion& region, std::size_t offset,
-                               std::size_t length, Access rights, const PostOptions& options = {},
-                               std::source_location where = std::source_location::current());
+inline Result<RemoteMemory> post_bind(QueuePair& qp, MemoryWindow& window, const MemoryRegion& region,
+                                      std::size_t offset, std::size_t length, Access rights,
+                                      const PostOptions& options = {},
+                                      std::source_location where = std::source_location::current()) {
+    SendBatch<1> batch(qp);
+    if (auto posted = batch.bind(window, region, offset, length, rights, options, where).post(where); !posted)
+        return std::unexpected(std::move(posted.error()));
+    return batch.bound(0, where);
+}
 /// post_bind() of the whole region.
 /// @errors as the other post_bind's.
 /// @misuse as the other post_bind's.
@@ -497,8 +593,10 @@ inline Result<RemoteMemory> post_bind(QueuePair& qp, MemoryWindow& window, const
 /// @errors as post_bind's.
 /// @misuse as post_bind's that apply: a QP not RC, or not in RTS; a moved-from QP or
 /// window.
-Result<void> post_invalidate(QueuePair& qp, const MemoryWindow& window, const PostOptions& options = {},
-                             std::source_location where = std::source_location::current());
+inline Result<void> post_invalidate(QueuePair& qp, const MemoryWindow& window, const PostOptions& options = {},
+                                    std::source_location where = std::source_location::current()) {
+    return SendBatch<1>(qp).invalidate(window, options, where).post(where);
+}
 
 namespace detail {
 

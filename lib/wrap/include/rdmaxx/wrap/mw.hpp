@@ -33,16 +33,12 @@ public:
 
     /// The key of the last bind posted (its low 8 bits change with every bind, so a
     /// key handed out before is refused once the window is bound again). It is kept in
-    /// the verbs window itself: a provider names the window in the next bind's WR by
-    /// it (Soft-RoCE refuses a bind naming an older key, so a window kept elsewhere
-    /// bound once only).
+    /// the verbs window itself, where a posted bind sets it (SendBatch::bind): a
+    /// provider names the window in the next bind's WR by it (Soft-RoCE refuses a bind
+    /// naming an older key, so a window kept elsewhere bound once only).
     ///
     /// @misuse A moved-from window.
     std::uint32_t rkey(std::source_location where = std::source_location::current()) const;
-    /// The key the next bind gives, made current: for post_bind.
-    ///
-    /// @misuse A moved-from window.
-    std::uint32_t advance_rkey(std::source_location where = std::source_location::current());
 
     /// The verbs window, for calls rdmaxx does not wrap.
     ///
