@@ -937,6 +937,7 @@ struct Bursts {
     std::uint32_t window = 0;
     std::uint64_t lent_in_bursts = 0; // calls of the bursts the server READ
     std::uint64_t lent_after = 0;     // of the last window
+    std::uint64_t posts_after = 0;    // the last window's window posts (Counters::window_posts)
     std::uint32_t sessions = 0;       // the client's, at the end
 };
 
@@ -983,6 +984,7 @@ asio::awaitable<void> cancel_bursts(Rig* rig, int rounds, Bursts* out) {
         out->lent_in_bursts += rig->server->counters().rdma_reads - read;
     }
     const std::uint64_t read = rig->server->counters().rdma_reads;
+    const std::uint64_t posts = rig->client->counters().window_posts;
     ended = 0;
     for (std::uint32_t i = 0; i < w; ++i)
         session->call(echo, requests[i], responses[i], {.timeout = 30s}, [&, i](Result<std::size_t> got) {
@@ -992,6 +994,7 @@ asio::awaitable<void> cancel_bursts(Rig* rig, int rounds, Bursts* out) {
         });
     co_await until([&] { return ended == w; });
     out->lent_after = rig->server->counters().rdma_reads - read;
+    out->posts_after = rig->client->counters().window_posts - posts;
     out->sessions = rig->client->sessions();
 }
 
@@ -1013,6 +1016,8 @@ TEST_CASE("rpc endpoint: lending through windows, bursts of cancelled calls: a c
     // lends, the others go by UD
     CHECK(out.lent_in_bursts == rounds * (out.window / 2));
     CHECK(out.lent_after == out.window);
+    // each lending call: its two binds with one doorbell, its two revocations with another
+    CHECK(out.posts_after == 2 * out.window);
     const auto& c = rig.client->counters();
     CHECK(c.failed == rounds * out.window); // the cancelled, and no session ended
     CHECK(c.buffers_renewed == 0);

@@ -179,13 +179,16 @@ static_assert(rc_receives + rc_whole_receives + rc_budget + rc_sends + rc_window
 static_assert(whole_max_message <= 0xffff); // RcMessage::whole_max
 
 // A client's SEND, window bind or revocation has a transfer's wr_id (its session and
-// window slot) with one of these bits.
+// window slot) with one of these bits. A call's binds are posted with one doorbell,
+// and so are its revocations, the last one signaled: its completion says the `wrs`
+// work requests of the chain are done (bit 0, a transfer's READ or WRITE, says 1 or 2).
 constexpr std::uint64_t client_send_bit = std::uint64_t{1} << 59;
 constexpr std::uint64_t client_bind_bit = std::uint64_t{1} << 60;
 constexpr std::uint64_t client_revoke_bit = std::uint64_t{1} << 61;
-std::uint64_t client_id(SessionId id, std::uint32_t slot, std::uint64_t bit) noexcept {
-    return transfer_id(id, slot, RcTransport::Op::read) | bit;
+std::uint64_t client_id(SessionId id, std::uint32_t slot, std::uint64_t bit, std::size_t wrs = 1) noexcept {
+    return transfer_id(id, slot, RcTransport::Op::read) | bit | (wrs - 1);
 }
+std::uint32_t chain_wrs(std::uint64_t client_id) noexcept { return 1 + static_cast<std::uint32_t>(client_id & 1); }
 
 } // namespace
 
@@ -424,7 +427,8 @@ struct EndpointCore {
         std::size_t offset = 0;
     };
     // Binds the slot's windows to what the call offers (`keys[i]`, whose length is not 0:
-    // in `lent[i]`) and makes `keys` theirs; ClientSlot::bound names those posted.
+    // in `lent[i]`) with one doorbell and makes `keys` theirs; ClientSlot::bound names
+    // those posted.
     // Runtime error: a window could not be made (none is bound), or a post failed (the
     // QP is broken: the session ends, and the call with it).
     Result<void> bind_windows(SessionState& s, std::uint32_t k, std::array<RemoteMemory*, 2> keys,
@@ -436,10 +440,12 @@ struct EndpointCore {
         s.rc.window_wrs += n;
         window_wrs += n;
     }
-    // Posts the revocation of the windows call `call`'s slot bound. A failed post (the
-    // QP is broken) ends the session, which then finishes the call.
+    // Posts the revocations of the windows call `call`'s slot bound, with one doorbell.
+    // A failed post (the QP is broken) ends the session, which then finishes the call.
     void revoke_windows(SessionState& s, const PendingCall& call);
-    void windows_done(const WorkCompletion& completion, SessionId session, std::uint32_t slot, bool revoked);
+    // The chain of `wrs` binds or revocations of window slot `slot` completed.
+    void windows_done(const WorkCompletion& completion, SessionId session, std::uint32_t slot, bool revoked,
+                      std::uint32_t wrs);
     inline void call_left_slot(SessionState& s, std::uint64_t request, bool heard_from_server);
     // Call `call` (in progress, its answer not in) ends with `why` as its caller is gone
     // (cancelled, past its deadline): what it offered stays out of reach of its next
@@ -1618,7 +1624,7 @@ void EndpointCore::transfer_done(const WorkCompletion& wc) {
     if ((id & client_send_bit) != 0)
         return sent_whole(wc, session, k);
     if ((id & (client_bind_bit | client_revoke_bit)) != 0)
-        return windows_done(wc, session, k, (id & client_revoke_bit) != 0);
+        return windows_done(wc, session, k, (id & client_revoke_bit) != 0, chain_wrs(id));
     SessionState* s = table.lookup(session);
     if (s == nullptr || !s->rc.qp || s->rc.qp->qpn() != wc.qp_num())
         return post_waiting(); // a completion of a QP gone with its session
@@ -1726,10 +1732,11 @@ void EndpointCore::sent_whole(const WorkCompletion& wc, SessionId session, std::
 
 namespace {
 
-// A window bind or revocation posted on the session's QP (RcPath::window_posted).
-void window_wr_posted(RcPath& rc) {
-    if (rc.window_posted++ == 0)
+// `n` window binds or revocations posted on the session's QP (RcPath::window_posted).
+void window_wrs_posted(RcPath& rc, std::size_t n) {
+    if (rc.window_posted == 0)
         rc.window_progress_at = Clock::now();
+    rc.window_posted += static_cast<std::uint32_t>(n);
 }
 
 } // namespace
@@ -1748,22 +1755,29 @@ Result<void> EndpointCore::bind_windows(SessionState& s, std::uint32_t k, std::a
             return std::unexpected(std::move(made.error()));
         held[i].emplace(std::move(*made));
     }
+    SendBatch<2> binds(*s.rc.qp);
+    std::array<std::size_t, 2> window_of{}; // the window bind j binds
     for (std::size_t i = 0; i < keys.size(); ++i) {
         if (keys[i]->length == 0)
             continue;
         const Access rights = i == 0 ? Access::remote_read : Access::remote_write;
-        const std::uint64_t id = client_id(s.local, k, client_bind_bit);
-        auto bound = post_bind(*s.rc.qp, *held[i], *lent[i].region, lent[i].offset, keys[i]->length, rights,
-                               {.wr_id = id}); // signaled, as every WR of the RC QPs
-        if (!bound) {
-            end_session_soon(s.local, fmt::format("binding a call's memory window: {}", bound.error().message()));
-            return std::unexpected(std::move(bound.error()));
-        }
-        slot.bound |= static_cast<std::uint8_t>(1u << i);
-        ++s.rc.binding;
-        window_wr_posted(s.rc);
-        add_window_wrs(s, 2); // the bind, and the revocation it will need
-        *keys[i] = *bound;
+        window_of[binds.size()] = i;
+        binds.bind(*held[i], *lent[i].region, lent[i].offset, keys[i]->length, rights, {.signaled = false});
+    }
+    const std::size_t last = binds.size() - 1;
+    binds.set_signaled(last, true).set_wr_id(last, client_id(s.local, k, client_bind_bit, binds.size()));
+    const auto posted = binds.post();
+    ++counters.window_posts;
+    for (std::size_t j = 0; j < binds.accepted(); ++j) {
+        slot.bound |= static_cast<std::uint8_t>(1u << window_of[j]);
+        *keys[window_of[j]] = binds.bound(j);
+    }
+    s.rc.binding += static_cast<std::uint32_t>(binds.accepted());
+    window_wrs_posted(s.rc, binds.accepted());
+    add_window_wrs(s, 2 * static_cast<std::int32_t>(binds.accepted())); // the binds, and the revocations they will need
+    if (!posted) {
+        end_session_soon(s.local, fmt::format("binding a call's memory window: {}", posted.error().message()));
+        return std::unexpected(posted.error());
     }
     return {};
 }
@@ -1776,48 +1790,49 @@ bool EndpointCore::window_room(const SessionState& s) const noexcept {
 void EndpointCore::revoke_windows(SessionState& s, const PendingCall& call) {
     const auto k = static_cast<std::uint32_t>(call.request % s.calls.size());
     const RcPath::ClientSlot& slot = s.rc.client_slots[k];
-    for (std::size_t i = 0; i < s.rc.windows[k].current.size(); ++i) {
-        if ((slot.bound & (1u << i)) == 0)
-            continue;
-        const std::uint64_t id = client_id(s.local, k, client_revoke_bit);
-        if (auto posted = post_invalidate(*s.rc.qp, *s.rc.windows[k].current[i], {.wr_id = id}); !posted) {
-            // the send queue has room for it (window_wrs): the QP is broken. The call
-            // keeps its answer until the session ends, which destroys the windows
-            // before it finishes the call (end_session)
-            end_session_soon(s.local, fmt::format("revoking a call's memory window: {}", posted.error().message()));
-            return;
-        }
-        window_wr_posted(s.rc);
+    SendBatch<2> revocations(*s.rc.qp);
+    for (std::size_t i = 0; i < s.rc.windows[k].current.size(); ++i)
+        if ((slot.bound & (1u << i)) != 0)
+            revocations.invalidate(*s.rc.windows[k].current[i], {.signaled = false});
+    const std::size_t last = revocations.size() - 1;
+    revocations.set_signaled(last, true)
+        .set_wr_id(last, client_id(s.local, k, client_revoke_bit, revocations.size()));
+    const auto posted = revocations.post();
+    ++counters.window_posts;
+    window_wrs_posted(s.rc, revocations.accepted());
+    if (!posted) {
+        // the send queue has room for them (window_wrs): the QP is broken. The call
+        // keeps its answer until the session ends, which destroys the windows before
+        // it finishes the call (end_session)
+        end_session_soon(s.local, fmt::format("revoking a call's memory window: {}", posted.error().message()));
     }
 }
 
 // A call's windows are bound (its packets may go) or revoked (it finishes). A failed
 // bind or revocation ends the session, as a failed transfer does.
-void EndpointCore::windows_done(const WorkCompletion& wc, SessionId session, std::uint32_t k, bool revoked) {
+void EndpointCore::windows_done(const WorkCompletion& wc, SessionId session, std::uint32_t k, bool revoked,
+                                std::uint32_t wrs) {
     SessionState* s = table.lookup(session);
     if (s == nullptr || !s->rc.qp || s->rc.qp->qpn() != wc.qp_num())
         return; // a QP gone with its session (whose end settled the counts)
     if (!wc.ok())
         return end_session(session, fmt::format("{} a call's memory window failed: {}",
                                                 revoked ? "revoking" : "binding", wc.error().message()));
-    add_window_wrs(*s, -1);
-    --s->rc.window_posted;
+    add_window_wrs(*s, -static_cast<std::int32_t>(wrs));
+    s->rc.window_posted -= wrs;
     const auto now = Clock::now();
     s->rc.window_progress_at = now;
     if (revoked) {
         if (!s->calls[k].revoking)
             return; // not one whose answer is held: the session is ending
-        // the slot's revocations complete in order: the lowest window bound first (if
-        // the other's post failed, the session is ending: end_session finishes the call)
-        std::uint8_t& bound = s->rc.client_slots[k].bound;
-        bound &= static_cast<std::uint8_t>(bound - 1);
-        if (bound != 0)
-            return;
+        // one chain revoked every window of the slot (if its post failed partway, the
+        // session is ending: end_session finishes the call)
+        s->rc.client_slots[k].bound = 0;
         PendingCall& call = s->calls[k];
         finish(call, *s, std::move(*call.revoking));
         begin_queued(*s, now);
     } else {
-        --s->rc.binding;
+        s->rc.binding -= wrs;
     }
     pump(*s, now);
 }

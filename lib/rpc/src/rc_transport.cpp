@@ -68,7 +68,10 @@ Result<QueuePair> RcTransport::create_qp(RcRole role, std::uint32_t depth, std::
                                       .recv_cq = &cq_->get(),
                                       .srq = target ? &*srq_ : &*whole_srq_,
                                       .caps = {.max_send_wr = depth, .max_recv_wr = 1, .max_inline_data = inline_bytes},
-                                      .signal_all = true,
+                                      // a client's window binds and revocations go
+                                      // two to a doorbell, the last signaled; every
+                                      // other WR is signaled (PostOptions' default)
+                                      .signal_all = false,
                                       .port = port,
                                       .gid_index = gid_index,
                                       .remote_access =

@@ -37,7 +37,8 @@
 //    allowing remote READ and WRITE, and the initiator of its own end's transfers).
 //    It takes its receives from the immediates' SRQ, so it takes no whole requests.
 //  * Every READ, WRITE and SEND is signaled and named by a wr_id the endpoint chooses
-//    (bits 62 and 63 clear); each completion, success or failure, goes to the Done
+//    (bits 62 and 63 clear), and so is the last of each chain of a client's window
+//    binds or revocations (the QPs do not signal every WR); each completion, success or failure, goes to the Done
 //    function in the CQ's batch, and so does each receive's (wr_id receive_id, or
 //    whole_receive_bit with the buffer's index).
 //  * The CQ has `depth` entries: the endpoint keeps the transfers and SENDs in flight

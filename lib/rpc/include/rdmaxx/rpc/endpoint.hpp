@@ -289,6 +289,9 @@ struct Counters {
                                        ///< client had the response first), not dropped
     std::uint64_t buffers_renewed = 0; ///< MessageBuffers given new memory after their call was
                                        ///< abandoned (message_buffer.hpp)
+    std::uint64_t window_posts = 0;    ///< posts of window binds and revocations (client lending
+                                       ///< through windows): a call's binds go with one
+                                       ///< doorbell, its revocations with another
     std::uint64_t sessions_refused = 0; ///< session setups refused: by this server, to this client
     std::uint64_t rc_misuses = 0;      ///< sessions ended because their peer used its RC QP as
                                        ///< no honest peer does (see Endpoint: input)
