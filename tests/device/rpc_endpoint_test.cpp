@@ -1000,6 +1000,74 @@ asio::awaitable<void> cancel_bursts(Rig* rig, int rounds, Bursts* out) {
 
 } // namespace
 
+namespace {
+
+// Lending through windows, a call's binds hold its own packets only: a small call begun
+// in the same synchronous step, the large call's binds in flight, sends its packet at
+// once (Counters::copies counts a UD packet's payload as it is posted).
+struct Beside {
+    int wrong = 0;
+    std::uint64_t large_sent = 0; // packets posted by the large call's start
+    std::uint64_t small_sent = 0; // by the small call's, the large call's binds in flight
+    std::uint64_t lent = 0;       // large calls the server READ
+};
+
+asio::awaitable<void> call_beside_binds(Rig* rig, int rounds, Beside* out) {
+    std::optional<rpc::Session> session;
+    co_await connect_into(rig, &session);
+    constexpr std::size_t size = 20'000;
+    const std::vector<std::byte> sent = message(1, size);
+    rpc::MessageBuffer request = must(rig->client->alloc_buffer(size, rpc::BufferUse::request));
+    rpc::MessageBuffer response = must(rig->client->alloc_buffer(size, rpc::BufferUse::response));
+    request.resize(size);
+    std::memcpy(request.bytes().data(), sent.data(), size);
+    const auto right = [&](const Result<std::size_t>& got) {
+        return got && *got == size && echoed(response.bytes(), sent);
+    };
+    // the session's RC path, set up by a first large call
+    if (!right(co_await session->call(echo, request, response, {.timeout = 30s})))
+        ++out->wrong;
+    const std::vector<std::byte> small = message(2, 32);
+    std::vector<std::byte> small_response(64);
+    const std::uint64_t read = rig->server->counters().rdma_reads;
+    for (int round = 0; round < rounds; ++round) {
+        int ended = 0;
+        const std::uint64_t before = rig->client->counters().copies;
+        session->call(echo, request, response, {.timeout = 30s}, [&](Result<std::size_t> got) {
+            ++ended;
+            if (!right(got))
+                ++out->wrong;
+        });
+        const std::uint64_t after_large = rig->client->counters().copies;
+        out->large_sent += after_large - before;
+        session->call(echo, small, small_response, {.timeout = 30s}, [&](Result<std::size_t> got) {
+            ++ended;
+            if (!got || *got != small.size() || !echoed(small_response, small))
+                ++out->wrong;
+        });
+        out->small_sent += rig->client->counters().copies - after_large;
+        co_await until([&] { return ended == 2; });
+    }
+    out->lent = rig->server->counters().rdma_reads - read;
+}
+
+} // namespace
+
+TEST_CASE("rpc endpoint: lending through windows, a call's binds hold its own packets, not its session's" *
+          doctest::skip(!test::device_has_windows())) {
+    rpc::EndpointOptions lending = large_messages;
+    lending.lend_through_windows = true;
+    Rig rig(large_messages, lending);
+    constexpr int rounds = 20;
+    Beside out;
+    run(rig.io, call_beside_binds(&rig, rounds, &out), 60s);
+    CHECK(out.wrong == 0);
+    CHECK(out.large_sent == 0);      // its descriptor waits for its binds
+    CHECK(out.small_sent == rounds); // the small call's packet does not
+    CHECK(out.lent == rounds);
+    CHECK(rig.client->counters().window_posts == 2 * (rounds + 1));
+}
+
 TEST_CASE("rpc endpoint: lending through windows, bursts of cancelled calls: a call lends only where its binds and "
           "revocations fit beside the abandoned calls' binds, else it goes by UD" *
           doctest::skip(!test::device_has_windows())) {

@@ -222,6 +222,11 @@ struct RcPath {
         std::array<BufferHold, 2> lent;
         std::vector<BufferHold> retired_lent;
         std::uint8_t bound = 0; // the slot's windows its call bound (bit i: SlotWindows::current[i])
+        // its calls' chains of window binds posted whose completion has not come (an
+        // abandoned call's among them): a call that bound sends nothing until its own
+        // chain, the slot's last, is complete (the binds take effect before the server
+        // may use their keys; ClientWindow::hold)
+        std::uint32_t bind_chains = 0;
     };
     // client, lending through windows (EndpointOptions::lend_through_windows): the memory a call offers is
     // reached only through its slot's windows, current[0] READ (the request) and
@@ -264,9 +269,6 @@ struct RcPath {
     // the receives it keeps for the session); 0: none
     std::uint32_t whole_max = 0, whole_grant = 0;
     std::uint32_t sends = 0; // client: SENDs in flight
-    // client: window binds posted whose completion has not come: no packet goes until
-    // it has (the binds take effect before the server may use their keys)
-    std::uint32_t binding = 0;
     // client: binds and revocations posted and not complete, and the revocation each
     // bound window will need (an abandoned call's windows need none: they are destroyed
     // later); at most window_wrs_per_slot per window slot, the QP's send queue's share
@@ -705,7 +707,7 @@ void EndpointCore::end_session_soon(SessionId id, std::string why) {
 
 [[gnu::always_inline]]
 void EndpointCore::pump(SessionState& s, Clock::time_point now) {
-    if (!s.client || s.rc.binding > 0)
+    if (!s.client)
         return;
     while (transport->free_send_buffers() > 0) {
         const auto out = s.client->next_packet(now);
@@ -817,6 +819,8 @@ bool EndpointCore::try_begin(SessionState& s, std::uint8_t type, std::span<const
         // windows describe() bound, if it then failed too: the call revokes them as it
         // finishes (a failed post ends the session: end_session finishes it)
         bound = slot.bound != 0;
+        if (bound)
+            s.client->hold(*begun); // until its binds complete (windows_done)
         offered = rdma && slot.offered > 0;
         if (offered) {
             ++slot.offers_unheard;
@@ -1772,7 +1776,8 @@ Result<void> EndpointCore::bind_windows(SessionState& s, std::uint32_t k, std::a
         slot.bound |= static_cast<std::uint8_t>(1u << window_of[j]);
         *keys[window_of[j]] = binds.bound(j);
     }
-    s.rc.binding += static_cast<std::uint32_t>(binds.accepted());
+    if (binds.accepted() > 0)
+        ++slot.bind_chains;
     window_wrs_posted(s.rc, binds.accepted());
     add_window_wrs(s, 2 * static_cast<std::int32_t>(binds.accepted())); // the binds, and the revocations they will need
     if (!posted) {
@@ -1831,8 +1836,8 @@ void EndpointCore::windows_done(const WorkCompletion& wc, SessionId session, std
         PendingCall& call = s->calls[k];
         finish(call, *s, std::move(*call.revoking));
         begin_queued(*s, now);
-    } else {
-        s->rc.binding -= wrs;
+    } else if (--s->rc.client_slots[k].bind_chains == 0) {
+        s->client->resume(k); // the slot's call, if it bound, has its windows
     }
     pump(*s, now);
 }
@@ -1865,7 +1870,9 @@ void EndpointCore::set_rc_qp(SessionState& s, std::optional<QueuePair> qp) {
         rc_qps.erase(s.rc.qp->qpn());
     s.rc.windows.clear(); // before the QP they are bound through (RcPath::windows)
     s.rc.qp = std::move(qp);
-    s.rc.binding = 0; // a new QP's binds are its own
+    for (std::size_t k = 0; k < s.rc.client_slots.size(); ++k) // a new QP's binds are its own
+        if (std::exchange(s.rc.client_slots[k].bind_chains, 0) > 0)
+            s.client->resume(k);
     s.rc.window_posted = 0;
     add_window_wrs(s, -static_cast<std::int32_t>(s.rc.window_wrs));
     if (s.rc.qp)

@@ -102,6 +102,7 @@ std::expected<std::uint64_t, WindowFull> ClientWindow::begin(std::uint8_t rpc_ty
     slot.response_packets = 0;
     slot.response_bytes.clear();
     slot.on_wire = false;
+    slot.held = false;
     slot.sent = 0;
     slot.received = 0;
     slot.timeouts = 0;
@@ -120,6 +121,12 @@ bool ClientWindow::abandon(std::uint64_t request, std::source_location where) {
         given_back_.insert(std::ranges::upper_bound(given_back_, request), request);
     release(slot);
     return unsent;
+}
+
+void ClientWindow::hold(std::uint64_t request, std::source_location where) {
+    Slot& slot = slots_[request % slots_.size()];
+    require(slot.busy && slot.request == request, where, "ClientWindow::hold: call {} is not in progress", request);
+    slot.held = true;
 }
 
 [[gnu::always_inline]]
@@ -155,7 +162,7 @@ std::optional<Outgoing> ClientWindow::next_packet(Clock::time_point now) {
     // round-robin from the cursor without a division per slot
     for (std::size_t i = 0, k = cursor_; i < n; ++i, k = k + 1 == n ? 0 : k + 1) {
         Slot& slot = slots_[k];
-        if (slot.sent >= sendable(slot) || now < slot.resend_at)
+        if (slot.sent >= sendable(slot) || now < slot.resend_at || slot.held)
             continue;
         if (in_flight_ >= room) {
             if (!stalled_ && credit_stalls_ != nullptr)

@@ -177,6 +177,14 @@ public:
     // ended, abandoned).
     bool abandon(std::uint64_t request, std::source_location where = std::source_location::current());
 
+    // Call `request`'s packets wait until its slot is resumed: the memory windows its
+    // descriptor names are being bound (its server may use their keys once a packet
+    // arrives). The window's other calls go on. Programming error: `request` is not a
+    // call in progress.
+    void hold(std::uint64_t request, std::source_location where = std::source_location::current());
+    // The call in slot `slot` (its request number modulo the window), if held, may send.
+    void resume(std::size_t slot) noexcept { slots_[slot].held = false; }
+
     // The next packet to send, if a call has one and a credit is free. It counts as
     // sent at `now` (its RTO runs from there).
     std::optional<Outgoing> next_packet(Clock::time_point now);
@@ -236,6 +244,7 @@ private:
         std::uint32_t response_packets = 0;  // n_resp; 0 until response packet 0 arrives
         std::vector<std::byte> response_bytes;
         bool on_wire = false;       // a packet of it went: the server may know its number
+        bool held = false;          // hold(): no packet goes until resume()
         std::uint32_t sent = 0;     // positions sent (num_tx)
         std::uint32_t received = 0; // positions answered, in order (num_rx)
         std::uint32_t timeouts = 0; // consecutive, since the call last made progress

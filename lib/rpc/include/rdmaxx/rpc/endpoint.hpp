@@ -214,9 +214,10 @@ struct EndpointOptions {
     /// servers it trusts. true: through memory windows (type 2) bound through the
     /// session's QP to exactly the call's bytes before its descriptor goes and revoked
     /// before the call ends, so a server reaches a call's memory while it is in flight
-    /// only. The cost, per call that lends: two local work requests and their
-    /// completions before its descriptor goes (the session's packets wait for them),
-    /// two more before its answer is delivered; and requests the server would take
+    /// only. The cost, per call that lends: two local work requests (binds, one post,
+    /// one completion) before its descriptor goes (its packets wait for them; the
+    /// session's other calls go on), two more (revocations, the same) before its answer
+    /// is delivered; and requests the server would take
     /// whole (up to 16 KiB) are READ instead, so the client's QP posts binds and
     /// revocations only (Soft-RoCE in Linux 6.1 stalled a QP whose binds and
     /// revocations were mixed with SENDs once the wire lost packets: tests/device/
