@@ -207,7 +207,7 @@ public:
     /// N: the most WRs the batch holds.
     static constexpr std::size_t capacity() noexcept { return N; }
     /// Removes every WR: the next one added is WR 0.
-    void clear() noexcept { count_ = 0, atomics_ = false, windows_ = false; }
+    void clear() noexcept { count_ = 0, special_ = 0; }
     /// The QP the batch posts on.
     const QueuePair& queue_pair() const noexcept { return *qp_; }
 
@@ -273,7 +273,7 @@ public:
                             std::source_location where = std::source_location::current()) {
         detail::build_atomic(next(where), *qp_, IBV_WR_ATOMIC_CMP_AND_SWP, result, target, compare, swap, options,
                              where);
-        atomics_ = true;
+        special_ |= has_atomics;
         return *this;
     }
     /// Adds an atomic fetch-and-add (as post_fetch_add).
@@ -282,7 +282,7 @@ public:
                          const PostOptions& options = {},
                          std::source_location where = std::source_location::current()) {
         detail::build_atomic(next(where), *qp_, IBV_WR_ATOMIC_FETCH_AND_ADD, result, target, add, 0, options, where);
-        atomics_ = true;
+        special_ |= has_atomics;
         return *this;
     }
 
@@ -310,7 +310,7 @@ public:
                                   .addr = reinterpret_cast<std::uintptr_t>(region.data(where) + offset),
                                   .length = length,
                                   .mw_access_flags = static_cast<unsigned>(rights)};
-        windows_ = true;
+        special_ |= has_binds;
         return *this;
     }
     /// Adds an invalidation of `window`'s key as it is now (as post_invalidate): after the
@@ -423,18 +423,13 @@ public:
     [[gnu::always_inline]] Result<void> post(std::source_location where = std::source_location::current()) {
         require(count_ > 0, where, "post of an empty batch");
         accepted_ = 0;
-        if (atomics_ && !qp_->supports_atomics()) [[unlikely]]
-            return std::unexpected(Error::unsupported("post", "atomics on a device without atomic support"));
         for (std::size_t i = 0; i < count_; ++i) {
             wrs_[i].wr.sg_list = wrs_[i].sge.data();
             wrs_[i].wr.next = i + 1 < count_ ? &wrs_[i + 1].wr : nullptr;
         }
-        if (windows_) [[unlikely]]
-            key_binds();
-        auto posted = detail::submit(*qp_, wrs_[0].wr, count_, accepted_, where);
-        if (windows_) [[unlikely]]
-            advance_bound();
-        return posted;
+        if (special_ != 0) [[unlikely]]
+            return post_special(where);
+        return detail::submit(*qp_, wrs_[0].wr, count_, accepted_, where);
     }
     /// How many WRs the last post() handed to the device.
     std::size_t accepted() const noexcept { return accepted_; }
@@ -457,23 +452,27 @@ private:
             require(!window_wr(wrs_[i].wr) || wrs_[i].wr.bind_mw.mw != window.get(where), where,
                     "a memory window twice in one SendBatch");
     }
-    // Each bind takes its window's next key; each the device took makes it the window's.
-    void key_binds() noexcept {
+    // post() of a batch with atomics (an Error on a device without them) or memory
+    // windows: each bind takes its window's next key, and each the device took makes
+    // it the window's. Apart, so that the post path of other batches checks one flag.
+    Result<void> post_special(std::source_location where) {
+        if ((special_ & has_atomics) != 0 && !qp_->supports_atomics())
+            return std::unexpected(Error::unsupported("post", "atomics on a device without atomic support"));
         for (std::size_t i = 0; i < count_; ++i)
             if (wrs_[i].wr.opcode == IBV_WR_BIND_MW)
                 wrs_[i].wr.bind_mw.rkey = ibv_inc_rkey(wrs_[i].wr.bind_mw.mw->rkey);
-    }
-    void advance_bound() noexcept {
+        auto posted = detail::submit(*qp_, wrs_[0].wr, count_, accepted_, where);
         for (std::size_t i = 0; i < accepted_; ++i)
             if (wrs_[i].wr.opcode == IBV_WR_BIND_MW)
                 wrs_[i].wr.bind_mw.mw->rkey = wrs_[i].wr.bind_mw.rkey;
+        return posted;
     }
 
     QueuePair* qp_;
     std::size_t count_ = 0;
     std::size_t accepted_ = 0;
-    bool atomics_ = false;
-    bool windows_ = false; // binds or invalidations: post() keys them
+    static constexpr std::uint8_t has_atomics = 1, has_binds = 2;
+    std::uint8_t special_ = 0; // what post_special() handles
     std::array<detail::SendWr, N> wrs_;
 };
 
