@@ -504,6 +504,12 @@ namespace {
 
 const rpc::EndpointOptions large_messages{.max_request = 1 << 20, .max_response = 1 << 20};
 
+// A client's options: `options`, lending through memory windows.
+rpc::EndpointOptions lending_through_windows(rpc::EndpointOptions options = large_messages) {
+    options.lend_through_windows = true;
+    return options;
+}
+
 struct RcAttack {
     bool answered_too_far = false; // the descriptor beyond the limit: answered, not READ
     bool ended_by_bad_read = false;
@@ -904,9 +910,7 @@ TEST_CASE("rpc endpoint: lending through windows, a server's keys to a large cal
         for (bool late_write : {true, false}) {
             CAPTURE(buffers);
             CAPTURE(late_write);
-            rpc::EndpointOptions lending = large_messages;
-            lending.lend_through_windows = true;
-            Rig rig(large_messages, lending);
+            Rig rig(large_messages, lending_through_windows());
             Theft out;
             run(rig.io, steal(&rig, buffers, late_write, &out), 60s);
             REQUIRE(out.call);
@@ -1055,9 +1059,7 @@ asio::awaitable<void> call_beside_binds(Rig* rig, int rounds, Beside* out) {
 
 TEST_CASE("rpc endpoint: lending through windows, a call's binds hold its own packets, not its session's" *
           doctest::skip(!test::device_has_windows())) {
-    rpc::EndpointOptions lending = large_messages;
-    lending.lend_through_windows = true;
-    Rig rig(large_messages, lending);
+    Rig rig(large_messages, lending_through_windows());
     constexpr int rounds = 20;
     Beside out;
     run(rig.io, call_beside_binds(&rig, rounds, &out), 60s);
@@ -1071,9 +1073,7 @@ TEST_CASE("rpc endpoint: lending through windows, a call's binds hold its own pa
 TEST_CASE("rpc endpoint: lending through windows, bursts of cancelled calls: a call lends only where its binds and "
           "revocations fit beside the abandoned calls' binds, else it goes by UD" *
           doctest::skip(!test::device_has_windows())) {
-    rpc::EndpointOptions lending = large_messages;
-    lending.lend_through_windows = true;
-    Rig rig(large_messages, lending);
+    Rig rig(large_messages, lending_through_windows());
     constexpr int rounds = 20;
     Bursts out;
     run(rig.io, cancel_bursts(&rig, rounds, &out), 120s);
@@ -1557,9 +1557,7 @@ TEST_CASE("rpc endpoint: a server with an accept handler calls its clients back 
 TEST_CASE("rpc endpoint: lending through windows, a both-ways session's own large calls go by UD (its QP carries "
           "the peer's READs and WRITEs)" *
           doctest::skip(!test::device_has_windows())) {
-    rpc::EndpointOptions lending;
-    lending.lend_through_windows = true;
-    Rig rig({}, lending);
+    Rig rig({}, lending_through_windows({}));
     std::vector<rpc::Session> accepted;
     CHECK(both_ways(rig, accepted).wrong == 0);
     CHECK(rig.client->counters().rdma_reads > 0);  // the server's large calls: the RC path
