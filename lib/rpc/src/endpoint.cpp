@@ -1759,6 +1759,10 @@ Result<void> EndpointCore::bind_windows(SessionState& s, std::uint32_t k, std::a
             return std::unexpected(std::move(made.error()));
         held[i].emplace(std::move(*made));
     }
+    // one chain, the last bind signaled; each names the chain (an unsignaled WR that
+    // fails completes too)
+    const std::size_t n = std::ranges::count_if(keys, [](const RemoteMemory* key) { return key->length > 0; });
+    const std::uint64_t id = client_id(s.local, k, client_bind_bit, n);
     SendBatch<2> binds(*s.rc.qp);
     std::array<std::size_t, 2> window_of{}; // the window bind j binds
     for (std::size_t i = 0; i < keys.size(); ++i) {
@@ -1766,10 +1770,9 @@ Result<void> EndpointCore::bind_windows(SessionState& s, std::uint32_t k, std::a
             continue;
         const Access rights = i == 0 ? Access::remote_read : Access::remote_write;
         window_of[binds.size()] = i;
-        binds.bind(*held[i], *lent[i].region, lent[i].offset, keys[i]->length, rights, {.signaled = false});
+        binds.bind(*held[i], *lent[i].region, lent[i].offset, keys[i]->length, rights,
+                   {.wr_id = id, .signaled = binds.size() + 1 == n});
     }
-    const std::size_t last = binds.size() - 1;
-    binds.set_signaled(last, true).set_wr_id(last, client_id(s.local, k, client_bind_bit, binds.size()));
     const auto posted = binds.post();
     ++counters.window_posts;
     for (std::size_t j = 0; j < binds.accepted(); ++j) {
@@ -1795,13 +1798,13 @@ bool EndpointCore::window_room(const SessionState& s) const noexcept {
 void EndpointCore::revoke_windows(SessionState& s, const PendingCall& call) {
     const auto k = static_cast<std::uint32_t>(call.request % s.calls.size());
     const RcPath::ClientSlot& slot = s.rc.client_slots[k];
+    const auto n = static_cast<std::size_t>(std::popcount(slot.bound)); // one chain, as the binds
+    const std::uint64_t id = client_id(s.local, k, client_revoke_bit, n);
     SendBatch<2> revocations(*s.rc.qp);
     for (std::size_t i = 0; i < s.rc.windows[k].current.size(); ++i)
         if ((slot.bound & (1u << i)) != 0)
-            revocations.invalidate(*s.rc.windows[k].current[i], {.signaled = false});
-    const std::size_t last = revocations.size() - 1;
-    revocations.set_signaled(last, true)
-        .set_wr_id(last, client_id(s.local, k, client_revoke_bit, revocations.size()));
+            revocations.invalidate(*s.rc.windows[k].current[i],
+                                   {.wr_id = id, .signaled = revocations.size() + 1 == n});
     const auto posted = revocations.post();
     ++counters.window_posts;
     window_wrs_posted(s.rc, revocations.accepted());
