@@ -1006,14 +1006,17 @@ asio::awaitable<void> cancel_bursts(Rig* rig, int rounds, Bursts* out) {
 
 namespace {
 
-// Lending through windows, a call's binds hold its own packets only: a small call begun
-// in the same synchronous step, the large call's binds in flight, sends its packet at
-// once (Counters::copies counts a UD packet's payload as it is posted).
+// Lending through windows, a call's binds hold the packets of its own slot only: a small
+// call begun in the same synchronous step, the large call's binds in flight, sends its
+// packet at once (Counters::copies counts a UD packet's payload as it is posted). One
+// begun in the slot of a large call cancelled with its binds in flight (its number given
+// back) waits for those binds: its answer would free their windows.
 struct Beside {
     int wrong = 0;
-    std::uint64_t large_sent = 0; // packets posted by the large call's start
-    std::uint64_t small_sent = 0; // by the small call's, the large call's binds in flight
-    std::uint64_t lent = 0;       // large calls the server READ
+    std::uint64_t large_sent = 0;        // packets posted by the large call's start
+    std::uint64_t small_sent = 0;        // by the small call's, the large call's binds in flight
+    std::uint64_t after_cancel_sent = 0; // by the small call's in the cancelled call's slot
+    std::uint64_t lent = 0;              // large calls the server READ
 };
 
 asio::awaitable<void> call_beside_binds(Rig* rig, int rounds, Beside* out) {
@@ -1033,9 +1036,15 @@ asio::awaitable<void> call_beside_binds(Rig* rig, int rounds, Beside* out) {
         ++out->wrong;
     const std::vector<std::byte> small = message(2, 32);
     std::vector<std::byte> small_response(64);
+    int ended = 0;
+    const auto small_done = [&](Result<std::size_t> got) {
+        ++ended;
+        if (!got || *got != small.size() || !echoed(small_response, small))
+            ++out->wrong;
+    };
     const std::uint64_t read = rig->server->counters().rdma_reads;
     for (int round = 0; round < rounds; ++round) {
-        int ended = 0;
+        ended = 0;
         const std::uint64_t before = rig->client->counters().copies;
         session->call(echo, request, response, {.timeout = 30s}, [&](Result<std::size_t> got) {
             ++ended;
@@ -1044,20 +1053,31 @@ asio::awaitable<void> call_beside_binds(Rig* rig, int rounds, Beside* out) {
         });
         const std::uint64_t after_large = rig->client->counters().copies;
         out->large_sent += after_large - before;
-        session->call(echo, small, small_response, {.timeout = 30s}, [&](Result<std::size_t> got) {
-            ++ended;
-            if (!got || *got != small.size() || !echoed(small_response, small))
-                ++out->wrong;
-        });
+        session->call(echo, small, small_response, {.timeout = 30s}, small_done);
         out->small_sent += rig->client->counters().copies - after_large;
         co_await until([&] { return ended == 2; });
     }
     out->lent = rig->server->counters().rdma_reads - read;
+    for (int round = 0; round < rounds; ++round) {
+        ended = 0;
+        asio::cancellation_signal cancel;
+        session->call(echo, request, response, {.timeout = 30s},
+                      asio::bind_cancellation_slot(cancel.slot(), [&](Result<std::size_t> got) {
+                          ++ended;
+                          if (got || !got.error().is_cancelled())
+                              ++out->wrong;
+                      }));
+        cancel.emit(asio::cancellation_type::terminal);
+        const std::uint64_t before = rig->client->counters().copies;
+        session->call(echo, small, small_response, {.timeout = 30s}, small_done);
+        out->after_cancel_sent += rig->client->counters().copies - before;
+        co_await until([&] { return ended == 2; });
+    }
 }
 
 } // namespace
 
-TEST_CASE("rpc endpoint: lending through windows, a call's binds hold its own packets, not its session's" *
+TEST_CASE("rpc endpoint: lending through windows, binds in flight hold the packets of their slot, not of the session" *
           doctest::skip(!test::device_has_windows())) {
     Rig rig(large_messages, lending_through_windows());
     constexpr int rounds = 20;
@@ -1066,8 +1086,10 @@ TEST_CASE("rpc endpoint: lending through windows, a call's binds hold its own pa
     CHECK(out.wrong == 0);
     CHECK(out.large_sent == 0);      // its descriptor waits for its binds
     CHECK(out.small_sent == rounds); // the small call's packet does not
+    CHECK(out.after_cancel_sent == 0);
     CHECK(out.lent == rounds);
-    CHECK(rig.client->counters().window_posts == 2 * (rounds + 1));
+    // a bind post and a revocation post per large call answered, a bind post per one cancelled
+    CHECK(rig.client->counters().window_posts == 2 * (rounds + 1) + rounds);
 }
 
 TEST_CASE("rpc endpoint: lending through windows, bursts of cancelled calls: a call lends only where its binds and "

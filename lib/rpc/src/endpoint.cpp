@@ -223,9 +223,10 @@ struct RcPath {
         std::vector<BufferHold> retired_lent;
         std::uint8_t bound = 0; // the slot's windows its call bound (bit i: SlotWindows::current[i])
         // its calls' chains of window binds posted whose completion has not come (an
-        // abandoned call's among them): a call that bound sends nothing until its own
-        // chain, the slot's last, is complete (the binds take effect before the server
-        // may use their keys; ClientWindow::hold)
+        // abandoned call's among them): a call begun in the slot sends nothing until
+        // they are all complete (ClientWindow::hold). Its own binds take effect before
+        // the server may use their keys, and an abandoned call's windows, retired until
+        // the server answers in the slot, are not destroyed under their binds.
         std::uint32_t bind_chains = 0;
     };
     // client, lending through windows (EndpointOptions::lend_through_windows): the memory a call offers is
@@ -819,8 +820,8 @@ bool EndpointCore::try_begin(SessionState& s, std::uint8_t type, std::span<const
         // windows describe() bound, if it then failed too: the call revokes them as it
         // finishes (a failed post ends the session: end_session finishes it)
         bound = slot.bound != 0;
-        if (bound)
-            s.client->hold(*begun); // until its binds complete (windows_done)
+        if (slot.bind_chains > 0)
+            s.client->hold(*begun); // until the slot's binds complete (windows_done)
         offered = rdma && slot.offered > 0;
         if (offered) {
             ++slot.offers_unheard;
@@ -1840,7 +1841,7 @@ void EndpointCore::windows_done(const WorkCompletion& wc, SessionId session, std
         finish(call, *s, std::move(*call.revoking));
         begin_queued(*s, now);
     } else if (--s->rc.client_slots[k].bind_chains == 0) {
-        s->client->resume(k); // the slot's call, if it bound, has its windows
+        s->client->resume(k); // the slot's call, held if it began with binds in flight
     }
     pump(*s, now);
 }

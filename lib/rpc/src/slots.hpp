@@ -177,10 +177,10 @@ public:
     // ended, abandoned).
     bool abandon(std::uint64_t request, std::source_location where = std::source_location::current());
 
-    // Call `request`'s packets wait until its slot is resumed: the memory windows its
-    // descriptor names are being bound (its server may use their keys once a packet
-    // arrives). The window's other calls go on. Programming error: `request` is not a
-    // call in progress.
+    // Call `request`'s packets wait until its slot is resumed: binds of memory windows
+    // posted in its slot are in flight (its own, whose keys its server may use once a
+    // packet arrives, or an abandoned call's, whose windows its answer would free). The
+    // window's other calls go on. Programming error: `request` is not a call in progress.
     void hold(std::uint64_t request, std::source_location where = std::source_location::current());
     // The call in slot `slot` (its request number modulo the window), if held, may send.
     void resume(std::size_t slot) noexcept { slots_[slot].held = false; }
