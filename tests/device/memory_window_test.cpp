@@ -344,10 +344,13 @@ TEST_CASE("two windows bound with one doorbell and revoked with another: one com
         MemoryWindow read_window = must(MemoryWindow::allocate(pair.pd));
         MemoryWindow write_window = must(MemoryWindow::allocate(pair.pd));
         std::memset(request.data(), 0x11, 4096);
-        // built once: each post binds anew, with each window's next key
+        // built once: each post binds anew, with each window's next key, and
+        // invalidates the keys the windows have then
         SendBatch<2> binds(pair.b);
         binds.bind(read_window, request, 0, 4096, Access::remote_read, {.signaled = false})
             .bind(write_window, response, 1024, 2048, Access::remote_write, {.wr_id = 21});
+        SendBatch<2> revocations(pair.b);
+        revocations.invalidate(read_window, {.signaled = false}).invalidate(write_window, {.wr_id = 24});
         std::uint32_t last_key = read_window.rkey();
         ibv_wc none{};
         for (std::uint8_t round = 1; round <= 3; ++round) {
@@ -370,8 +373,6 @@ TEST_CASE("two windows bound with one doorbell and revoked with another: one com
             must(post_write(pair.a, pair.mem_a.slice(0, 2048), into, {.wr_id = 23}));
             REQUIRE(completion_of(pair.cq_a, 23) == IBV_WC_SUCCESS);
             CHECK(all_equal(response.bytes().subspan(1024, 2048), std::byte{round}));
-            SendBatch<2> revocations(pair.b);
-            revocations.invalidate(read_window, {.signaled = false}).invalidate(write_window, {.wr_id = 24});
             must(revocations.post());
             REQUIRE(completion_of(pair.cq_b, 24) == IBV_WC_SUCCESS);
             CHECK(ibv_poll_cq(pair.cq_b.get(), 1, &none) == 0);

@@ -310,11 +310,11 @@ public:
                                   .addr = reinterpret_cast<std::uintptr_t>(region.data(where) + offset),
                                   .length = length,
                                   .mw_access_flags = static_cast<unsigned>(rights)};
-        special_ |= has_binds;
+        special_ |= has_windows;
         return *this;
     }
-    /// Adds an invalidation of `window`'s key as it is now (as post_invalidate): after the
-    /// window is bound again, add it anew.
+    /// Adds an invalidation of `window`'s key (as post_invalidate): each post()
+    /// invalidates the key the window has then.
     /// @misuse as post_invalidate's; a window the batch already binds or invalidates; a
     /// full batch.
     SendBatch& invalidate(const MemoryWindow& window, const PostOptions& options = {},
@@ -324,8 +324,9 @@ public:
         detail::build_window(s, *qp_, IBV_WR_LOCAL_INV, options, where);
         s.wr.invalidate_rkey = window.rkey(where);
         // where a bind names its window: LOCAL_INV reads invalidate_rkey only, and
-        // require_new_window compares windows so
+        // post_special and require_new_window find the window there
         s.wr.bind_mw.mw = window.get(where);
+        special_ |= has_windows;
         return *this;
     }
     /// What bind k bound in the last post() (before any: what it will bind): the bytes
@@ -454,13 +455,18 @@ private:
     }
     // post() of a batch with atomics (an Error on a device without them) or memory
     // windows: each bind takes its window's next key, and each the device took makes
-    // it the window's. Apart, so that the post path of other batches checks one flag.
+    // it the window's; each invalidation, the window's key. Apart, so that the post
+    // path of other batches checks one flag.
     Result<void> post_special(std::source_location where) {
         if ((special_ & has_atomics) != 0 && !qp_->supports_atomics())
             return std::unexpected(Error::unsupported("post", "atomics on a device without atomic support"));
-        for (std::size_t i = 0; i < count_; ++i)
-            if (wrs_[i].wr.opcode == IBV_WR_BIND_MW)
-                wrs_[i].wr.bind_mw.rkey = ibv_inc_rkey(wrs_[i].wr.bind_mw.mw->rkey);
+        for (std::size_t i = 0; i < count_; ++i) {
+            ibv_send_wr& wr = wrs_[i].wr;
+            if (wr.opcode == IBV_WR_BIND_MW)
+                wr.bind_mw.rkey = ibv_inc_rkey(wr.bind_mw.mw->rkey);
+            else if (wr.opcode == IBV_WR_LOCAL_INV)
+                wr.invalidate_rkey = wr.bind_mw.mw->rkey;
+        }
         auto posted = detail::submit(*qp_, wrs_[0].wr, count_, accepted_, where);
         for (std::size_t i = 0; i < accepted_; ++i)
             if (wrs_[i].wr.opcode == IBV_WR_BIND_MW)
@@ -471,7 +477,7 @@ private:
     QueuePair* qp_;
     std::size_t count_ = 0;
     std::size_t accepted_ = 0;
-    static constexpr std::uint8_t has_atomics = 1, has_binds = 2;
+    static constexpr std::uint8_t has_atomics = 1, has_windows = 2;
     std::uint8_t special_ = 0; // what post_special() handles
     std::array<detail::SendWr, N> wrs_;
 };
