@@ -362,6 +362,33 @@ TEST_CASE("rpc slots: a call abandoned before any packet of it went gives its nu
     CHECK(wire.client.next_request() == 2);
 }
 
+TEST_CASE("rpc slots: a held call sends nothing until its slot is resumed; the others go on") {
+    Wire wire(ClientOptions{.window = 2});
+    const Bytes held = make_request(8, 10, 1);
+    const Bytes free = make_request(8, 10, 2);
+    const auto first = wire.begin(held);
+    wire.client.hold(first);
+    const auto second = wire.begin(free);
+    wire.send_from_client();
+    CHECK(wire.sent_by_client == 1); // the second call's packet alone
+    wire.run();
+    wire.check_ok(second, free);
+    CHECK(wire.ended.count(first) == 0);
+    wire.client.resume(first % 2);
+    wire.run();
+    wire.check_ok(first, held);
+    CHECK(wire.sent_by_client == 2);
+    // a call begun in a slot is not held by its slot's earlier call; resuming a slot
+    // whose call is not held changes nothing
+    const Bytes next = make_request(8, 10, 3);
+    const auto third = wire.begin(next);
+    REQUIRE(third % 2 == first % 2);
+    wire.client.resume(third % 2);
+    wire.run();
+    wire.check_ok(third, next);
+    RDMAXX_CHECK_DEATH(wire.client.hold(third), "call 2 is not in progress");
+}
+
 TEST_CASE("rpc slots: a response sent after in_progress ends its call when it arrives, not at the next question") {
     for (const std::uint32_t response_size : {10u, 3 * per + 5}) { // one packet; more, the rest asked for
         INFO("response of ", response_size, " bytes");
