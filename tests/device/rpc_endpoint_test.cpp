@@ -40,6 +40,7 @@
 
 #include <rdmaxx/async/connection.hpp>
 #include <rdmaxx/rpc/endpoint.hpp>
+#include <rdmaxx/wrap/qp.hpp>
 
 #include "../support/allocations.hpp"
 #include "../support/device.hpp"
@@ -49,6 +50,7 @@
 #include "packet.hpp"
 #include "rc_codec.hpp"
 #include "session_codec.hpp"
+#include "test_access.hpp"
 #include "ud_transport.hpp"
 
 // g++ 12 sees Asio's coroutine-frame operator delete as mismatched with its operator
@@ -1090,6 +1092,110 @@ TEST_CASE("rpc endpoint: lending through windows, binds in flight hold the packe
     CHECK(out.lent == rounds);
     // a bind post and a revocation post per large call answered, a bind post per one cancelled
     CHECK(rig.client->counters().window_posts == 2 * (rounds + 1) + rounds);
+}
+
+namespace {
+
+// Lending through windows, the device failing its window work. Soft-RoCE once stalled a
+// QP's binds for 40 s and more; the endpoint takes a QP whose binds and revocations go
+// 5 s without one completing for stalled, and ends the session. Provoked for real: the
+// client's QP moved to SQD (its send queue drained: the device runs no work request
+// posted after), so the binds, or the revocations, posted on it never run; then moved
+// to ERR, they complete flushed: failed. Binds meet it set before the call; revocations,
+// set by the server's handler (the call's binds complete, its request READ), and to ERR
+// once the revocation post is counted (Counters::window_posts).
+constexpr std::uint8_t stall_client = 11;
+
+enum class WindowFault { binds_stalled, binds_failed, revocations_stalled, revocations_failed };
+
+struct WindowFailure {
+    std::optional<Result<std::size_t>> call;
+    bool echoed = false;
+    std::chrono::steady_clock::duration took{}; // from the fault to the call's end
+    std::uint32_t sessions_after = 0;           // the client's, once the call ended
+    std::optional<Result<std::size_t>> next;    // a call on a new session
+};
+
+void set_state(rpc::Session& session, ibv_qp_state state) {
+    QueuePair* qp = rpc::detail::rc_qp_of(session);
+    REQUIRE(qp != nullptr);
+    ibv_qp_attr attr{};
+    attr.qp_state = state;
+    REQUIRE(ibv_modify_qp(qp->get(), &attr, IBV_QP_STATE) == 0);
+}
+
+asio::awaitable<void> fail_windows(Rig* rig, WindowFault fault, WindowFailure* out) {
+    std::optional<rpc::Session> session;
+    co_await connect_into(rig, &session);
+    using Clock = std::chrono::steady_clock;
+    Clock::time_point faulted{};
+    rig->server->set_handler(stall_client, [&](rpc::Request request, rpc::Responder responder) {
+        set_state(*session, IBV_QPS_SQD);
+        faulted = Clock::now();
+        responder.respond(request.bytes());
+    });
+    constexpr std::size_t size = 20'000;
+    const std::vector<std::byte> sent = message(1, size);
+    std::vector<std::byte> response(size);
+    // the session's RC path, set up by a first large call
+    const Result<std::size_t> first = co_await session->call(echo, sent, response, {.timeout = 30s});
+    REQUIRE((first && *first == size));
+    std::ranges::fill(response, std::byte{0});
+    const bool at_binds = fault == WindowFault::binds_stalled || fault == WindowFault::binds_failed;
+    if (at_binds) {
+        set_state(*session, IBV_QPS_SQD);
+        faulted = Clock::now();
+    }
+    const std::uint64_t posts = rig->client->counters().window_posts;
+    session->call(at_binds ? echo : stall_client, sent, response, {.timeout = 30s},
+                  [&](Result<std::size_t> got) { out->call = std::move(got); });
+    if (fault == WindowFault::binds_failed) {
+        set_state(*session, IBV_QPS_ERR); // the binds posted, stalled
+        faulted = Clock::now();
+    } else if (fault == WindowFault::revocations_failed) {
+        co_await until([&] { return out->call || rig->client->counters().window_posts == posts + 2; });
+        set_state(*session, IBV_QPS_ERR);
+        faulted = Clock::now();
+    }
+    co_await until([&] { return out->call.has_value(); });
+    out->took = Clock::now() - faulted;
+    out->echoed = echoed(response, sent);
+    out->sessions_after = rig->client->sessions();
+    session.reset();
+    co_await connect_into(rig, &session);
+    out->next = co_await session->call(echo, sent, response, {.timeout = 30s});
+}
+
+} // namespace
+
+TEST_CASE("rpc endpoint: lending through windows, binds or revocations the device stalls end the session in 5 s, "
+          "failed ones at once; a call whose answer was in gets it" *
+          doctest::skip(!test::device_has_windows())) {
+    for (const WindowFault fault : {WindowFault::binds_stalled, WindowFault::binds_failed,
+                                    WindowFault::revocations_stalled, WindowFault::revocations_failed}) {
+        CAPTURE(static_cast<int>(fault));
+        Rig rig(large_messages, lending_through_windows());
+        WindowFailure out;
+        run(rig.io, fail_windows(&rig, fault, &out), 60s);
+        REQUIRE(out.call);
+        if (fault == WindowFault::binds_stalled || fault == WindowFault::binds_failed) {
+            REQUIRE_FALSE(out.call->has_value());
+            CHECK_MESSAGE(out.call->error().is_errno(ECONNRESET), out.call->error().message());
+        } else { // the answer was in before the revocations stalled
+            REQUIRE_MESSAGE(out.call->has_value(), (*out.call ? "" : out.call->error().message()));
+            CHECK(**out.call == 20'000);
+            CHECK(out.echoed);
+        }
+        if (fault == WindowFault::binds_stalled || fault == WindowFault::revocations_stalled) {
+            CHECK(out.took >= 5s); // the stall bound
+            CHECK(out.took < 8s);  // and the ticker's turn
+        } else {
+            CHECK(out.took < 2s);
+        }
+        CHECK(out.sessions_after == 0);
+        REQUIRE(out.next);
+        CHECK_MESSAGE(out.next->has_value(), (*out.next ? "" : out.next->error().message()));
+    }
 }
 
 TEST_CASE("rpc endpoint: lending through windows, bursts of cancelled calls: a call lends only where its binds and "

@@ -30,6 +30,7 @@
 #include "session_codec.hpp"
 #include "session_table.hpp"
 #include "slots.hpp"
+#include "test_access.hpp"
 #include "ud_transport.hpp"
 
 // g++ 12 sees Asio's coroutine-frame operator delete as mismatched with its operator
@@ -515,6 +516,8 @@ struct EndpointCore {
     static asio::awaitable<void> watch(Anchor anchor, SessionId id, ControlChannel channel);
     static asio::awaitable<Result<Session>> connect(Anchor anchor, std::string host, std::uint16_t port,
                                                     std::chrono::milliseconds timeout);
+    // test_access.hpp
+    static QueuePair* rc_qp_of(const Session& session) noexcept;
 
     asio::io_context::executor_type executor;
     async::Completions* completions; // lib/async's service of the io_context
@@ -2436,6 +2439,18 @@ detail::CallSite Session::call_site(std::source_location where) const {
     require(core_ != nullptr, where, "Session::call on a moved-from Session");
     return {core_->executor, core_->completions};
 }
+
+namespace detail {
+
+QueuePair* EndpointCore::rc_qp_of(const Session& session) noexcept {
+    SessionState* s = session.core_ ? session.core_->table.lookup({.number = session.number_, .generation = session.generation_})
+                                    : nullptr;
+    return s != nullptr && s->rc.qp ? &*s->rc.qp : nullptr;
+}
+
+QueuePair* rc_qp_of(const Session& session) noexcept { return EndpointCore::rc_qp_of(session); }
+
+} // namespace detail
 
 SessionInfo Session::info(std::source_location where) const {
     require(core_ != nullptr, where, "Session::info on a moved-from Session");
