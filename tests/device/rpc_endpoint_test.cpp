@@ -290,6 +290,107 @@ TEST_CASE("rpc endpoint: a handler's exception leaves run(), its call fails as u
 
 namespace {
 
+constexpr std::uint8_t keep_then_throw = 12, wait_then_read = 13;
+
+// A handler kept its Request and Responder, then threw: its request was copied out of
+// the receive ring as it returned (as for any handler that returns unanswered). 200
+// echoes on another session go through the ring of 64 buffers meanwhile; then the kept request is answered with the
+// bytes its Request shows.
+struct KeptThrown {
+    std::vector<rpc::Request> requests;
+    std::vector<rpc::Responder> responders;
+    int wrong = 0;
+    bool echoed_kept = false;
+};
+
+asio::awaitable<void> keep_and_throw(Rig* rig, KeptThrown* out) {
+    std::optional<rpc::Session> session, echoes; // the kept call holds its session's slot
+    co_await connect_into(rig, &session);
+    co_await connect_into(rig, &echoes);
+    const auto kept = message(6, 200);
+    std::vector<std::byte> kept_response(256);
+    std::optional<Result<std::size_t>> kept_got;
+    session->call(keep_then_throw, kept, kept_response, {.timeout = 30s},
+                  [&](Result<std::size_t> got) { kept_got = std::move(got); });
+    co_await until([&] { return !out->responders.empty(); });
+    for (std::uint32_t i = 0; i < 200; ++i) { // past the ring's 64 buffers, and again
+        const auto request = message(100 + i, 200);
+        std::vector<std::byte> response(256);
+        const Result<std::size_t> got = co_await echoes->call(echo, request, response, {.timeout = 5s});
+        out->wrong += got && *got == request.size() && echoed(response, request) ? 0 : 1;
+    }
+    out->responders.front().respond(out->requests.front().bytes());
+    co_await until([&] { return kept_got.has_value(); });
+    out->echoed_kept = *kept_got && **kept_got == kept.size() && echoed(kept_response, kept);
+}
+
+// A coroutine handler reads its Request after a wait in which its client's Session was
+// destroyed (the session ended): it finds nothing. Before, the Request pointed into the
+// ended session's freed state.
+struct ReadLate {
+    std::optional<std::size_t> bytes_after_end; // what bytes() showed after the session ended
+    std::size_t bytes_before = 0;
+};
+
+} // namespace
+
+TEST_CASE("rpc endpoint: a handler that keeps its Responder and throws has its request kept, not left in the ring") {
+    rpc::EndpointOptions server_options;
+    server_options.ring = 64;
+    Rig rig(server_options);
+    KeptThrown out;
+    rig.server->set_handler(keep_then_throw, [&out](rpc::Request request, rpc::Responder responder) {
+        out.requests.push_back(request);
+        out.responders.push_back(std::move(responder));
+        throw std::runtime_error("the application's, its Responder kept");
+    });
+    int thrown = 0;
+    run(rig.io, keep_and_throw(&rig, &out), 60s, &thrown);
+    CHECK(thrown == 1);
+    CHECK(out.wrong == 0);
+    CHECK(out.echoed_kept);
+    CHECK(rig.server->counters().request_copies == 1);
+}
+
+TEST_CASE("rpc endpoint: a Request read after its session ended, or after its answer, shows no bytes") {
+    Rig rig;
+    ReadLate out;
+    rig.server->set_coroutine_handler(
+        wait_then_read, [&out](rpc::Request request, rpc::Responder responder) -> asio::awaitable<void> {
+            out.bytes_before = request.bytes().size();
+            asio::steady_timer timer(co_await asio::this_coro::executor, 200ms);
+            co_await timer.async_wait(asio::use_awaitable); // the client leaves meanwhile
+            out.bytes_after_end = request.bytes().size();
+            responder.respond(request.bytes()); // to no one: the session ended
+        });
+    std::size_t answered_bytes = 1;
+    rig.server->set_handler(later, [&answered_bytes](rpc::Request request, rpc::Responder responder) {
+        responder.respond(request.bytes());
+        answered_bytes = request.bytes().size();
+    });
+    run(rig.io,
+        [](Rig* rig) -> asio::awaitable<void> {
+            std::optional<rpc::Session> session;
+            co_await connect_into(rig, &session);
+            const auto request = message(7, 100);
+            std::vector<std::byte> response(128);
+            const Result<std::size_t> got = co_await session->call(later, request, response, {.timeout = 5s});
+            REQUIRE((got && *got == request.size()));
+            session->call(wait_then_read, request, response, {.timeout = 5s}, [](Result<std::size_t>) {});
+            co_await until([&] { return rig->server->counters().handled == 2; });
+            session.reset(); // the session ends at both ends
+            co_await until([&] { return rig->server->sessions() == 0; });
+            co_await pause(400ms);
+        }(&rig),
+        30s);
+    CHECK(answered_bytes == 0);
+    CHECK(out.bytes_before == 100);
+    REQUIRE(out.bytes_after_end);
+    CHECK(*out.bytes_after_end == 0);
+}
+
+namespace {
+
 // Two sessions set up; an echo through the second.
 asio::awaitable<void> two_setups(Rig* rig, std::optional<rpc::Session>* first, std::optional<rpc::Session>* second,
                                  int* wrong) {

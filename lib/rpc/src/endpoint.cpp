@@ -311,7 +311,7 @@ struct SessionState {
     std::optional<ClientWindow> client;
     std::optional<ServerWindow> server;
     std::vector<PendingCall> calls; // client: by request % window
-    std::vector<std::span<const std::byte>> views; // server: the request each slot's handler reads
+    std::span<RequestView> views;   // server: the request each slot's handler reads (request_views)
     std::deque<QueuedCall> queued;  // client: beyond the window, in order
     std::uint64_t next_ticket = 0;  // client: the next queued call's
     std::uint32_t in_flight = 0;    // client: busy entries of `calls`
@@ -349,7 +349,7 @@ struct EndpointCore {
         : executor(io.get_executor()), completions(&async::Completions::of(io)),
           options(std::move(options)), created(created), owner(std::this_thread::get_id()),
           anchor(std::make_shared<EndpointCore*>(this)), table(this->options.max_sessions, this->options.ring),
-          ticker(io) {}
+          request_views(this->options.max_sessions), ticker(io) {}
     ~EndpointCore();
 
     void check_thread(std::source_location where) const {
@@ -530,6 +530,10 @@ struct EndpointCore {
     std::unique_ptr<UdTransport> transport; // before the table: the sessions' AHs go first
     std::unique_ptr<RcTransport> rc;        // made for the first RC QP; before the table too
     SessionTable<SessionState> table;
+    // By session number, options.window each, made as the number first serves: a
+    // session's RequestViews (SessionState::views), kept while the endpoint lives, as
+    // Requests may be read after their session ended
+    std::vector<std::unique_ptr<RequestView[]>> request_views;
     // Each handler where it stays while it runs (a std::function moved keeps a small
     // lambda inside itself: it would move under the running one)
     std::array<std::unique_ptr<Handler>, 256> handlers;
@@ -1164,8 +1168,8 @@ void EndpointCore::run_handler(SessionState& s, std::uint8_t type, std::uint64_t
                                std::span<const std::byte> message, std::span<const std::byte> lent) {
     ++counters.handled;
     const SessionId id = s.local;
-    std::span<const std::byte>& view = s.views[request % s.views.size()];
-    view = message;
+    RequestView& view = s.views[request % s.views.size()];
+    view = {.bytes = message, .generation = id.generation, .request = request};
     struct Running { // the handlers replaced meanwhile go once none runs, however it ends
         EndpointCore& core;
         explicit Running(EndpointCore& c) noexcept : core(c) { ++core.handlers_running; }
@@ -1174,27 +1178,26 @@ void EndpointCore::run_handler(SessionState& s, std::uint8_t type, std::uint64_t
                 core.replaced_handlers.clear();
         }
     };
-    bool thrown = false;
     {
         const Running running(*this);
         try {
-            (*handlers[type])(Request(type, &view), Responder(this, id.number, id.generation, request));
+            (*handlers[type])(Request(type, view), Responder(this, id.number, id.generation, request));
         } catch (...) {
             // the application's: it leaves run() from a handler of its own, as a
             // coroutine handler's does, and the packet path it would cut short (a
             // batch's other packets, the ring's buffers, RC transfers) goes on. The
-            // Responder answered as it was destroyed (handler_dropped).
+            // Responder answered as it was destroyed (handler_dropped), unless the
+            // handler kept it before it threw: then its request is kept, as below
             asio::post(executor, [thrown = std::current_exception()] { std::rethrow_exception(thrown); });
-            thrown = true;
         }
     }
-    if (thrown || lent.empty())
+    if (lent.empty())
         return;
     SessionState* still = table.lookup(id);
     if (still == nullptr || !still->server->awaiting(request) || writing_response(*still, request))
         return; // answered (or the session ended) while the packet was there to read
     const auto kept = still->server->keep(request, lent);
-    still->views[request % still->views.size()] =
+    still->views[request % still->views.size()].bytes =
         kept.subspan(static_cast<std::size_t>(message.data() - lent.data()), message.size());
 }
 
@@ -1204,6 +1207,8 @@ void EndpointCore::respond(std::uint16_t number, std::uint32_t generation, std::
     SessionState* s = table.lookup({.number = number, .generation = generation});
     if (s == nullptr)
         return; // the session ended while its handler ran
+    if (RequestView& view = s->views[request % s->views.size()]; view.request == request)
+        view = {}; // its Request reads nothing from now on
     if (!s->rc.server_slots.empty()) {
         const auto k = static_cast<std::uint32_t>(request % s->rc.server_slots.size());
         RcPath::ServerSlot& slot = s->rc.server_slots[k];
@@ -1968,7 +1973,13 @@ SessionState& EndpointCore::attach(SessionId local, const SessionId& remote, con
     if (!initiator || both_ways) {
         state.server.emplace(limits.window, PacketLimits(limits.max_response, limits.payload_per_packet), route,
                              &counters.request_copies);
-        state.views.resize(limits.window);
+        // agree() and check_reply() keep a session's limits within what this end asked
+        require(limits.window <= options.window, std::source_location::current(),
+                "a session's window of {} beyond its endpoint's {}", limits.window, options.window);
+        std::unique_ptr<RequestView[]>& views = request_views[local.number];
+        if (!views)
+            views = std::make_unique<RequestView[]>(options.window);
+        state.views = std::span(views.get(), limits.window);
     }
     return table.attach(local, std::move(state));
 }
@@ -1999,6 +2010,7 @@ void EndpointCore::end_session(SessionId id, std::string_view why) {
     for (const RcPath::ClientSlot& slot : s->rc.client_slots) // nothing comes to a QP destroyed
         offers_unheard -= slot.offers_unheard;
     set_rc_qp(*s, std::nullopt); // before the memory it reaches, as RcPath's own order has it
+    std::ranges::fill(s->views, RequestView{}); // its handlers' Requests read nothing from now on
     table.release(id);
     // other sessions' transfers waiting for the budget go now: no completion of this
     // session's may come to start them (a destroyed QP need not flush its work). Posted,

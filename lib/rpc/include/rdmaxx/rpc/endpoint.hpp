@@ -376,28 +376,44 @@ private:
 // The core's entry for a cancellation (endpoint.cpp).
 void cancel_call(const StoredCall::Target& target) noexcept;
 
+// Where a handler's Request finds its bytes: the endpoint keeps one per session number
+// and window slot for its whole life, names in it the request it shows, and empties it
+// as that request is answered or its session ends. A Request read later (a coroutine
+// handler resumed after its client left) so finds nothing, not memory given back.
+struct RequestView {
+    std::span<const std::byte> bytes;
+    std::uint32_t generation = 0; // of the request's session (0 names none)
+    std::uint64_t request = 0;    // its number
+};
+
 } // namespace detail
 
-/// A handler's view of a request: its type and bytes, valid until its Responder answers
-/// or is destroyed (or the session ends). Zero-copy: a one-packet request is read where
-/// it arrived, in the receive ring, while the handler runs; if the handler returns
-/// without answering, the endpoint copies it into the session's window then
+/// A handler's view of a request: its type and bytes. Zero-copy: a one-packet request is
+/// read where it arrived, in the receive ring, while the handler runs; if the handler
+/// returns without answering, the endpoint copies it into the session's window then
 /// (Counters::request_copies) and bytes() shows the copy. A large request is read in
-/// the buffer the server READ it into.
-/// @threadsafety Read on the endpoint's thread, as the handler runs (unchecked).
+/// the buffer the server READ it into. Once its Responder has answered or is
+/// destroyed, or its session has ended (its client gone, say, while a coroutine
+/// handler waited), bytes() is empty.
+/// @threadsafety Read on the endpoint's thread (unchecked), while the Endpoint lives.
 class Request {
 public:
-    /// Made by the endpoint for its handler. `bytes`: where the endpoint keeps the
-    /// request's current place.
-    Request(std::uint8_t type, const std::span<const std::byte>* bytes) noexcept : type_(type), bytes_(bytes) {}
+    /// Made by the endpoint for its handler: `view` shows the request now.
+    explicit Request(std::uint8_t type, const detail::RequestView& view) noexcept
+        : type_(type), view_(&view), generation_(view.generation), request_(view.request) {}
     /// The type the client called (the handler's key).
     std::uint8_t type() const noexcept { return type_; }
-    /// The request's bytes, where they are now (see Request).
-    std::span<const std::byte> bytes() const noexcept { return *bytes_; }
+    /// The request's bytes, where they are now; empty once answered or its session ended.
+    std::span<const std::byte> bytes() const noexcept {
+        return view_->generation == generation_ && view_->request == request_ ? view_->bytes
+                                                                              : std::span<const std::byte>{};
+    }
 
 private:
     std::uint8_t type_;
-    const std::span<const std::byte>* bytes_;
+    const detail::RequestView* view_;
+    std::uint32_t generation_;
+    std::uint64_t request_;
 };
 
 /// The answer to one request, move-only: respond() once, now or later (from a coroutine
