@@ -1508,6 +1508,8 @@ Result<std::optional<std::array<std::byte, rc_message_bytes>>> EndpointCore::tak
                                                                                      const RcMessage& message) {
     constexpr const char* call = "rpc session";
     const bool both_ways = s.client && s.server;
+    const SessionId id = s.local; // rc_ready may end the session (a failed post, a handler)
+    std::optional<std::array<std::byte, rc_message_bytes>> reply;
     if (message.kind == RcMessage::Kind::offer) {
         if (s.initiator && !both_ways)
             return std::unexpected(Error::protocol(call, "an RC offer from a server"));
@@ -1538,37 +1540,33 @@ Result<std::optional<std::array<std::byte, rc_message_bytes>>> EndpointCore::tak
                            up.error());
             rc_unavailable(s);
         }
-        if (s.client) {
-            const auto now = Clock::now();
-            begin_queued(s, now);
-            pump(s, now);
-        }
-        return encode(answer);
-    }
-    if (!s.initiator && !both_ways)
-        return std::unexpected(Error::protocol(call, "an RC answer from a client"));
-    if (s.rc.state != RcPath::State::offered)
-        return std::nullopt; // late: the offer timed out (or crossed), the session keeps as it is
-    const SessionId id = s.local; // rc_ready may end the session (a failed post)
-    if (!message.available) {
-        rc_unavailable(s);
-    } else if (auto up = s.rc.qp->connect(message.qp); !up) {
-        logger()->warn("rdmaxx rpc: session {}: connecting its RC QP (large messages go by UD): {}", s.local.number,
-                       up.error());
-        rc_unavailable(s);
+        reply = encode(answer); // sent if the session lives on (watch)
     } else {
-        // the server's receives for whole requests, within what this end sends at all
-        // (a hostile answer's sizes bound only what this end sends it)
-        s.allow_whole(std::min<std::uint32_t>(message.whole_receives, s.limits.window),
-                      std::min({std::uint32_t{message.whole_max}, whole_max_message, s.limits.max_request}));
-        rc_ready(s);
+        if (!s.initiator && !both_ways)
+            return std::unexpected(Error::protocol(call, "an RC answer from a client"));
+        if (s.rc.state != RcPath::State::offered)
+            return std::nullopt; // late: the offer timed out (or crossed), the session keeps as it is
+        if (!message.available) {
+            rc_unavailable(s);
+        } else if (auto up = s.rc.qp->connect(message.qp); !up) {
+            logger()->warn("rdmaxx rpc: session {}: connecting its RC QP (large messages go by UD): {}",
+                           s.local.number, up.error());
+            rc_unavailable(s);
+        } else {
+            // the server's receives for whole requests, within what this end sends at all
+            // (a hostile answer's sizes bound only what this end sends it)
+            s.allow_whole(std::min<std::uint32_t>(message.whole_receives, s.limits.window),
+                          std::min({std::uint32_t{message.whole_max}, whole_max_message, s.limits.max_request}));
+            rc_ready(s);
+        }
     }
+    // the calls that waited for the RC path's setup go
     if (SessionState* still = table.lookup(id); still != nullptr && still->client) {
         const auto now = Clock::now();
         begin_queued(*still, now);
         pump(*still, now);
     }
-    return std::nullopt;
+    return reply;
 }
 
 // The RC QP is connected: the slots of this end's calls and of the calls it serves;
