@@ -976,15 +976,17 @@ void EndpointCore::cancel(const StoredCall::Target& target) {
 void cancel_call(const StoredCall::Target& target) noexcept { target.core->cancel(target); }
 
 void EndpointCore::abandon(SessionState& s, PendingCall& call, Error why) {
-    if (s.client->abandon(call.request)) {
-        // nothing of it went: the server can neither READ nor WRITE what it offered
-        if (std::exchange(call.may_be_written, false)) {
-            --s.rc.client_slots[call.request % s.calls.size()].offers_unheard;
-            --offers_unheard;
-        }
-    } else {
-        renew_reachable(s, call);
+    const bool unsent = s.client->abandon(call.request);
+    // nothing of it went: the server can neither READ nor WRITE what it offered
+    if (unsent && std::exchange(call.may_be_written, false)) {
+        --s.rc.client_slots[call.request % s.calls.size()].offers_unheard;
+        --offers_unheard;
     }
+    // What went may be reached late; and a window bound (or being bound) to a buffer
+    // unsent has a key the server can guess (the window's last, advanced by one), and
+    // stays bound until the server is heard from in the slot (call_left_slot)
+    if (!unsent || call.windows_bound)
+        renew_reachable(s, call);
     call_left_slot(s, call.request, false);
     finish(call, s, std::unexpected(std::move(why)));
 }
