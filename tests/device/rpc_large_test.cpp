@@ -273,6 +273,73 @@ asio::awaitable<void> abandon_large(Rig* rig, std::optional<rpc::Session>* sessi
 
 } // namespace
 
+namespace {
+
+// A server that never answers (hold_it): each large call (a 20 KB request, READ) is
+// abandoned at its deadline, a round being one call per window slot. What a slot's
+// abandoned calls offered waits for the server to answer in the slot; two of them
+// abandoned, its next calls go by UD (the request as packets: Counters::copies counts
+// each packet posted, an RC call's descriptor and its retransmissions at most 8) until
+// one is answered, so such a server pins two calls' memory per slot, not one per call.
+struct Unanswered {
+    std::uint32_t window = 0;
+    std::array<std::uint64_t, 3> held_rounds{}; // packets posted by each round of held calls
+    std::uint64_t reads_before = 0, reads_after = 0; // the server's READs: held rounds, last round
+    std::uint64_t last_copies = 0; // packets posted by the last round, after one answered per slot
+    int wrong = 0;
+};
+
+asio::awaitable<void> never_answered(Rig* rig, Unanswered* out) {
+    std::optional<rpc::Session> session;
+    co_await connect_into(rig, &session);
+    const std::uint32_t w = out->window = session->info().window;
+    const auto request = message(3, 20'000);
+    std::vector<std::byte> response(request.size());
+    const auto echo_round = [&]() -> asio::awaitable<void> {
+        for (std::uint32_t i = 0; i < w; ++i) {
+            const Result<std::size_t> got = co_await session->call(echo, request, response, {.timeout = 30s});
+            out->wrong += got && *got == request.size() && echoed(response, request) ? 0 : 1;
+        }
+    };
+    co_await echo_round(); // the RC path set up, every slot heard from
+    const std::uint64_t reads = rig->server->counters().rdma_reads;
+    for (std::uint64_t& posted : out->held_rounds) {
+        const std::uint64_t before = rig->client->counters().copies;
+        for (std::uint32_t i = 0; i < w; ++i) {
+            const Result<std::size_t> got = co_await session->call(hold_it, request, response, {.timeout = 100ms});
+            out->wrong += !got && (got.error().is_timeout() || got.error().is_errno(EHOSTUNREACH)) ? 0 : 1;
+        }
+        posted = rig->client->counters().copies - before;
+    }
+    out->reads_before = rig->server->counters().rdma_reads - reads;
+    for (rpc::Responder& held : rig->held) // late: their calls were abandoned
+        held.respond({});
+    rig->held.clear();
+    co_await echo_round(); // by UD, answered: each slot heard from again
+    const std::uint64_t before = rig->client->counters().copies;
+    const std::uint64_t reads_now = rig->server->counters().rdma_reads;
+    co_await echo_round();
+    out->last_copies = rig->client->counters().copies - before;
+    out->reads_after = rig->server->counters().rdma_reads - reads_now;
+}
+
+} // namespace
+
+TEST_CASE("rpc large: a server that never answers a slot pins two abandoned calls' memory there, then the slot's "
+          "calls go by UD until one is answered") {
+    Rig rig(large, large);
+    Unanswered out;
+    run(rig.io, never_answered(&rig, &out), 60s);
+    const std::uint64_t w = out.window;
+    CHECK(out.wrong == 0);
+    CHECK(out.held_rounds[0] <= 8 * w); // descriptors
+    CHECK(out.held_rounds[1] <= 8 * w);
+    CHECK(out.held_rounds[2] > 8 * w); // 20 KB in packets (as many as the credits let go)
+    CHECK(out.reads_before == w);        // the first round's; the server's slots were busy since
+    CHECK(out.last_copies <= 2 * w);     // descriptors again
+    CHECK(out.reads_after == w);
+}
+
 TEST_CASE("rpc large: an abandoned large call's late WRITE reaches neither its caller nor a later call") {
     Rig rig(large, large);
     add_sized(rig);

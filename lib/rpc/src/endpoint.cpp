@@ -197,9 +197,12 @@ std::uint32_t chain_wrs(std::uint64_t client_id) noexcept { return 1 + static_ca
 struct RcPath {
     enum class State : std::uint8_t { none, offered, ready, unavailable };
     // client: per window slot, the request the server READs and the memory it may
-    // WRITE the response into; `touched`: an abandoned call's transfer may still reach
-    // them, so the next call takes fresh regions and these wait in `retired` until a
-    // later call of the slot hears from the server (which serves a slot's calls in order).
+    // WRITE the response into; `abandoned` (not 0): an abandoned call's transfer may
+    // still reach them, so the next call takes fresh regions and these wait in `retired`
+    // until a later call of the slot hears from the server (which serves a slot's calls
+    // in order). Two such calls abandoned and the slot's next calls go by UD until one
+    // is answered: a server that never answers a slot pins two calls' memory there, not
+    // one per call (EndpointCore::wants_rdma).
     // A call made with MessageBuffers lends them instead (`lent`: the buffers the
     // server may READ and WRITE), retired the same way (`retired_lent`).
     struct ClientSlot {
@@ -217,8 +220,8 @@ struct RcPath {
         std::uint32_t offers_unheard = 0;
         bool rdma = false;         // its call is a descriptor call
         bool in_place = false;     // its response is WRITTEN into the call's MessageBuffer
-        bool touched = false;
-        // freed once neither the server (touched) nor a SEND of the slot may reach them
+        std::uint32_t abandoned = 0; // descriptor calls abandoned since the server was last heard
+        // freed once neither the server (abandoned) nor a SEND of the slot may reach them
         std::vector<MemoryRegion> retired;
         std::array<BufferHold, 2> lent;
         std::vector<BufferHold> retired_lent;
@@ -1262,10 +1265,11 @@ bool EndpointCore::wants_rdma(const SessionState& s, std::size_t request, std::u
     if (windows && (s.server || !window_room(s)))
         return false;
     const std::uint32_t threshold = rdma_threshold;
-    if (request > threshold)
-        return true;
     // a small request offers memory for a large response: inline, within the session's limit
-    return capacity > threshold && request_descriptor_bytes + request <= s.limits.max_request;
+    if (request <= threshold && (capacity <= threshold || request_descriptor_bytes + request > s.limits.max_request))
+        return false;
+    // two calls of the slot abandoned unheard: what they offered waits (RcPath), no more
+    return s.rc.client_slots.empty() || s.rc.client_slots[s.client->next_request() % s.calls.size()].abandoned < 2;
 }
 
 // The descriptor of a call about to begin in the next slot (its window slot is free):
@@ -1279,7 +1283,7 @@ Result<EndpointCore::Description> EndpointCore::describe(SessionState& s, std::s
                                                         std::uint32_t capacity, CallBuffers lend) {
     const auto k = static_cast<std::uint32_t>(s.client->next_request() % s.calls.size());
     RcPath::ClientSlot& slot = s.rc.client_slots[k];
-    std::vector<MemoryRegion>* retire = slot.touched ? &slot.retired : nullptr;
+    std::vector<MemoryRegion>* retire = slot.abandoned > 0 ? &slot.retired : nullptr;
     const std::size_t inline_size = request_descriptor_bytes + request.size();
     // a request the threshold sends to the RC path is SENT whole when it fits (a READ of
     // it would cost a round trip more); so is one whose descriptor makes it more than a
@@ -1338,7 +1342,7 @@ Result<EndpointCore::Description> EndpointCore::describe(SessionState& s, std::s
     }
     if (whole) {
         auto region = staging(transport->pd(), slot.whole, header_bytes + inline_size, Access::none,
-                              slot.touched || slot.sends > 0 ? &slot.retired : nullptr);
+                              slot.abandoned > 0 || slot.sends > 0 ? &slot.retired : nullptr);
         if (!region)
             return std::unexpected(std::move(region.error()));
         std::byte* at = (*region)->data() + header_bytes;
@@ -1367,14 +1371,14 @@ void EndpointCore::call_left_slot(SessionState& s, std::uint64_t request, bool h
     RcPath::ClientSlot& slot = s.rc.client_slots[k];
     if (heard_from_server) {
         offers_unheard -= std::exchange(slot.offers_unheard, 0);
-        slot.touched = false;
+        slot.abandoned = 0;
         if (!s.rc.windows.empty())
             s.rc.windows[k].retired.clear(); // before the memory they are bound in
         if (slot.sends == 0)
             slot.retired.clear();
         slot.retired_lent.clear();
     } else if (slot.rdma) {
-        slot.touched = true;
+        ++slot.abandoned;
         for (BufferHold& lent : slot.lent)
             if (lent.get() != nullptr)
                 slot.retired_lent.push_back(std::move(lent));
@@ -1722,7 +1726,7 @@ void EndpointCore::take_written(const WorkCompletion& wc) {
 
 // A whole request's SEND is complete: the slot's staging memory is this end's again
 // once no SEND of the slot may read it (and the server is past what an abandoned call
-// offered: touched). A failed SEND ends the session, as a failed transfer does.
+// offered: abandoned). A failed SEND ends the session, as a failed transfer does.
 void EndpointCore::sent_whole(const WorkCompletion& wc, SessionId session, std::uint32_t k) {
     SessionState* s = table.lookup(session);
     if (s == nullptr || !s->rc.qp || s->rc.qp->qpn() != wc.qp_num())
@@ -1734,7 +1738,7 @@ void EndpointCore::sent_whole(const WorkCompletion& wc, SessionId session, std::
         return end_session(session, fmt::format("a whole request's SEND failed: {}", wc.error().message()));
     if (--slot.sends == 0) {
         slot.sending.clear();
-        if (!slot.touched)
+        if (slot.abandoned == 0)
             slot.retired.clear();
         // every SEND of the slot is complete, its call's own among them if it posted
         // one: the server has the request, an RTO asks by a probe

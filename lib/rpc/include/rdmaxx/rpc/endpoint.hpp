@@ -206,7 +206,10 @@ struct EndpointOptions {
     /// a connected endpoint): on Soft-RoCE the faster and steadier small round trip (32 B:
     /// 0.5-0.8x the UD path's, bench/results/rpc.md), for an RC QP and staging memory per
     /// session. A session whose max_request is below 40 bytes or max_response below 4
-    /// (too small for the RC path's descriptors) keeps to UD.
+    /// (too small for the RC path's descriptors) keeps to UD. The memory an abandoned
+    /// call offered stays registered until the server answers a later call in its window
+    /// slot (its late READ or WRITE may still come); a slot whose last two such calls
+    /// were abandoned so takes its next calls by UD until one is answered.
     std::optional<std::uint32_t> rdma_threshold = std::nullopt;
     /// How this endpoint's calls lend their memory to the server on the RC path
     /// (message_buffer.hpp, "Rights"). false (the default): by the keys of its
