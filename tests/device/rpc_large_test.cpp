@@ -275,11 +275,12 @@ asio::awaitable<void> abandon_large(Rig* rig, std::optional<rpc::Session>* sessi
 
 namespace {
 
-// A server that never answers (hold_it): each large call (a 20 KB request, READ) is
+// A server that never answers (hold_it): each large call (a 64 KiB request, READ) is
 // abandoned at its deadline, a round being one call per window slot. What a slot's
 // abandoned calls offered waits for the server to answer in the slot; two of them
 // abandoned, its next calls go by UD (the request as packets: Counters::copies counts
-// each packet posted, an RC call's descriptor and its retransmissions at most 8) until
+// each packet posted: an RC call's descriptor and its retransmissions at most 8, a UD
+// call's request as many packets as its 16 credits let go, whatever the MTU) until
 // one is answered, so such a server pins two calls' memory per slot, not one per call.
 struct Unanswered {
     std::uint32_t window = 0;
@@ -293,7 +294,7 @@ asio::awaitable<void> never_answered(Rig* rig, Unanswered* out) {
     std::optional<rpc::Session> session;
     co_await connect_into(rig, &session);
     const std::uint32_t w = out->window = session->info().window;
-    const auto request = message(3, 20'000);
+    const auto request = message(3, 64 * 1024);
     std::vector<std::byte> response(request.size());
     const auto echo_round = [&]() -> asio::awaitable<void> {
         for (std::uint32_t i = 0; i < w; ++i) {
@@ -334,7 +335,7 @@ TEST_CASE("rpc large: a server that never answers a slot pins two abandoned call
     CHECK(out.wrong == 0);
     CHECK(out.held_rounds[0] <= 8 * w); // descriptors
     CHECK(out.held_rounds[1] <= 8 * w);
-    CHECK(out.held_rounds[2] > 8 * w); // 20 KB in packets (as many as the credits let go)
+    CHECK(out.held_rounds[2] > 8 * w); // 64 KiB in packets
     CHECK(out.reads_before == w);        // the first round's; the server's slots were busy since
     CHECK(out.last_copies <= 2 * w);     // descriptors again
     CHECK(out.reads_after == w);

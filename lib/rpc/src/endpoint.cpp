@@ -2459,8 +2459,9 @@ detail::CallSite Session::call_site(std::source_location where) const {
 namespace detail {
 
 QueuePair* EndpointCore::rc_qp_of(const Session& session) noexcept {
-    SessionState* s = session.core_ ? session.core_->table.lookup({.number = session.number_, .generation = session.generation_})
-                                    : nullptr;
+    if (session.core_ == nullptr)
+        return nullptr;
+    SessionState* s = session.core_->table.lookup({.number = session.number_, .generation = session.generation_});
     return s != nullptr && s->rc.qp ? &*s->rc.qp : nullptr;
 }
 
