@@ -356,10 +356,13 @@ TEST_CASE("rpc endpoint: a Request read after its session ended, or after its an
     Rig rig;
     ReadLate out;
     rig.server->set_coroutine_handler(
-        wait_then_read, [&out](rpc::Request request, rpc::Responder responder) -> asio::awaitable<void> {
+        wait_then_read, [&out, &rig](rpc::Request request, rpc::Responder responder) -> asio::awaitable<void> {
             out.bytes_before = request.bytes().size();
-            asio::steady_timer timer(co_await asio::this_coro::executor, 200ms);
-            co_await timer.async_wait(asio::use_awaitable); // the client leaves meanwhile
+            asio::steady_timer timer(co_await asio::this_coro::executor);
+            while (rig.server->sessions() != 0) { // until the client has left
+                timer.expires_after(1ms);
+                co_await timer.async_wait(asio::use_awaitable);
+            }
             out.bytes_after_end = request.bytes().size();
             responder.respond(request.bytes()); // to no one: the session ended
         });
@@ -369,7 +372,7 @@ TEST_CASE("rpc endpoint: a Request read after its session ended, or after its an
         answered_bytes = request.bytes().size();
     });
     run(rig.io,
-        [](Rig* rig) -> asio::awaitable<void> {
+        [](Rig* rig, ReadLate* out) -> asio::awaitable<void> {
             std::optional<rpc::Session> session;
             co_await connect_into(rig, &session);
             const auto request = message(7, 100);
@@ -379,9 +382,8 @@ TEST_CASE("rpc endpoint: a Request read after its session ended, or after its an
             session->call(wait_then_read, request, response, {.timeout = 5s}, [](Result<std::size_t>) {});
             co_await until([&] { return rig->server->counters().handled == 2; });
             session.reset(); // the session ends at both ends
-            co_await until([&] { return rig->server->sessions() == 0; });
-            co_await pause(400ms);
-        }(&rig),
+            co_await until([&] { return out->bytes_after_end.has_value(); });
+        }(&rig, &out),
         30s);
     CHECK(answered_bytes == 0);
     CHECK(out.bytes_before == 100);
