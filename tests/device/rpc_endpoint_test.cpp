@@ -44,6 +44,7 @@
 
 #include "../support/allocations.hpp"
 #include "../support/device.hpp"
+#include "../support/rpc_attacker.hpp"
 #include "../support/rpc_rig.hpp"
 #include "../support/starved.hpp"
 #include "../support/thread.hpp"
@@ -485,35 +486,7 @@ TEST_CASE("rpc endpoint: an unanswered Responder or a live Session destroyed on 
 // A hostile client: a session set up by hand (the setup messages' codec), then
 // garbage and forged packets from its own UD QP, while an honest client calls on.
 
-
 namespace {
-
-struct Attacker {
-    std::unique_ptr<rpc::detail::UdTransport> ud;
-    std::optional<AddressHandle> to_server;
-    rpc::detail::SessionReply reply;
-    std::uint64_t answers = 0; // what the server sent it back
-    static void deliver(void* self, rpc::detail::UdSource, std::span<const std::byte>) {
-        ++static_cast<Attacker*>(self)->answers;
-    }
-};
-
-asio::awaitable<void> hostile_setup(Rig* rig, Attacker* attacker, asio::ip::tcp::socket* socket,
-                                    std::uint16_t number = 7) {
-    namespace d = rpc::detail;
-    const asio::ip::tcp::endpoint server(asio::ip::make_address("127.0.0.1"), rig->port);
-    co_await socket->async_connect(server, asio::use_awaitable);
-    const std::uint32_t payload = attacker->ud->mtu() - static_cast<std::uint32_t>(d::header_bytes);
-    const d::SessionRequest request{.client = attacker->ud->address(),
-                                    .session = {.number = number, .generation = 1},
-                                    .limits = {.window = 8, .credits = 8, .max_request = 4096,
-                                               .max_response = 4096, .payload_per_packet = payload}};
-    const auto out = d::encode(request);
-    co_await asio::async_write(*socket, asio::buffer(out), asio::use_awaitable);
-    std::array<std::byte, d::session_reply_bytes> in{};
-    co_await asio::async_read(*socket, asio::buffer(in), asio::use_awaitable);
-    attacker->reply = must(d::decode_reply(in));
-}
 
 // Garbage of every kind at the server, `rounds` times: random bytes, forged headers
 // (wrong generation, wrong session, bad fields), requests far ahead of the window.

@@ -2,6 +2,7 @@
 // the right bytes, every request runs exactly once, and the losses were retransmitted.
 // Runs where scripts/vm/pair.sh made rxeA and rxeB; elsewhere every case is skipped.
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include <asio/co_spawn.hpp>
+#include <asio/ip/tcp.hpp>
 #include <asio/detached.hpp>
 #include <asio/this_coro.hpp>
 #include <asio/io_context.hpp>
@@ -23,7 +25,10 @@
 #include <rdmaxx/rpc/endpoint.hpp>
 
 #include "../support/device.hpp"
+#include "../support/netdev.hpp"
 #include "../support/pair.hpp"
+#include "../support/rpc_attacker.hpp"
+#include "../support/rpc_rig.hpp"
 
 // g++ 12 sees Asio's coroutine-frame operator delete as mismatched with its operator
 // new once it inlines both into a coroutine (a false positive: the frame's allocator
@@ -190,22 +195,6 @@ TEST_CASE("rpc across a wire losing 1 % and 5 % of packets: 2,000 calls of 32 B 
 
 namespace {
 
-// A netdev MTU for the scope's duration (rxe derives its port's active MTU from it).
-class LinkMtu {
-public:
-    LinkMtu(const char* interface, int mtu) : interface_(interface) { set(mtu); }
-    LinkMtu(const LinkMtu&) = delete;
-    LinkMtu& operator=(const LinkMtu&) = delete;
-    ~LinkMtu() { set(1500); }
-    void set(int mtu) const {
-        const std::string command = fmt::format("ip link set dev {} mtu {}", interface_, mtu);
-        REQUIRE_MESSAGE(std::system(command.c_str()) == 0, command);
-    }
-
-private:
-    std::string interface_;
-};
-
 asio::awaitable<void> echo_sizes(rpc::Endpoint* client, std::uint16_t port, std::uint32_t* payload, int* wrong) {
     auto session = co_await client->connect(env("RDMAXX_PAIR_A_ADDR"), port);
     REQUIRE_MESSAGE(session.has_value(), (session ? "" : session.error().message()));
@@ -223,8 +212,8 @@ asio::awaitable<void> echo_sizes(rpc::Endpoint* client, std::uint16_t port, std:
 
 TEST_CASE("rpc at a path MTU of 4096, and between ports of 4096 and 1024 (the session agrees 1024)" *
           doctest::skip(!have_pair())) {
-    const LinkMtu jumbo_a(env("RDMAXX_PAIR_A_IF"), 9000);
-    const LinkMtu jumbo_b(env("RDMAXX_PAIR_B_IF"), 9000);
+    const test::LinkMtu jumbo_a(env("RDMAXX_PAIR_A_IF"), 9000);
+    const test::LinkMtu jumbo_b(env("RDMAXX_PAIR_B_IF"), 9000);
     const std::uint32_t gid_index = static_cast<std::uint32_t>(std::atoi(env("RDMAXX_PAIR_GID_INDEX")));
     std::uint16_t port = 31950;
     for (const int client_mtu : {9000, 1500}) {
@@ -256,4 +245,84 @@ TEST_CASE("rpc at a path MTU of 4096, and between ports of 4096 and 1024 (the se
         CHECK(wrong == 0);
         CHECK(payload == client->mtu() - 32);
     }
+}
+
+// ---------------------------------------------------------------------------------
+// A host that sends with a session peer's QP number from another address: the
+// attacker's transport is on rxeB, and its session claims rxeA's address. Its packets
+// are right in every field but their GRH source, and none is served; the same
+// transport's session under its own address is.
+
+namespace {
+
+using rpc_test::Attacker;
+
+// `count` one-packet echo requests from the attacker on its session, numbered from 0.
+void send_requests(Attacker& a, std::uint64_t count) {
+    namespace d = rpc::detail;
+    for (std::uint64_t r = 0; r < count; ++r) {
+        const auto payload = rpc_test::message(static_cast<std::uint32_t>(r), 64);
+        std::array<std::byte, d::header_bytes> header{};
+        d::encode({.kind = d::Kind::request,
+                   .rpc_type = rpc_test::echo,
+                   .status = d::Status::ok,
+                   .session = a.reply.session.number,
+                   .generation = a.reply.session.generation,
+                   .message_size = static_cast<std::uint32_t>(payload.size()),
+                   .request = r,
+                   .index = 0},
+                  header);
+        REQUIRE(must(a.ud->send(*a.to_server, a.reply.server, header, payload)));
+    }
+}
+
+struct SpoofOutcome {
+    std::uint64_t spoof_handled = 0, spoof_wrong_source = 0, honest_answers = 0;
+};
+
+asio::awaitable<void> spoof_from_another_address(rpc_test::Rig* rig, Attacker* attacker, const Gid* server_gid,
+                                                 asio::ip::tcp::socket* spoofing, asio::ip::tcp::socket* honest,
+                                                 SpoofOutcome* out) {
+    namespace d = rpc::detail;
+    const auto wrong_source = static_cast<std::size_t>(d::DropReason::wrong_source);
+    const rpc::Counters& counters = rig->server->counters();
+    d::UdAddress claimed = attacker->ud->address();
+    claimed.endpoint.gid = *server_gid; // rxeA's: the server's own device
+    co_await rpc_test::hostile_setup(rig, attacker, spoofing, 7, claimed);
+    REQUIRE(!attacker->reply.refusal);
+    attacker->to_server.emplace(must(attacker->ud->handle_to(attacker->reply.server)));
+    send_requests(*attacker, 8);
+    co_await rpc_test::until([&] { return counters.dropped() >= 8 || counters.handled >= 8; });
+    co_await rpc_test::pause(200ms); // anything more that would come
+    out->spoof_handled = counters.handled;
+    out->spoof_wrong_source = counters.drops[wrong_source];
+
+    co_await rpc_test::hostile_setup(rig, attacker, honest, 8);
+    REQUIRE(!attacker->reply.refusal);
+    attacker->to_server.emplace(must(attacker->ud->handle_to(attacker->reply.server)));
+    send_requests(*attacker, 8);
+    co_await rpc_test::until([attacker] { return attacker->answers >= 8; });
+    out->honest_answers = attacker->answers;
+}
+
+} // namespace
+
+TEST_CASE("rpc across the wire: packets with a session peer's QP number from another address are dropped, not "
+          "served" * doctest::skip(!have_pair())) {
+    const auto gid_index = static_cast<std::uint32_t>(std::atoi(env("RDMAXX_PAIR_GID_INDEX")));
+    rpc_test::Rig rig({.device = env("RDMAXX_PAIR_A_DEV"), .gid_index = gid_index},
+                      {.device = env("RDMAXX_PAIR_A_DEV"), .gid_index = gid_index});
+    const Gid server_gid = must(must(Context::open(env("RDMAXX_PAIR_A_DEV"))).choose_gid(1, gid_index)).gid;
+    Attacker attacker;
+    attacker.ud = must(rpc::detail::UdTransport::create(
+        rig.io, {.device = env("RDMAXX_PAIR_B_DEV"), .gid_index = gid_index, .ring = 64, .send_depth = 64},
+        &Attacker::deliver, &attacker));
+    REQUIRE(attacker.ud->address().endpoint.gid != server_gid);
+    asio::ip::tcp::socket spoofing(rig.io), honest(rig.io);
+    SpoofOutcome out;
+    rpc_test::run(rig.io, spoof_from_another_address(&rig, &attacker, &server_gid, &spoofing, &honest, &out), 30s);
+    CHECK(out.spoof_handled == 0);
+    CHECK(out.spoof_wrong_source == 8);
+    CHECK(out.honest_answers == 8);
+    CHECK(rig.server->counters().handled == 8);
 }

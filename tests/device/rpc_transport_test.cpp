@@ -10,6 +10,7 @@
 #include <cstring>
 #include <deque>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include <asio/io_context.hpp>
@@ -20,6 +21,7 @@
 #include <doctest/doctest.h>
 
 #include "../support/device.hpp"
+#include "../support/netdev.hpp"
 #include "../support/run_until.hpp"
 #include "rc_transport.hpp"
 #include "ud_transport.hpp"
@@ -102,7 +104,7 @@ TEST_CASE("UD transport: 5,000 packets of every length, 20x the receive ring, in
         CHECK(receiver.wrong == 0);
         CHECK(arrived == total);
         CHECK(a->copies() == with_payload); // a packet with no payload copies none
-        CHECK(a->failed_completions() == 0);
+        CHECK(a->failed_sends() == 0);
         CHECK(a->free_send_buffers() <= 32);
         MESSAGE("send-buffer stalls: ", stalls);
     }
@@ -146,7 +148,7 @@ TEST_CASE("UD transport: payloads gathered from held memory arrive whole; the me
     CHECK(receiver.wrong == 0);
     CHECK(std::count(receiver.seen.begin(), receiver.seen.end(), 1) == total);
     CHECK(memory.get()->holders == 1);
-    CHECK(a->failed_completions() == 0);
+    CHECK(a->failed_sends() == 0);
 }
 
 // ---------------------------------------------------------------------------------
@@ -202,6 +204,51 @@ void send_from_peer(std::deque<PeerLink>& links, RcTransport& t, Context& contex
 }
 
 } // namespace
+
+// A sender whose port's MTU grew after the receiver was made (or any host that sends
+// more than the receiver's MTU): its packets fail their receives. Soft-RoCE puts the
+// receiver's QP in error for each; the transport sets it up again at once, with every
+// buffer posted, or one such packet would leave the endpoint deaf to everyone.
+TEST_CASE("UD transport: a packet longer than the ring's buffers fails its receive; a QP it breaks is set up again") {
+    const std::string netdev = test::netdev_of(must(Context::open()));
+    const test::LinkMtu link(netdev, 1500);
+    asio::io_context io;
+    Receiver receiver;
+    auto b = must(UdTransport::create(io, {.ring = 16, .send_depth = 16}, &Receiver::deliver, &receiver));
+    REQUIRE(b->mtu() == 1024);
+    const std::uint32_t qpn = b->address().endpoint.qpn;
+    link.set(4200); // rxe's port MTU becomes 4096, for transports made from now on
+    auto a = must(UdTransport::create(io, {.ring = 16, .send_depth = 32}, &Receiver::ignore, nullptr));
+    REQUIRE(a->mtu() == 4096);
+    receiver.mtu = b->mtu();
+    receiver.expected_qpn = a->address().endpoint.qpn;
+    const AddressHandle to_b = must(a->handle_to(b->address()));
+    const auto send = [&](std::span<const std::byte> bytes) {
+        while (!must(a->send(to_b, b->address(), bytes.first(4), bytes.subspan(4))))
+            io.run_for(1ms); // a send buffer back
+    };
+    // one at a time: each fails, and whatever it did to the QP is mended before the next
+    const std::vector<std::byte> oversized(a->mtu(), std::byte{7});
+    for (std::uint64_t i = 1; i <= 3; ++i) {
+        send(oversized);
+        CHECK(test::run_until(io, [&] { return b->failed_receives() >= i; }, 30s));
+    }
+    MESSAGE("failed receives ", b->failed_receives(), ", recoveries ", b->recoveries());
+    CHECK(b->recoveries() <= 3);
+    CHECK(b->address().endpoint.qpn == qpn);
+    // then packets b's buffers hold, many times its 31 buffers: every one arrives
+    constexpr std::uint32_t total = 200;
+    receiver.seen.assign(total, 0);
+    for (std::uint32_t n = 0; n < total; ++n) {
+        send(packet(n, b->mtu()));
+        if (n % 8 == 7) // paced: b's ring is small
+            test::run_until(io, [&] { return std::count(receiver.seen.begin(), receiver.seen.end(), 1) > n - 4; }, 5s);
+    }
+    test::run_until(io, [&] { return std::count(receiver.seen.begin(), receiver.seen.end(), 1) == total; }, 30s);
+    CHECK(std::count(receiver.seen.begin(), receiver.seen.end(), 1) == total);
+    CHECK(receiver.wrong == 0);
+    CHECK(a->failed_sends() == 0);
+}
 
 TEST_CASE("RC transport: receives a hostile peer's oversized SENDs fail are posted again; neither SRQ drains") {
     asio::io_context io;

@@ -308,6 +308,7 @@ struct SessionState {
     SessionId local;
     SessionId remote;
     UdAddress peer;
+    PeerSource source; // what the peer's UD packets carry: each is checked by it
     AddressHandle ah;
     SessionLimits limits;
     PacketLimits packets; // what decode() accepts for this session
@@ -613,7 +614,7 @@ void EndpointCore::take(UdSource from, std::span<const std::byte> packet) {
         return;
     SessionState* s = to->session;
     const PacketHeader* header = &to->header;
-    if (from.qpn != s->peer.endpoint.qpn)
+    if (!s->source.sent(from))
         return drop(DropReason::wrong_source);
     const auto payload = packet.subspan(header_bytes);
     switch (header->kind) {
@@ -1944,6 +1945,7 @@ SessionState& EndpointCore::attach(SessionId local, const SessionId& remote, con
                        .local = local,
                        .remote = remote,
                        .peer = peer,
+                       .source = transport->source_of(peer),
                        .ah = std::move(ah),
                        .limits = limits,
                        .packets = PacketLimits(std::max(limits.max_request, limits.max_response),
@@ -2631,6 +2633,8 @@ std::uint16_t Endpoint::listen_port() const noexcept {
 std::uint32_t Endpoint::mtu() const noexcept { return core_->transport->mtu(); }
 const Counters& Endpoint::counters() const noexcept {
     core_->counters.copies = core_->transport->copies();
+    core_->counters.drops[static_cast<std::size_t>(detail::DropReason::receive_failed)] =
+        core_->transport->failed_receives();
     return core_->counters;
 }
 std::uint32_t Endpoint::sessions() const noexcept { return core_->table.sessions(); }

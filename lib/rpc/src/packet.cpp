@@ -83,6 +83,7 @@ std::string_view to_string(DropReason reason) noexcept {
     case DropReason::inconsistent: return "inconsistent with its message";
     case DropReason::handler_running: return "handler running";
     case DropReason::wrong_source: return "wrong source";
+    case DropReason::receive_failed: return "receive failed";
     }
     return "unknown";
 }

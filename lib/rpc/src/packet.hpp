@@ -132,9 +132,11 @@ enum class DropReason : std::uint8_t {
     inconsistent,    // message size or rpc type differs from the message's other packets
     handler_running, // the request's handler has not answered yet
     // the endpoint's
-    wrong_source, // from another QP than the session's peer (spoofed, or a stale peer)
+    wrong_source, // not from the session's peer: another QP, or its QPN from another address (PeerSource)
+    // the device's
+    receive_failed, // a receive the device failed: a packet longer than a ring buffer (no honest peer's)
 };
-inline constexpr std::size_t drop_reasons = static_cast<std::size_t>(DropReason::wrong_source) + 1;
+inline constexpr std::size_t drop_reasons = static_cast<std::size_t>(DropReason::receive_failed) + 1;
 
 std::string_view to_string(DropReason reason) noexcept;
 

@@ -14,8 +14,13 @@ namespace {
 
 // Every UD receive starts with the 40-byte GRH slot (filled on RoCE and with a GRH).
 constexpr std::uint32_t grh_bytes = 40;
-// wr_id: a send buffer's index with this bit, a ring buffer's without.
+// wr_id: a send buffer's index with this bit, a ring buffer's without, and the QP's
+// epoch (UdTransport::recover) in bits 32 to 62.
 constexpr std::uint64_t send_bit = std::uint64_t{1} << 63;
+constexpr std::uint32_t epoch_mask = 0x7fffffff;
+constexpr std::uint32_t epoch_of(std::uint64_t wr_id) noexcept {
+    return static_cast<std::uint32_t>(wr_id >> 32) & epoch_mask;
+}
 // Ring buffers posted again per doorbell, at most.
 constexpr std::size_t repost_batch = 32;
 // Taken ring buffers wait until this many can go back in one post (a post per packet
@@ -127,7 +132,7 @@ Result<void> UdTransport::post_receives(std::span<const std::uint32_t> buffers) 
     for (std::size_t at = 0; at < buffers.size(); at += repost_batch) {
         batch.clear();
         for (std::size_t k = at; k < std::min(buffers.size(), at + repost_batch); ++k)
-            batch.add(ring_slices_[buffers[k]], buffers[k]);
+            batch.add(ring_slices_[buffers[k]], std::uint64_t{epoch_} << 32 | buffers[k]);
         if (auto posted = batch.post(); !posted)
             return posted;
     }
@@ -136,6 +141,22 @@ Result<void> UdTransport::post_receives(std::span<const std::uint32_t> buffers) 
 
 Result<AddressHandle> UdTransport::handle_to(const UdAddress& peer) const {
     return AddressHandle::create(*qp_, peer.endpoint);
+}
+
+PeerSource UdTransport::source_of(const UdAddress& peer) const noexcept {
+    PeerSource source;
+    source.qpn_ = peer.endpoint.qpn;
+    source.lid_ = peer.endpoint.lid;
+    if (qp_->link_layer() == LinkLayer::infiniband)
+        return source; // the AH routes by LID (wrap's address_vector): no GRH comes
+    const auto& gid = peer.endpoint.gid.bytes;
+    // RoCE v2 is this end's type (a GID of unknown type, from an old kernel, is taken
+    // as v2, the default since): an IPv4-mapped peer sends IPv4
+    const bool ipv4 = qp_->gid().type != GidType::roce_v1 && peer.endpoint.gid.is_ipv4_mapped();
+    source.address_at_ = ipv4 ? PeerSource::ipv4_source_at : PeerSource::gid_source_at;
+    source.address_length_ = ipv4 ? 4 : 16;
+    std::memcpy(source.address_.data(), gid.data() + (ipv4 ? 12 : 0), source.address_length_);
+    return source;
 }
 
 Result<bool> UdTransport::send(const AddressHandle& to, const UdAddress& peer, std::span<const std::byte> header,
@@ -181,16 +202,17 @@ Result<bool> UdTransport::post_send(const AddressHandle& to, const UdAddress& pe
                                     std::span<const LocalSlice> gather, bool inline_data,
                                     std::source_location where) {
     const std::uint32_t buffer = free_sends_.back();
+    const std::uint64_t wr_id = send_bit | std::uint64_t{epoch_} << 32 | buffer;
     const UdDestination destination{.ah = &to, .qpn = peer.endpoint.qpn, .qkey = peer.qkey};
     if (sender_->size() == 0) // the first packet builds the WR, the next ones change it
-        sender_->send(gather, destination, {.wr_id = send_bit | buffer, .inline_data = inline_data}, where);
+        sender_->send(gather, destination, {.wr_id = wr_id, .inline_data = inline_data}, where);
     else
-        sender_->set_wr_id(0, send_bit | buffer, where)
-            .set_local(0, gather, inline_data, where)
-            .set_destination(0, destination, where);
+        sender_->set_wr_id(0, wr_id, where).set_local(0, gather, inline_data, where).set_destination(0, destination, where);
     auto posted = sender_->post(where);
-    if (!posted)
+    if (!posted) {
+        recover_if_broken("a send's post failed");
         return std::unexpected(std::move(posted.error()));
+    }
     free_sends_.pop_back();
     return true;
 }
@@ -201,28 +223,74 @@ void UdTransport::take(void* self, std::span<const WorkCompletion> completions) 
 
 void UdTransport::take(std::span<const WorkCompletion> completions) {
     for (const WorkCompletion& wc : completions) {
+        if (epoch_of(wc.wr_id()) != epoch_)
+            continue; // a work request of the QP before its recovery: its buffer is free or posted anew
+        const auto buffer = static_cast<std::uint32_t>(wc.wr_id());
         if (wc.wr_id() & send_bit) {
-            const auto buffer = static_cast<std::uint32_t>(wc.wr_id() & ~send_bit);
             gathered_[buffer] = BufferHold{};
             free_sends_.push_back(buffer);
-            failed_ += wc.ok() ? 0 : 1;
+            if (!wc.ok()) {
+                ++failed_sends_;
+                recover_if_broken(ibv_wc_status_str(wc.status()));
+            }
             continue;
         }
-        const auto buffer = static_cast<std::uint32_t>(wc.wr_id());
-        if (!wc.ok()) { // flushed: the QP is going away
-            ++failed_;
+        if (!wc.ok()) {
+            // a packet the device refused (longer than a ring buffer: no honest peer's),
+            // or a flush: the buffer goes back, or a stream of such packets would empty
+            // the ring; where the QP broke (Soft-RoCE breaks it for a packet too long),
+            // it is set up again
+            ++failed_receives_;
+            repost_.push_back(buffer);
+            recover_if_broken(ibv_wc_status_str(wc.status()));
             continue;
         }
         const std::uint32_t length = std::min(wc.byte_len(), grh_bytes + mtu_);
         if (length >= grh_bytes)
-            deliver_(context_arg_, UdSource{wc.src_qp()}, ring_buffer(buffer).subspan(grh_bytes, length - grh_bytes));
-        repost_.push_back(buffer);
+            deliver_(context_arg_,
+                     UdSource{.qpn = wc.src_qp(),
+                              .grh = wc.has_grh() ? ring_buffer(buffer).data() : nullptr,
+                              .lid = wc.slid()},
+                     ring_buffer(buffer).subspan(grh_bytes, length - grh_bytes));
+        if (epoch_of(wc.wr_id()) == epoch_) // else a send the delivery made found the QP broken: posted anew
+            repost_.push_back(buffer);
     }
     if (repost_.size() < repost_threshold)
         return;
-    if (auto posted = post_receives(repost_); !posted)
+    if (auto posted = post_receives(repost_); !posted) {
         logger()->error("rdmaxx rpc: posting receives again: {}", posted.error());
+        recover_if_broken("posting receives failed"); // else kept, to post with the next ones
+        return;
+    }
     repost_.clear();
+}
+
+void UdTransport::recover_if_broken(std::string_view why) {
+    const auto state = qp_->query_state();
+    if (state && *state != QpState::error && *state != QpState::sqe)
+        return; // a failed work request that left the QP working
+    // Reset takes back every work request outstanding; their completions still in the
+    // CQ name the old epoch and are passed over. The QPN stays: peers' addresses hold.
+    epoch_ = (epoch_ + 1) & epoch_mask;
+    ++recoveries_;
+    repost_.clear();
+    free_sends_.clear();
+    for (std::uint32_t i = static_cast<std::uint32_t>(gathered_.size()); i-- > 0;)
+        free_sends_.push_back(i);
+    for (BufferHold& held : gathered_)
+        held = BufferHold{};
+    std::vector<std::uint32_t> all(ring_);
+    for (std::uint32_t i = 0; i < ring_; ++i)
+        all[i] = i;
+    Result<void> up = qp_->reset();
+    if (up)
+        up = qp_->activate();
+    if (up)
+        up = post_receives(all);
+    if (!up)
+        logger()->error("rdmaxx rpc: the UD QP broke ({}) and could not be set up again: {}", why, up.error());
+    else
+        logger()->warn("rdmaxx rpc: the UD QP broke ({}) and was set up again; packets in flight were lost", why);
 }
 
 } // namespace rdmaxx::rpc::detail

@@ -19,17 +19,25 @@
 //    answer false and the caller tries again after a completion (a credit stall).
 //  * Completions go to a lib/async sink CQ on the endpoint's io_context, in its drive
 //    mode: the transport keeps run() going while it lives.
+//  * A receive that fails (a packet longer than a ring buffer, from no honest peer)
+//    has its buffer posted again. Where a failed work request or post left the QP in
+//    error (Soft-RoCE breaks it for one packet too long), the transport resets it and
+//    sets it up again, same QPN, at once: one hostile packet costs the packets in
+//    flight (go-back-N sends them again), never the endpoint.
 //
 // Thread safety: as the io_context (one thread).
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <source_location>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <asio/io_context.hpp>
@@ -58,9 +66,45 @@ struct UdOptions {
     async::DriveOptions drive{};
 };
 
-// Where a packet came from: the sender's QPN (its GID is in the GRH, unchecked here).
+// Where a packet came from, as its receive completion shows it.
 struct UdSource {
     std::uint32_t qpn = 0;
+    const std::byte* grh = nullptr; // the 40 bytes before the packet; null: the completion had no GRH
+    std::uint16_t lid = 0;          // without a GRH (InfiniBand inside a subnet)
+};
+
+// What every packet from one peer carries (UdTransport::source_of): its QPN, and its
+// address where the receive shows it. A host that picks the peer's QPN (24 bits, easy
+// to guess) is not the peer, so the address is compared too:
+//  * RoCE v2 towards an IPv4 GID: the GRH slot holds the IPv4 header in its last 20
+//    bytes, the source address at byte 32, as ibv_init_ah_from_wc reads it;
+//  * any other GRH (RoCE v2 over IPv6, RoCE v1, InfiniBand across subnets): the source
+//    GID at byte 8;
+//  * no GRH (InfiniBand inside a subnet, where the AH routes by LID): the source LID.
+// Which form applies follows from this end's GID type and the peer's GID, so a packet
+// is never guessed at. Spoofed IP source addresses are beyond any check here.
+class PeerSource {
+public:
+    [[gnu::always_inline]] bool sent(const UdSource& from) const noexcept {
+        if (from.qpn != qpn_)
+            return false;
+        if (from.grh == nullptr)
+            return address_length_ == 0 && from.lid == lid_;
+        if (address_length_ == 0)
+            return false;
+        if (address_at_ == ipv4_source_at && (std::to_integer<unsigned>(from.grh[ipv4_header_at]) >> 4) != 4)
+            return false; // not an IPv4 header
+        return std::memcmp(from.grh + address_at_, address_.data(), address_length_) == 0;
+    }
+
+private:
+    friend class UdTransport;
+    static constexpr std::uint8_t ipv4_header_at = 20, ipv4_source_at = 32, gid_source_at = 8;
+    std::uint32_t qpn_ = 0;
+    std::uint16_t lid_ = 0;
+    std::uint8_t address_at_ = 0;     // where the source address lies in the GRH slot
+    std::uint8_t address_length_ = 0; // 16 (a GID), 4 (an IPv4 address), 0 (no GRH: the LID)
+    std::array<std::byte, 16> address_{};
 };
 
 class UdTransport {
@@ -83,6 +127,8 @@ public:
     std::uint32_t mtu() const noexcept { return mtu_; }
     // A handle towards a peer's address, for send().
     Result<AddressHandle> handle_to(const UdAddress& peer) const;
+    // What the peer's packets carry, to check each one by.
+    PeerSource source_of(const UdAddress& peer) const noexcept;
 
     // Sends `header` then `payload` (together at most mtu() bytes) to `to`. False: no
     // send buffer is free. Runtime error: the post failed (the QP is dead).
@@ -110,8 +156,13 @@ public:
     std::size_t poll();
 
     std::uint64_t copies() const noexcept { return copies_; }
-    // Completions that failed (a send the device refused, receives flushed at the end).
-    std::uint64_t failed_completions() const noexcept { return failed_; }
+    // Sends the device failed, and receives: a packet longer than a ring buffer (the
+    // device refuses it; its buffer is posted again), or flushed as the QP broke.
+    std::uint64_t failed_sends() const noexcept { return failed_sends_; }
+    std::uint64_t failed_receives() const noexcept { return failed_receives_; }
+    // Times the QP broke (in error after a failed work request or post) and was reset
+    // and set up again: the packets in flight then were lost, its QPN is the same.
+    std::uint64_t recoveries() const noexcept { return recoveries_; }
     std::uint32_t free_send_buffers() const noexcept { return static_cast<std::uint32_t>(free_sends_.size()); }
 
 private:
@@ -127,6 +178,9 @@ private:
     inline Result<bool> post_send(const AddressHandle& to, const UdAddress& peer, std::span<const LocalSlice> gather,
                                   bool inline_data, std::source_location where);
     inline std::span<std::byte> ring_buffer(std::uint32_t i) noexcept;
+    // After a failed work request or post: where the QP is in error, resets it, sets it
+    // up again and posts every buffer anew under the next epoch (wr_id).
+    [[gnu::cold]] void recover_if_broken(std::string_view why);
 
     Context context_;
     ProtectionDomain pd_;
@@ -147,7 +201,8 @@ private:
     std::vector<std::uint32_t> free_sends_;
     std::vector<BufferHold> gathered_; // per send buffer: the memory its send gathers from
     std::vector<std::uint32_t> repost_; // ring buffers taken, to post again
-    std::uint64_t copies_ = 0, failed_ = 0;
+    std::uint64_t copies_ = 0, failed_sends_ = 0, failed_receives_ = 0, recoveries_ = 0;
+    std::uint32_t epoch_ = 0; // of the work requests posted since the QP was last set up
 };
 
 } // namespace rdmaxx::rpc::detail

@@ -66,6 +66,7 @@ public:
     /// The number of the local QP whose work request completed.
     std::uint32_t qp_num() const noexcept { return wc_.qp_num; }
     std::uint32_t src_qp() const noexcept { return wc_.src_qp; } ///< UD receives: the sender's QPN
+    std::uint16_t slid() const noexcept { return wc_.slid; }     ///< UD receives: the sender's LID (InfiniBand)
     /// Whether a global routing header came first in the buffer (IBV_WC_GRH: UD receives).
     bool has_grh() const noexcept { return (wc_.wc_flags & IBV_WC_GRH) != 0; }
     /// The ibv_wc itself, for the fields not above.

@@ -58,7 +58,10 @@
 /// Input from the network is never trusted: every packet is validated and a bad one is
 /// counted by reason (Counters::drops) and dropped; a malformed or hostile session setup
 /// gets a refusal or an Error, and the endpoint serves the next peer. A UD packet may
-/// come from anyone, so none ends a session; what comes over a session's RC QP can only
+/// come from anyone, so none ends a session; one counts as the session's only with its
+/// peer's QP number and its peer's address (the source GID, or IPv4 address on RoCE v2
+/// over IPv4, of its GRH; the LID on InfiniBand without one): "wrong source" otherwise.
+/// What comes over a session's RC QP can only
 /// come from its peer, and the first receive there that no honest peer causes ends that
 /// session (Counters::rc_misuses): a server's immediate that names no call of this end
 /// that could still get one (per call that offered memory and ended without its
