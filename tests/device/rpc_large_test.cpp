@@ -9,9 +9,13 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
 #include <optional>
+#include <string>
 #include <thread>
 #include <vector>
+
+#include <sys/resource.h>
 
 #include <asio/bind_cancellation_slot.hpp>
 #include <asio/cancellation_signal.hpp>
@@ -566,6 +570,94 @@ TEST_CASE("rpc large: an abandoned call's MessageBuffers get new memory; its lat
     CHECK(rig.client->counters().buffers_renewed == 4);
     CHECK(rig.client->sessions() == 1);
 }
+
+namespace {
+
+// The process's address space limited to what it maps now plus `room`, while this
+// lives: a larger mapping (a MessageBuffer's new memory) fails, as memory runs out.
+class AddressSpaceLimit {
+public:
+    explicit AddressSpaceLimit(std::size_t room) {
+        REQUIRE(::getrlimit(RLIMIT_AS, &was_) == 0);
+        std::ifstream status("/proc/self/status");
+        std::size_t kib = 0;
+        for (std::string line; std::getline(status, line);)
+            if (line.starts_with("VmSize:"))
+                kib = std::stoul(line.substr(7));
+        REQUIRE(kib > 0);
+        rlimit limited = was_;
+        limited.rlim_cur = kib * 1024 + room;
+        REQUIRE(::setrlimit(RLIMIT_AS, &limited) == 0);
+    }
+    AddressSpaceLimit(const AddressSpaceLimit&) = delete;
+    AddressSpaceLimit& operator=(const AddressSpaceLimit&) = delete;
+    ~AddressSpaceLimit() { ::setrlimit(RLIMIT_AS, &was_); }
+
+private:
+    rlimit was_{};
+};
+
+struct Unrenewed {
+    std::optional<Error> timed_out;
+    std::uint64_t renewals_failed = 0;
+    bool session_ended = false;
+    bool untouched = false; // the response buffer, after the server's late answer
+};
+
+// A call lends a 32 MiB response buffer and times out while the server holds it; the
+// buffer's new memory cannot be had. The server then answers, late.
+asio::awaitable<void> unrenewable(Rig* rig, std::optional<rpc::Session>* session, Unrenewed* out) {
+    co_await connect_into(rig, session);
+    constexpr std::uint32_t capacity = 32 * mib;
+    Buffers b = buffers_for(*rig->client, 3, 100, 0, capacity);
+    // a large answer first: the session's RC path is then set up, and the held call lends
+    std::vector<std::byte> warm(mib);
+    REQUIRE(co_await (**session).call(sized, ask(1, 100, mib), warm, {.timeout = 30s}));
+    std::optional<Result<std::size_t>> got;
+    {
+        const AddressSpaceLimit limit(8 * mib);
+        (**session).call(hold_it, b.request, b.response, {.timeout = 300ms},
+                         [&got](Result<std::size_t> r) { got = std::move(r); });
+        co_await until([&got] { return got.has_value(); });
+    }
+    if (!*got)
+        out->timed_out = got->error();
+    out->renewals_failed = rig->client->counters().renewals_failed;
+    b.response.resize(capacity);
+    std::ranges::fill(b.response.bytes(), std::byte{0x5a});
+    REQUIRE(!rig->held.empty());
+    rig->held.back().respond(message(9, mib)); // the late answer: a 1 MiB WRITE
+    rig->held.pop_back();
+    co_await pause(2s);
+    out->untouched = std::ranges::all_of(b.response.bytes(), [](std::byte x) { return x == std::byte{0x5a}; });
+    co_await until([rig] { return rig->client->sessions() == 0; }); // within run()'s bound
+    out->session_ended = true;
+}
+
+} // namespace
+
+// Where the memory to renew a buffer cannot be had, the session's RC QP stops taking
+// transfers at once and the session ends: the late WRITE never lands in the buffer
+// (the caller's again). Not under ASan, whose reservations an address-space limit
+// would starve.
+#if !defined(__SANITIZE_ADDRESS__)
+TEST_CASE("rpc large: an abandoned call's buffer that gets no new memory ends its session; its late WRITE does "
+          "not land") {
+    rpc::EndpointOptions big = large;
+    big.max_response = 32 * mib;
+    Rig rig(big, big);
+    add_sized(rig);
+    std::optional<rpc::Session> session;
+    Unrenewed out;
+    run(rig.io, unrenewable(&rig, &session, &out), 60s);
+    REQUIRE(out.timed_out);
+    CHECK(out.timed_out->is_timeout());
+    CHECK(out.renewals_failed == 1);
+    CHECK(out.untouched);
+    CHECK(out.session_ended);
+    CHECK(rig.client->counters().buffers_renewed == 0);
+}
+#endif
 
 namespace {
 

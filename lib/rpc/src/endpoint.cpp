@@ -460,7 +460,7 @@ struct EndpointCore {
     // calls (renew_reachable, call_left_slot) unless none of its packets went.
     void abandon(SessionState& s, PendingCall& call, Error why);
     void renew_reachable(SessionState& s, const PendingCall& call);
-    void renew(MessageBuffer& buffer, bool keep_bytes);
+    void renew(SessionState& s, MessageBuffer& buffer, bool keep_bytes);
     Result<QueuePair> make_rc_qp(RcRole role, std::uint32_t depth);
     void offer_rc(SessionState& s);
     void rc_ready(SessionState& s);
@@ -1408,18 +1408,24 @@ void EndpointCore::renew_reachable(SessionState& s, const PendingCall& call) {
         s.rc.client_slots.empty() ? nullptr : &s.rc.client_slots[call.request % s.calls.size()];
     const bool sends_queued = call.sending.get() != nullptr && call.sending.get()->holders > 2; // buffer, call, sends
     if (call.buffers.request != nullptr && (sends_queued || (slot != nullptr && slot->lent[0].get() != nullptr)))
-        renew(*call.buffers.request, true);
+        renew(s, *call.buffers.request, true);
     if (call.buffers.response != nullptr && slot != nullptr && slot->lent[1].get() != nullptr)
-        renew(*call.buffers.response, false);
+        renew(s, *call.buffers.response, false);
 }
 
-void EndpointCore::renew(MessageBuffer& buffer, bool keep_bytes) {
+void EndpointCore::renew(SessionState& s, MessageBuffer& buffer, bool keep_bytes) {
     const BufferBlock& old_block = *buffer.hold_.get();
     const MemoryRegion& old = old_block.region;
     auto fresh = MemoryRegion::allocate(transport->pd(), old.size(), old.access(), {.zeroed = !keep_bytes});
     if (!fresh) {
-        // the call ends with its own Error; the buffer keeps memory a late transfer may reach
-        logger()->error("rdmaxx rpc: new memory for an abandoned call's MessageBuffer: {}", fresh.error());
+        // The buffer keeps memory a late READ or WRITE may reach: the session's RC QP
+        // takes none from now on (a QP in error drops what comes), and the session ends.
+        ++counters.renewals_failed;
+        if (s.rc.qp)
+            if (auto stopped = s.rc.qp->to_error(); !stopped)
+                logger()->error("rdmaxx rpc: stopping a session's RC QP: {}", stopped.error());
+        end_session_soon(s.local, fmt::format("no new memory for an abandoned call's MessageBuffer: {}",
+                                              fresh.error().message()));
         return;
     }
     if (keep_bytes && buffer.size_ > 0)

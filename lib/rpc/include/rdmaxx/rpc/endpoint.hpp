@@ -296,6 +296,8 @@ struct Counters {
                                        ///< client had the response first), not dropped
     std::uint64_t buffers_renewed = 0; ///< MessageBuffers given new memory after their call was
                                        ///< abandoned (message_buffer.hpp)
+    std::uint64_t renewals_failed = 0; ///< MessageBuffers of abandoned calls no new memory
+                                       ///< was had for: each ended its session (message_buffer.hpp)
     std::uint64_t window_posts = 0;    ///< posts of window binds and revocations (client lending
                                        ///< through windows): a call's binds go with one
                                        ///< doorbell, its revocations with another

@@ -56,10 +56,13 @@
 /// response while such a transfer may still come, its buffers get new memory (a
 /// request's bytes are copied over, so the caller may call again with it;
 /// Counters::buffers_renewed): the late transfer meets the old memory only, never the
-/// caller's next bytes. So a span from bytes() is valid until the buffer is next given
-/// to a call, or destroyed. A buffer that something else may touch as its call begins
-/// (a send of its previous call not yet complete, another call in flight with the same
-/// request) is copied, as spans are (Counters::message_copies).
+/// caller's next bytes. Where no new memory can be had (allocation or registration
+/// fails), the session's RC QP is put in error at once, so that no late READ or WRITE
+/// reaches the buffer, and the session ends (Counters::renewals_failed). So a span
+/// from bytes() is valid until the buffer is next given to a call, or destroyed. A
+/// buffer that something else may touch as its call begins (a send of its previous
+/// call not yet complete, another call in flight with the same request) is copied, as
+/// spans are (Counters::message_copies).
 ///
 /// @threadsafety As its Endpoint (the io_context's one thread); a MessageBuffer may
 /// outlive its Endpoint (its memory keeps the device open).
