@@ -28,6 +28,7 @@
 #include <asio/detached.hpp>
 #include <asio/io_context.hpp>
 #include <asio/ip/tcp.hpp>
+#include <asio/post.hpp>
 #include <asio/read.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/strand.hpp>
@@ -1760,6 +1761,46 @@ TEST_CASE("rpc endpoint: a server with an accept handler calls its clients back 
     CHECK(rig.server->sessions() == 0);
 }
 
+namespace {
+
+// Sets the server's accept handler as soon as a client's session is attached there:
+// before its setup's reply has been written, as the handler re-posts itself and so
+// runs between any two other handlers on the (one-threaded) io_context.
+void set_accept_handler_once_attached(Rig* rig, std::vector<rpc::Session>* accepted) {
+    asio::post(rig->io, [rig, accepted] {
+        if (rig->server->sessions() == 0)
+            return set_accept_handler_once_attached(rig, accepted);
+        rig->server->set_accept_handler([accepted](rpc::Session session) { accepted->push_back(std::move(session)); });
+    });
+}
+
+asio::awaitable<void> two_sessions(Rig* rig, std::optional<rpc::Session>* first, std::optional<rpc::Session>* second,
+                                   std::size_t* accepted_after_first, const std::vector<rpc::Session>* accepted) {
+    co_await connect_into(rig, first);
+    co_await pause(50ms);
+    *accepted_after_first = accepted->size();
+    co_await connect_into(rig, second);
+    co_await until([accepted] { return !accepted->empty(); }); // the second session's handle
+}
+
+} // namespace
+
+// A session admitted one way (no accept handler then) has no client window at the
+// server: a handle to it would call into nothing.
+TEST_CASE("rpc endpoint: an accept handler set while a one-way session's setup reply goes gets no handle to "
+          "that session, and one to the next") {
+    Rig rig;
+    std::vector<rpc::Session> accepted;
+    set_accept_handler_once_attached(&rig, &accepted);
+    std::optional<rpc::Session> first, second;
+    std::size_t accepted_after_first = 0;
+    run(rig.io, two_sessions(&rig, &first, &second, &accepted_after_first, &accepted), 30s);
+    CHECK(accepted_after_first == 0);
+    CHECK(accepted.size() == 1); // the second session's
+    CHECK(rig.server->sessions() == 2);
+    accepted.clear();
+}
+
 TEST_CASE("rpc endpoint: lending through windows, a both-ways session's own large calls go by UD (its QP carries "
           "the peer's READs and WRITEs)" *
           doctest::skip(!test::device_has_windows())) {
@@ -2298,6 +2339,45 @@ TEST_CASE("rpc endpoint: connect() to a server that never answers ends at the co
     CHECK(out.took >= 300ms);
     CHECK(out.took < 10s); // not the endpoint's 20 s
     CHECK(client->sessions() == 0);
+}
+
+namespace {
+
+struct SilentClients {
+    bool one_more_closed_at_once = false;
+    std::uint64_t refused = 0; // the server's sessions_refused once it was closed
+    bool served_after = false; // a client, once the silent ones' setup_timeout passed
+};
+
+// `silent` clients connect and say nothing; one more connects; then a real client.
+asio::awaitable<void> silent_setups(Rig* rig, std::vector<asio::ip::tcp::socket>* silent,
+                                    asio::ip::tcp::socket* one_more, SilentClients* out) {
+    const asio::ip::tcp::endpoint server(asio::ip::make_address("127.0.0.1"), rig->port);
+    for (auto& socket : *silent)
+        co_await socket.async_connect(server, asio::use_awaitable);
+    co_await one_more->async_connect(server, asio::use_awaitable);
+    out->one_more_closed_at_once = co_await closed_within(one_more, 1s); // not the 4 s setup_timeout
+    out->refused = rig->server->counters().sessions_refused;
+    std::optional<rpc::Session> session;
+    co_await pause(4s);
+    co_await connect_into(rig, &session);
+    out->served_after = session.has_value();
+}
+
+} // namespace
+
+TEST_CASE("rpc endpoint: a listener has at most max_sessions setups under way: silent clients hold no more, one "
+          "more is closed at once") {
+    Rig rig({.max_sessions = 4, .setup_timeout = 4s});
+    std::vector<asio::ip::tcp::socket> silent;
+    for (int i = 0; i < 4; ++i)
+        silent.emplace_back(rig.io);
+    asio::ip::tcp::socket one_more(rig.io);
+    SilentClients out;
+    run(rig.io, silent_setups(&rig, &silent, &one_more, &out), 60s);
+    CHECK(out.one_more_closed_at_once);
+    CHECK(out.refused == 1);
+    CHECK(out.served_after);
 }
 
 TEST_CASE("rpc endpoint: a listener out of file descriptors pauses its accepts rather than spin, and serves "

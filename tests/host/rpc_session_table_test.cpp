@@ -1,13 +1,17 @@
 // The session table (lib/rpc/src/session_table.hpp): numbers and generations, stale
 // lookups, the receive ring's budget, the server's admit() with its two refusals and
-// agreed limits, misuse as programming errors, and 20,000 random operations checked
-// against a model.
+// agreed limits, misuse as programming errors (the endpoint options it could never
+// serve too), and 20,000 random operations checked against a model.
 #include <deque>
 #include <map>
 #include <memory>
 #include <random>
 
+#include <asio/io_context.hpp>
+
 #include <doctest/doctest.h>
+
+#include <rdmaxx/rpc/endpoint.hpp>
 
 #include "../support/check.hpp"
 #include "session_table.hpp"
@@ -213,6 +217,23 @@ TEST_CASE("rpc session table: misuse is a programming error naming the caller") 
     RDMAXX_CHECK_DEATH((void)agree(bad, asked), "the limits asked: window 0");
     RDMAXX_CHECK_DEATH((void)agree(asked, bad), "the server's maxima: window 0");
     RDMAXX_CHECK_DEATH((void)table.admit(request, bad), "the server's maxima: window 0");
+}
+
+// What the table could never serve is refused where the endpoint is made, before any
+// device is opened: a ring smaller than a connect's reservation, no setup time.
+TEST_CASE("rpc endpoint options no session could use abort naming the caller") {
+    rdmaxx::test::check_death(
+        [] {
+            asio::io_context io;
+            (void)rdmaxx::rpc::Endpoint::create(io, {.ring = 31, .credits = 16});
+        },
+        "twice as many", "rpc_session_table_test.cpp");
+    rdmaxx::test::check_death(
+        [] {
+            asio::io_context io;
+            (void)rdmaxx::rpc::Endpoint::create(io, {.setup_timeout = std::chrono::milliseconds(0)});
+        },
+        "setup_timeout of 0 ms", "rpc_session_table_test.cpp");
 }
 
 TEST_CASE("rpc session table: 20,000 random operations agree with a model") {

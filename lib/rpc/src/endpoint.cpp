@@ -556,6 +556,10 @@ struct EndpointCore {
     bool ticking = false;
     std::vector<SessionId> active; // client sessions with calls in flight or queued
     std::uint32_t handles = 0;     // Session handles alive
+    // clients' setups under way at the listener (serve_setup, up to its reply): at most
+    // max_sessions, so that silent clients hold a bounded number of descriptors (TCP)
+    // or QPs (RDMA CM) for their setup_timeout; one more is closed at once
+    std::uint32_t setups = 0;
     // EndpointOptions::rdma_threshold, or one UD packet's payload at the port's MTU
     std::uint32_t rdma_threshold = 0;
     bool windows = false;         // EndpointOptions::lend_through_windows
@@ -761,7 +765,7 @@ void EndpointCore::start(SessionId id, std::uint8_t type, std::span<const std::b
         return fail(std::move(handler), call_error(EMSGSIZE, fmt::format("a {}-byte request, the session's most is {}",
                                                                          request.size(), s->limits.max_request)));
     const auto now = Clock::now();
-    const auto deadline = now + call_options.timeout;
+    const auto deadline = deadline_after(now, call_options.timeout);
     if (!s->queued.empty() || !try_begin(*s, type, request, response, buffers, deadline, handler)) {
         const std::uint64_t ticket = s->next_ticket++;
         handler.on_cancel({.core = this, .session = id.number, .generation = id.generation, .call = ticket,
@@ -2057,7 +2061,7 @@ asio::awaitable<Result<void>> EndpointCore::close(Anchor anchor, SessionId id, s
     SessionState* s = core->table.lookup(id);
     if (s == nullptr)
         co_return Result<void>{}; // ended already
-    asio::steady_timer timer(core->executor, timeout);
+    asio::steady_timer timer(core->executor, deadline_after(Clock::now(), timeout));
     s->closers.push_back(&timer);
     struct Unregister { // the frame may be destroyed at a suspension (the io_context's end)
         const Anchor& anchor;
@@ -2260,6 +2264,11 @@ asio::awaitable<void> EndpointCore::accept_loop(Anchor anchor, std::shared_ptr<C
             logger()->warn("rdmaxx rpc: accepting a session: {}", channel.error());
             continue;
         }
+        if (core->setups >= core->options.max_sessions) {
+            ++core->counters.sessions_refused;
+            continue; // closed: as many setups as sessions are under way
+        }
+        ++core->setups; // here, not as serve_setup starts: the next accept sees it
         asio::co_spawn(core->executor, serve_setup(anchor, std::move(*channel)), RethrowOutOfRun{});
     }
 }
@@ -2267,19 +2276,29 @@ asio::awaitable<void> EndpointCore::accept_loop(Anchor anchor, std::shared_ptr<C
 // One client's setup, beside the listener (a silent client stalls nobody), then its
 // session's life.
 asio::awaitable<void> EndpointCore::serve_setup(Anchor anchor, ControlChannel channel) {
-    const Deadline deadline = std::chrono::steady_clock::now() + (*anchor)->options.setup_timeout;
+    struct UnderWay { // counted in `setups` (by accept_loop) until the reply is out, or the setup failed
+        const Anchor& anchor;
+        bool counted = true;
+        void end() {
+            if (EndpointCore* core = *anchor; core != nullptr && std::exchange(counted, false))
+                --core->setups;
+        }
+        ~UnderWay() { end(); }
+    } under_way{anchor};
+    const Deadline deadline = deadline_after(Clock::now(), (*anchor)->options.setup_timeout);
     std::uint16_t version = 0;
     const Result<std::vector<std::byte>> bytes = co_await read_message(channel, deadline, decode_request_prefix, &version);
     EndpointCore* core = *anchor;
     if (core == nullptr || !bytes)
         co_return; // closed: a silent or malformed client
     std::optional<Admitted> admitted;
+    bool both_ways = false; // as admitted: an accept handler set while the reply goes changes nothing
     SessionReply reply = SessionReply::refused(Refusal::version_unsupported);
     if (version == session_version) {
         const auto request = decode_request(*bytes);
         if (!request)
             co_return;
-        const bool both_ways = static_cast<bool>(core->accept_handler);
+        both_ways = static_cast<bool>(core->accept_handler);
         const auto admission = core->shutting_down
                                    ? std::expected<Admitted, Refusal>(std::unexpected(Refusal::shutting_down))
                                    : core->table.admit(*request, core->most(), both_ways);
@@ -2317,7 +2336,10 @@ asio::awaitable<void> EndpointCore::serve_setup(Anchor anchor, ControlChannel ch
                           fmt::format("the client left during the setup: {}", written.error().message()));
         co_return;
     }
-    if (const auto accept = core->accept_handler) { // the server's handle: it may call the client from now on
+    under_way.end();
+    // the server's handle, where the session was set up both ways (the handler now set,
+    // if any: one cleared meanwhile leaves the session without a server's handle)
+    if (const auto accept = core->accept_handler; accept && both_ways) {
         ++core->handles;
         (*accept)(Session(core, admitted->session.number, admitted->session.generation)); // it may replace itself
     }
@@ -2347,7 +2369,7 @@ asio::awaitable<Result<Session>> EndpointCore::connect(Anchor anchor, std::strin
     } reservation{anchor, id};
 
     const std::string peer = fmt::format("{}:{}", host, port);
-    const Deadline deadline = std::chrono::steady_clock::now() + timeout;
+    const Deadline deadline = deadline_after(Clock::now(), timeout);
     auto channel = co_await ControlChannel::connect(core->executor, core->options.session_transport, std::move(host),
                                                     port, deadline, call, core->cm_sibling);
     if (*anchor == nullptr)
@@ -2507,6 +2529,13 @@ Result<std::unique_ptr<Endpoint>> Endpoint::create(asio::io_context& io, Endpoin
                 options.max_sessions > 0,
             where, "rpc::Endpoint: ring {}, send_depth {}, window {}, credits {}, max_sessions {}: none may be 0",
             options.ring, options.send_depth, options.window, options.credits, options.max_sessions);
+    require(options.setup_timeout.count() > 0, where, "rpc::Endpoint: a setup_timeout of {} ms",
+            options.setup_timeout.count());
+    // a connect reserves twice its credits of ring buffers (a both-ways session's), and
+    // a server's session its credits: fewer and no session could ever be set up
+    require(options.ring >= 2 * std::uint64_t{options.credits}, where,
+            "rpc::Endpoint: a ring of {} buffers for sessions of {} credits (at least twice as many)", options.ring,
+            options.credits);
     require(options.window <= detail::max_window && options.credits <= detail::max_credits &&
                 options.max_sessions <= detail::max_table_sessions,
             where, "rpc::Endpoint: window {} (most {}), credits {} (most {}), max_sessions {} (most {})",

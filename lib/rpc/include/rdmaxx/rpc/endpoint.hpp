@@ -186,7 +186,10 @@ struct EndpointOptions {
     Transport session_transport = Transport::tcp;
     std::uint32_t ring = 1024;       ///< receive buffers of the UD QP (40 + MTU bytes each), and 15 spares
     std::uint32_t send_depth = 256;  ///< send buffers
-    std::uint32_t max_sessions = 256; ///< sessions at once, client and server
+    /// Sessions at once, client and server; also the most clients' setups under way
+    /// at the listener at once (a silent client holds one for setup_timeout): one more
+    /// is closed at once, a refusal.
+    std::uint32_t max_sessions = 256;
     /// @name Per-session limits
     /// Per session, at most (a server agrees to the smaller of its own and the client's):
     /// @{
@@ -258,7 +261,8 @@ struct ConnectOptions {
 /// How one call goes.
 struct CallOptions {
     /// The whole call's bound, its wait for a window slot included: then an Error of
-    /// kind timeout.
+    /// kind timeout. milliseconds::max() sets none (the retry cap still ends a call
+    /// whose server is gone), as it does for every timeout of this header.
     std::chrono::milliseconds timeout{1000};
 };
 
@@ -589,8 +593,10 @@ public:
     /// @errors The device's (no device, resources), the listening port's (in use; an
     /// invalid listen_address: EINVAL).
     /// @misuse Options out of range (0 ring, send_depth, window, credits or
-    /// max_sessions; a window above 1024, credits above 4096, max_sessions above 65,535;
-    /// a max_request or max_response of more than 65,536 packets of the port's MTU).
+    /// max_sessions; a ring of fewer than twice the credits, as a connect reserves; a
+    /// setup_timeout not positive; a window above 1024, credits above 4096,
+    /// max_sessions above 65,535; a max_request or max_response of more than 65,536
+    /// packets of the port's MTU).
     static Result<std::unique_ptr<Endpoint>> create(asio::io_context& io, EndpointOptions options = {},
                                                     std::source_location where = std::source_location::current());
     Endpoint(const Endpoint&) = delete;
