@@ -326,3 +326,116 @@ TEST_CASE("rpc across the wire: packets with a session peer's QP number from ano
     CHECK(out.honest_answers == 8);
     CHECK(rig.server->counters().handled == 8);
 }
+
+// ---------------------------------------------------------------------------------
+// A window of calls in a row lost, every packet of each (the wire down while they
+// timed out): the client's next request is more than the window past the highest the
+// server saw, and would be dropped for ever. The server says so; the client ends the
+// session at once, and a new one works.
+
+namespace {
+
+struct OutOfStep {
+    int lost = 0;                  // calls that timed out while the wire was down
+    std::optional<Error> next;     // the call after
+    std::chrono::milliseconds took{};
+    bool new_session_works = false;
+};
+
+asio::awaitable<void> lose_a_window(rpc::Endpoint* client, std::uint16_t port, OutOfStep* out) {
+    auto session = co_await client->connect(env("RDMAXX_PAIR_A_ADDR"), port);
+    REQUIRE_MESSAGE(session.has_value(), (session ? "" : session.error().message()));
+    const auto request = message(1, 100, 1);
+    std::vector<std::byte> response(100);
+    REQUIRE(co_await session->call(work, request, response, {.timeout = 10s}));
+    {
+        const test::Netem down(env("RDMAXX_PAIR_B_IF"), "loss 100%"); // every client packet
+        for (std::uint32_t n = 0; n < session->info().window; ++n) {
+            const auto got = co_await session->call(work, request, response, {.timeout = 300ms});
+            out->lost += !got && got.error().is_timeout() ? 1 : 0;
+        }
+    }
+    const auto began = std::chrono::steady_clock::now();
+    const auto got = co_await session->call(work, request, response, {.timeout = 10s});
+    out->took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - began);
+    if (!got)
+        out->next = got.error();
+    auto again = co_await client->connect(env("RDMAXX_PAIR_A_ADDR"), port);
+    REQUIRE_MESSAGE(again.has_value(), (again ? "" : again.error().message()));
+    out->new_session_works = static_cast<bool>(co_await again->call(work, request, response, {.timeout = 10s}));
+}
+
+} // namespace
+
+TEST_CASE("rpc across the wire: a window of calls lost in a row ends the session at the next call, told by the "
+          "server; a new session works" * doctest::skip(!have_pair())) {
+    const auto gid_index = static_cast<std::uint32_t>(std::atoi(env("RDMAXX_PAIR_GID_INDEX")));
+    constexpr std::uint16_t port = 31990;
+    asio::io_context io;
+    auto server = must(rpc::Endpoint::create(io, {.device = env("RDMAXX_PAIR_A_DEV"),
+                                                  .gid_index = gid_index,
+                                                  .listen_port = port,
+                                                  .listen_address = env("RDMAXX_PAIR_A_ADDR")}));
+    auto client = must(rpc::Endpoint::create(io, {.device = env("RDMAXX_PAIR_B_DEV"), .gid_index = gid_index}));
+    server->set_handler(work, [](rpc::Request request, rpc::Responder responder) { responder.respond(request.bytes()); });
+    OutOfStep out;
+    rpc_test::run(io, lose_a_window(client.get(), port, &out), 60s);
+    CHECK(out.lost == 8);
+    REQUIRE(out.next);
+    CHECK_MESSAGE(out.next->is_errno(ECONNRESET), out.next->message());
+    CHECK(out.next->message().find("out of step") != std::string::npos);
+    CHECK(out.took < 3s); // not the call's 10 s
+    CHECK(out.new_session_works);
+    CHECK(server->counters().drops[static_cast<std::size_t>(rpc::detail::DropReason::too_far_ahead)] >= 1);
+}
+
+// ---------------------------------------------------------------------------------
+// A cable cut with no process gone: nothing closes the control connection, and an idle
+// session hears of no loss. Each end's keepalive (EndpointOptions::peer_silence) ends
+// its session all the same.
+
+namespace {
+
+struct CutOff {
+    bool called = false;
+    std::optional<std::chrono::milliseconds> ended_after; // both ends' sessions
+};
+
+asio::awaitable<void> cut_the_cable(rpc::Endpoint* server, rpc::Endpoint* client, std::uint16_t port, CutOff* out) {
+    auto session = co_await client->connect(env("RDMAXX_PAIR_A_ADDR"), port);
+    REQUIRE_MESSAGE(session.has_value(), (session ? "" : session.error().message()));
+    const auto request = message(1, 100, 1);
+    std::vector<std::byte> response(100);
+    out->called = static_cast<bool>(co_await session->call(work, request, response, {.timeout = 10s}));
+    const test::Netem cut_a(env("RDMAXX_PAIR_A_IF"), "loss 100%");
+    const test::Netem cut_b(env("RDMAXX_PAIR_B_IF"), "loss 100%");
+    const auto cut = std::chrono::steady_clock::now();
+    const auto deadline = cut + 30s;
+    while ((server->sessions() != 0 || client->sessions() != 0) && std::chrono::steady_clock::now() < deadline)
+        co_await rpc_test::pause(50ms);
+    if (server->sessions() == 0 && client->sessions() == 0)
+        out->ended_after = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - cut);
+}
+
+} // namespace
+
+TEST_CASE("rpc across the wire: a cable cut ends an idle session at both ends within its peer_silence" *
+          doctest::skip(!have_pair())) {
+    const auto gid_index = static_cast<std::uint32_t>(std::atoi(env("RDMAXX_PAIR_GID_INDEX")));
+    constexpr std::uint16_t port = 31991;
+    asio::io_context io;
+    auto server = must(rpc::Endpoint::create(io, {.device = env("RDMAXX_PAIR_A_DEV"),
+                                                  .gid_index = gid_index,
+                                                  .listen_port = port,
+                                                  .listen_address = env("RDMAXX_PAIR_A_ADDR"),
+                                                  .peer_silence = 3s}));
+    auto client = must(rpc::Endpoint::create(
+        io, {.device = env("RDMAXX_PAIR_B_DEV"), .gid_index = gid_index, .peer_silence = 3s}));
+    server->set_handler(work, [](rpc::Request request, rpc::Responder responder) { responder.respond(request.bytes()); });
+    CutOff out;
+    rpc_test::run(io, cut_the_cable(server.get(), client.get(), port, &out), 60s);
+    CHECK(out.called);
+    REQUIRE(out.ended_after);
+    MESSAGE("both ends' sessions ended ", out.ended_after->count(), " ms after the cut");
+    CHECK(*out.ended_after < 15s); // keepalive: 1 s idle, 4 probes 1 s apart, whole seconds
+}

@@ -87,6 +87,12 @@ TEST_CASE("rpc packet: every kind round-trips through its 32 big-endian bytes") 
         REQUIRE(got.has_value());
         CHECK(*got == h);
     }
+    PacketHeader out_of_step = reset; // a server's word that the client's numbers ran a window ahead
+    out_of_step.status = Status::out_of_step;
+    out_of_step.request = 0x123456789;
+    const auto step = decode(valid(out_of_step), limits);
+    REQUIRE(step.has_value());
+    CHECK(*step == out_of_step);
     for (const PacketHeader& h : {by_rdma(request), by_rdma(like_request(Kind::response, 0))}) {
         const auto got = decode(valid(h), limits);
         REQUIRE(got.has_value());
@@ -132,6 +138,8 @@ TEST_CASE("rpc packet: each malformed packet is dropped with its reason") {
     CHECK(dropped(valid(h)) == DropReason::bad_status);
     h = reset;
     h.status = Status::ok;
+    CHECK(dropped(valid(h)) == DropReason::bad_status);
+    h.status = static_cast<Status>(8); // past the last
     CHECK(dropped(valid(h)) == DropReason::bad_status);
     h.status = Status::no_handler; // a response's status
     CHECK(dropped(valid(h)) == DropReason::bad_status);

@@ -2,7 +2,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
+
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
 
 #include <asio/connect.hpp>
 #include <asio/experimental/awaitable_operators.hpp>
@@ -214,6 +219,24 @@ ControlChannel::ControlChannel(tcp::socket socket) : state_(std::make_shared<Sta
     // (delayed) ACK would hold a message written behind another for tens of ms
     std::error_code ignored;
     std::get<tcp::socket>(state_->link).set_option(tcp::no_delay(true), ignored);
+}
+
+void ControlChannel::watch_peer(std::chrono::milliseconds silence) noexcept {
+    auto* socket = std::get_if<tcp::socket>(&state_->link);
+    if (socket == nullptr)
+        return;
+    const auto seconds = [](std::chrono::milliseconds span) {
+        return static_cast<int>(std::clamp<std::int64_t>(span.count() / 1000, 1, 32767));
+    };
+    const int fd = socket->native_handle();
+    const int on = 1, idle = seconds(silence / 3), interval = seconds(silence / 6), probes = 4;
+    const auto user_timeout = static_cast<unsigned>(std::clamp<std::int64_t>(silence.count(), 1, INT32_MAX));
+    // best effort: a socket that refuses them still works, as before
+    (void)::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on);
+    (void)::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+    (void)::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
+    (void)::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof probes);
+    (void)::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, sizeof user_timeout);
 }
 
 Result<ControlChannel> ControlChannel::over(Executor executor, async::Connection connection) {

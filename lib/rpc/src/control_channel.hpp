@@ -71,6 +71,12 @@ public:
     void close() noexcept;
     // This connection as the `sibling` of later connects (empty for TCP).
     std::weak_ptr<State> as_sibling() const;
+    // TCP: a peer host silent for about `silence` (gone, or cut off) fails the
+    // connection: keepalive probes from silence / 3 idle, silence / 6 apart (whole
+    // seconds, at least 1), and TCP_USER_TIMEOUT `silence`, which ends both the probes
+    // and the wait for bytes the peer never ACKs.
+    // Over RDMA CM: nothing (an idle RC QP hears of no loss).
+    void watch_peer(std::chrono::milliseconds silence) noexcept;
 
 private:
     explicit ControlChannel(std::shared_ptr<State> state) : state_(std::move(state)) {}

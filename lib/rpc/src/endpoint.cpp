@@ -460,6 +460,7 @@ struct EndpointCore {
     // calls (renew_reachable, call_left_slot) unless none of its packets went.
     void abandon(SessionState& s, PendingCall& call, Error why);
     void renew_reachable(SessionState& s, const PendingCall& call);
+    void tell_out_of_step(SessionState& s, const PacketHeader& request);
     void renew(SessionState& s, MessageBuffer& buffer, bool keep_bytes);
     Result<QueuePair> make_rc_qp(RcRole role, std::uint32_t depth);
     void offer_rc(SessionState& s);
@@ -642,7 +643,19 @@ void EndpointCore::take(UdSource from, std::span<const std::byte> packet) {
         if (!s->server)
             return drop(DropReason::wrong_kind);
         return serve(*s, *header, payload);
-    case Kind::reset: break; // a session's end travels over its control connection
+    case Kind::reset:
+        // a session's end travels over its control connection; over UD only the
+        // server's word that this end's numbers are out of step, about a call in flight
+        if (s->client && header->status == Status::out_of_step) {
+            const PendingCall& call = s->calls[header->request % s->calls.size()];
+            if (!call.busy || call.request != header->request)
+                return drop(DropReason::unsolicited);
+            return end_session_soon(s->local, fmt::format("the server dropped request {} as more than the window "
+                                                          "past the highest it saw: a window of calls in a row was "
+                                                          "lost, and the session's numbers are out of step",
+                                                          header->request));
+        }
+        break;
     }
     drop(DropReason::wrong_kind);
 }
@@ -655,11 +668,29 @@ void EndpointCore::serve(SessionState& s, const PacketHeader& header, std::span<
     if (!step) {
         if (step.error() == DropReason::handler_running && hold_until_written(s, header, payload))
             return;
+        if (step.error() == DropReason::too_far_ahead)
+            tell_out_of_step(s, header);
         return drop(step.error());
     }
     if (const auto* out = std::get_if<Outgoing>(&*step))
         return send(s, *out);
     return handle(s, std::get<HandlerCall>(*step));
+}
+
+// A request number more than the window past the highest this server saw: its client
+// lost a window of calls in a row (every packet of each), and its numbers are out of
+// step with this end's for good, so that its calls could only time out. A reset naming
+// the request tells it; the client, which has that call in flight, ends the session.
+void EndpointCore::tell_out_of_step(SessionState& s, const PacketHeader& request) {
+    send(s, {.header = {.kind = Kind::reset,
+                        .rpc_type = request.rpc_type,
+                        .status = Status::out_of_step,
+                        .session = s.remote.number,
+                        .generation = s.remote.generation,
+                        .message_size = 0,
+                        .request = request.request,
+                        .index = 0},
+             .payload = {}});
 }
 
 // A request packet whose payload lies in its call's MessageBuffer (`memory`) is
@@ -2285,6 +2316,7 @@ asio::awaitable<void> EndpointCore::serve_setup(Anchor anchor, ControlChannel ch
         }
         ~UnderWay() { end(); }
     } under_way{anchor};
+    channel.watch_peer((*anchor)->options.peer_silence);
     const Deadline deadline = deadline_after(Clock::now(), (*anchor)->options.setup_timeout);
     std::uint16_t version = 0;
     const Result<std::vector<std::byte>> bytes = co_await read_message(channel, deadline, decode_request_prefix, &version);
@@ -2376,6 +2408,7 @@ asio::awaitable<Result<Session>> EndpointCore::connect(Anchor anchor, std::strin
         co_return std::unexpected(Error::cancelled(call, "the endpoint was destroyed"));
     if (!channel)
         co_return std::unexpected(std::move(channel.error()));
+    channel->watch_peer(core->options.peer_silence);
     const SessionRequest request{.client = core->transport->address(), .session = id, .limits = asked};
     const auto out = encode(request);
     if (const Result<void> sent = co_await channel->write(out, deadline); !sent)
@@ -2529,8 +2562,9 @@ Result<std::unique_ptr<Endpoint>> Endpoint::create(asio::io_context& io, Endpoin
                 options.max_sessions > 0,
             where, "rpc::Endpoint: ring {}, send_depth {}, window {}, credits {}, max_sessions {}: none may be 0",
             options.ring, options.send_depth, options.window, options.credits, options.max_sessions);
-    require(options.setup_timeout.count() > 0, where, "rpc::Endpoint: a setup_timeout of {} ms",
-            options.setup_timeout.count());
+    require(options.setup_timeout.count() > 0 && options.peer_silence.count() > 0, where,
+            "rpc::Endpoint: a setup_timeout of {} ms, a peer_silence of {} ms", options.setup_timeout.count(),
+            options.peer_silence.count());
     // a connect reserves twice its credits of ring buffers (a both-ways session's), and
     // a server's session its credits: fewer and no session could ever be set up
     require(options.ring >= 2 * std::uint64_t{options.credits}, where,

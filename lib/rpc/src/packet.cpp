@@ -22,7 +22,8 @@ bool status_fits(Kind kind, std::uint8_t raw) noexcept {
                raw == static_cast<std::uint8_t>(Status::transfer_failed);
     case Kind::reset:
         return raw == static_cast<std::uint8_t>(Status::session_unknown) ||
-               raw == static_cast<std::uint8_t>(Status::server_busy);
+               raw == static_cast<std::uint8_t>(Status::server_busy) ||
+               raw == static_cast<std::uint8_t>(Status::out_of_step);
     case Kind::request:
     case Kind::credit_return:
     case Kind::request_for_response:

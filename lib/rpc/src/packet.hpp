@@ -56,7 +56,8 @@
 // last carries payload_per_packet bytes; a 0-byte message is one empty packet. A
 // response whose status is not ok carries an empty message. A response's status is
 // ok, no_handler, too_large, handler_dropped or transfer_failed; a reset's is
-// session_unknown or server_busy.
+// session_unknown, server_busy or out_of_step (whose request field names the request
+// it answers).
 //
 // decode() takes untrusted bytes: it checks everything that needs no session state
 // and never reads outside the span. What the session state decides (is this the packet
@@ -103,6 +104,9 @@ enum class Status : std::uint8_t {
     server_busy = 5,     // reset: the server cannot take the session now (connect again later)
     transfer_failed = 6, // response: the server could not READ the request's bytes (its
                          // descriptor was unusable, or the session has no RC QP)
+    out_of_step = 7,     // reset: a request number more than the window past the highest
+                         // the server saw (the client lost a window of calls in a row):
+                         // the session's numbers are out of step and it ends
 };
 
 // Why a packet was dropped: one enum, so that an endpoint counts its drops in one table.

@@ -51,7 +51,8 @@ CallOutcome outcome_of(Status status) noexcept {
     case Status::transfer_failed: return CallOutcome::transfer_failed;
     case Status::ok:
     case Status::session_unknown:
-    case Status::server_busy: break; // decode() lets neither of the last two into a response
+    case Status::server_busy:
+    case Status::out_of_step: break; // decode() lets none of the last three into a response
     }
     return CallOutcome::ok;
 }

@@ -14,7 +14,8 @@
 // of it went gives its number back: the next call begun takes it (and its slot), so
 // cancellations, a credit stall or binds still in flight (lib/rpc's windows) leave no
 // gap. (A client whose W consecutive calls ended with every packet of theirs lost has
-// desynchronised its session: its next calls time out and the session must be reset.)
+// desynchronised its session: the server answers its next request, too far ahead, with
+// a reset (Status::out_of_step), and the client ends the session.)
 //
 // One call's packets (n_req request packets, n_resp response packets), each client
 // packet answered by one server packet:

@@ -24,9 +24,10 @@
 /// checked exchange of UD addresses and limits (window, credits, largest request and
 /// response, payload per packet: the smaller MTU of the two ports), and the control
 /// connection stays open for the session's life: its end is the session's end (a peer
-/// process that dies ends its sessions at once, with no heartbeat). Ending a
-/// session: destroy its Session (at once), or Session::close (gracefully: both ends'
-/// calls finish first); Endpoint::shutdown closes every session so.
+/// process that dies ends its sessions at once, with no heartbeat; a host that vanishes,
+/// over TCP within EndpointOptions::peer_silence). Ending a session: destroy its
+/// Session (at once), or Session::close (gracefully: both ends' calls finish first);
+/// Endpoint::shutdown closes every session so.
 ///
 /// Errors. A call ends with `Result<std::size_t>`, the response's size, or an Error:
 /// @code{.unparsed}
@@ -37,8 +38,10 @@
 ///                            closed it or died) or failed (the detail says how, as the
 ///                            connection told it: a port gone down, a failed
 ///                            completion), or the Session handle was destroyed; or it is
-///                            closing (Session::close at either end: no call begins)
-///                            (errno ECONNRESET)
+///                            closing (Session::close at either end: no call begins);
+///                            or the server told it that a window of calls in a row was
+///                            lost, every packet of each, so that its numbers and the
+///                            server's are out of step for good (errno ECONNRESET)
 ///   no handler               the server has no handler for the type (errno ENOENT)
 ///   message too large        a request above the session's agreed max_request, or a
 ///                            response the server could not send in its max_response
@@ -246,6 +249,11 @@ struct EndpointOptions {
     CongestionFactory congestion = {};
     async::DriveOptions drive = {};  ///< how its completion queues are driven (UD and RC)
     std::chrono::milliseconds setup_timeout{5000}; ///< connect, and a client's setup at the listener
+    /// A session whose peer's host is silent about this long (powered off, cut off: no
+    /// process left to close its control connection) ends, idle or not: TCP keepalive
+    /// probes on the control connection (whole seconds apart, so not much under 2 s).
+    /// Over RDMA CM an idle session hears of no loss; a call's retry cap ends it.
+    std::chrono::milliseconds peer_silence{30'000};
     /// How often an endpoint with calls in flight checks their retransmission timeouts
     /// and deadlines (one steady_timer; the RTO's floor is 500 us).
     std::chrono::microseconds tick{500};
@@ -594,7 +602,7 @@ public:
     /// invalid listen_address: EINVAL).
     /// @misuse Options out of range (0 ring, send_depth, window, credits or
     /// max_sessions; a ring of fewer than twice the credits, as a connect reserves; a
-    /// setup_timeout not positive; a window above 1024, credits above 4096,
+    /// setup_timeout or peer_silence not positive; a window above 1024, credits above 4096,
     /// max_sessions above 65,535; a max_request or max_response of more than 65,536
     /// packets of the port's MTU).
     static Result<std::unique_ptr<Endpoint>> create(asio::io_context& io, EndpointOptions options = {},
