@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -328,6 +329,27 @@ TEST_CASE("rpc across the wire: packets with a session peer's QP number from ano
 }
 
 // ---------------------------------------------------------------------------------
+// A server endpoint on rxeA listening on `port` (its work handler echoes) and a client
+// endpoint on rxeB, on one io_context; `options` for both, device, GID and listener set
+// here.
+struct WirePair {
+    asio::io_context io;
+    std::unique_ptr<rpc::Endpoint> server, client;
+    explicit WirePair(std::uint16_t port, rpc::EndpointOptions options = {}) {
+        options.gid_index = static_cast<std::uint32_t>(std::atoi(env("RDMAXX_PAIR_GID_INDEX")));
+        rpc::EndpointOptions at_a = options;
+        at_a.device = env("RDMAXX_PAIR_A_DEV");
+        at_a.listen_port = port;
+        at_a.listen_address = env("RDMAXX_PAIR_A_ADDR");
+        server = must(rpc::Endpoint::create(io, at_a));
+        options.device = env("RDMAXX_PAIR_B_DEV");
+        client = must(rpc::Endpoint::create(io, options));
+        server->set_handler(work,
+                            [](rpc::Request request, rpc::Responder responder) { responder.respond(request.bytes()); });
+    }
+};
+
+// ---------------------------------------------------------------------------------
 // A window of calls in a row lost, every packet of each (the wire down while they
 // timed out): the client's next request is more than the window past the highest the
 // server saw, and would be dropped for ever. The server says so; the client ends the
@@ -369,24 +391,17 @@ asio::awaitable<void> lose_a_window(rpc::Endpoint* client, std::uint16_t port, O
 
 TEST_CASE("rpc across the wire: a window of calls lost in a row ends the session at the next call, told by the "
           "server; a new session works" * doctest::skip(!have_pair())) {
-    const auto gid_index = static_cast<std::uint32_t>(std::atoi(env("RDMAXX_PAIR_GID_INDEX")));
     constexpr std::uint16_t port = 31990;
-    asio::io_context io;
-    auto server = must(rpc::Endpoint::create(io, {.device = env("RDMAXX_PAIR_A_DEV"),
-                                                  .gid_index = gid_index,
-                                                  .listen_port = port,
-                                                  .listen_address = env("RDMAXX_PAIR_A_ADDR")}));
-    auto client = must(rpc::Endpoint::create(io, {.device = env("RDMAXX_PAIR_B_DEV"), .gid_index = gid_index}));
-    server->set_handler(work, [](rpc::Request request, rpc::Responder responder) { responder.respond(request.bytes()); });
+    WirePair wire(port);
     OutOfStep out;
-    rpc_test::run(io, lose_a_window(client.get(), port, &out), 60s);
+    rpc_test::run(wire.io, lose_a_window(wire.client.get(), port, &out), 60s);
     CHECK(out.lost == 8);
     REQUIRE(out.next);
     CHECK_MESSAGE(out.next->is_errno(ECONNRESET), out.next->message());
     CHECK(out.next->message().find("out of step") != std::string::npos);
     CHECK(out.took < 3s); // not the call's 10 s
     CHECK(out.new_session_works);
-    CHECK(server->counters().drops[static_cast<std::size_t>(rpc::detail::DropReason::too_far_ahead)] >= 1);
+    CHECK(wire.server->counters().drops[static_cast<std::size_t>(rpc::detail::DropReason::too_far_ahead)] >= 1);
 }
 
 // ---------------------------------------------------------------------------------
@@ -421,21 +436,12 @@ asio::awaitable<void> cut_the_cable(rpc::Endpoint* server, rpc::Endpoint* client
 
 TEST_CASE("rpc across the wire: a cable cut ends an idle session at both ends within its peer_silence" *
           doctest::skip(!have_pair())) {
-    const auto gid_index = static_cast<std::uint32_t>(std::atoi(env("RDMAXX_PAIR_GID_INDEX")));
     constexpr std::uint16_t port = 31991;
-    asio::io_context io;
-    auto server = must(rpc::Endpoint::create(io, {.device = env("RDMAXX_PAIR_A_DEV"),
-                                                  .gid_index = gid_index,
-                                                  .listen_port = port,
-                                                  .listen_address = env("RDMAXX_PAIR_A_ADDR"),
-                                                  .peer_silence = 3s}));
-    auto client = must(rpc::Endpoint::create(
-        io, {.device = env("RDMAXX_PAIR_B_DEV"), .gid_index = gid_index, .peer_silence = 3s}));
-    server->set_handler(work, [](rpc::Request request, rpc::Responder responder) { responder.respond(request.bytes()); });
+    WirePair wire(port, {.peer_silence = 3s});
     CutOff out;
-    rpc_test::run(io, cut_the_cable(server.get(), client.get(), port, &out), 60s);
+    rpc_test::run(wire.io, cut_the_cable(wire.server.get(), wire.client.get(), port, &out), 60s);
     CHECK(out.called);
     REQUIRE(out.ended_after);
     MESSAGE("both ends' sessions ended ", out.ended_after->count(), " ms after the cut");
-    CHECK(*out.ended_after < 15s); // keepalive: 1 s idle, 4 probes 1 s apart, whole seconds
+    CHECK(*out.ended_after < 15s); // about peer_silence: its TCP_USER_TIMEOUT ends the keepalive probes
 }
