@@ -647,9 +647,15 @@ void EndpointCore::take(UdSource from, std::span<const std::byte> packet) {
         // a session's end travels over its control connection; over UD only the
         // server's word that this end's numbers are out of step, about a call in flight
         if (s->client && header->status == Status::out_of_step) {
-            const PendingCall& call = s->calls[header->request % s->calls.size()];
-            if (!call.busy || call.request != header->request)
+            const std::uint64_t r = header->request;
+            const PendingCall& call = s->calls[r % s->calls.size()];
+            if (!call.busy || call.request != r)
                 return drop(DropReason::unsolicited);
+            // only if no call of the window before it is in flight: a resend of one may
+            // still reach the server (a link back after a blip) and bring it level
+            for (const PendingCall& other : s->calls)
+                if (other.busy && other.request < r && r - other.request < s->calls.size())
+                    return drop(DropReason::too_far_ahead);
             return end_session_soon(s->local, fmt::format("the server dropped request {} as more than the window "
                                                           "past the highest it saw: a window of calls in a row was "
                                                           "lost, and the session's numbers are out of step",
@@ -1106,7 +1112,7 @@ void EndpointCore::tick() {
             if (s == nullptr)
                 continue;
         }
-        if (s->rc.state == RcPath::State::offered && now - s->rc.offered_at > options.setup_timeout) {
+        if (s->rc.state == RcPath::State::offered && now > deadline_after(s->rc.offered_at, options.setup_timeout)) {
             logger()->warn("rdmaxx rpc: session {}: no answer to its RC offer in {} ms: large messages go by UD",
                            s->local.number, options.setup_timeout.count());
             rc_unavailable(*s);
@@ -2562,9 +2568,10 @@ Result<std::unique_ptr<Endpoint>> Endpoint::create(asio::io_context& io, Endpoin
                 options.max_sessions > 0,
             where, "rpc::Endpoint: ring {}, send_depth {}, window {}, credits {}, max_sessions {}: none may be 0",
             options.ring, options.send_depth, options.window, options.credits, options.max_sessions);
-    require(options.setup_timeout.count() > 0 && options.peer_silence.count() > 0, where,
-            "rpc::Endpoint: a setup_timeout of {} ms, a peer_silence of {} ms", options.setup_timeout.count(),
-            options.peer_silence.count());
+    require(options.setup_timeout.count() > 0 && options.setup_timeout <= std::chrono::hours(1) &&
+                options.peer_silence.count() > 0,
+            where, "rpc::Endpoint: a setup_timeout of {} ms (from 1 ms to an hour), a peer_silence of {} ms",
+            options.setup_timeout.count(), options.peer_silence.count());
     // a connect reserves twice its credits of ring buffers (a both-ways session's), and
     // a server's session its credits: fewer and no session could ever be set up
     require(options.ring >= 2 * std::uint64_t{options.credits}, where,

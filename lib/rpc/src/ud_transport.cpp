@@ -94,10 +94,10 @@ Result<std::unique_ptr<UdTransport>> UdTransport::create(asio::io_context& io, c
     if (auto up = t->qp_->activate(where); !up)
         return std::unexpected(std::move(up.error()));
     t->repost_.reserve(posted_ring);
-    std::vector<std::uint32_t> all(posted_ring);
+    t->every_buffer_.resize(posted_ring);
     for (std::uint32_t i = 0; i < posted_ring; ++i)
-        all[i] = i;
-    if (auto posted = t->post_receives(all); !posted)
+        t->every_buffer_[i] = i;
+    if (auto posted = t->post_receives(t->every_buffer_); !posted)
         return std::unexpected(std::move(posted.error()));
     return t;
 }
@@ -147,15 +147,10 @@ PeerSource UdTransport::source_of(const UdAddress& peer) const noexcept {
     PeerSource source;
     source.qpn_ = peer.endpoint.qpn;
     source.lid_ = peer.endpoint.lid;
-    if (qp_->link_layer() == LinkLayer::infiniband)
-        return source; // the AH routes by LID (wrap's address_vector): no GRH comes
-    const auto& gid = peer.endpoint.gid.bytes;
-    // RoCE v2 is this end's type (a GID of unknown type, from an old kernel, is taken
-    // as v2, the default since): an IPv4-mapped peer sends IPv4
-    const bool ipv4 = qp_->gid().type != GidType::roce_v1 && peer.endpoint.gid.is_ipv4_mapped();
-    source.address_at_ = ipv4 ? PeerSource::ipv4_source_at : PeerSource::gid_source_at;
-    source.address_length_ = ipv4 ? 4 : 16;
-    std::memcpy(source.address_.data(), gid.data() + (ipv4 ? 12 : 0), source.address_length_);
+    // the AH routes by LID on InfiniBand (wrap's address_vector): no GRH comes there
+    source.global_ = qp_->link_layer() != LinkLayer::infiniband;
+    source.ipv4_mapped_ = peer.endpoint.gid.is_ipv4_mapped();
+    std::memcpy(source.gid_.data(), peer.endpoint.gid.bytes.data(), source.gid_.size());
     return source;
 }
 
@@ -222,6 +217,7 @@ void UdTransport::take(void* self, std::span<const WorkCompletion> completions) 
 }
 
 void UdTransport::take(std::span<const WorkCompletion> completions) {
+    taking_ = true;
     for (const WorkCompletion& wc : completions) {
         if (epoch_of(wc.wr_id()) != epoch_)
             continue; // a work request of the QP before its recovery: its buffer is free or posted anew
@@ -240,7 +236,7 @@ void UdTransport::take(std::span<const WorkCompletion> completions) {
             // or a flush: the buffer goes back, or a stream of such packets would empty
             // the ring; where the QP broke (Soft-RoCE breaks it for a packet too long),
             // it is set up again
-            ++failed_receives_;
+            failed_receives_ += wc.status() == IBV_WC_WR_FLUSH_ERR ? 0 : 1; // a flush is no packet
             repost_.push_back(buffer);
             recover_if_broken(ibv_wc_status_str(wc.status()));
             continue;
@@ -252,45 +248,65 @@ void UdTransport::take(std::span<const WorkCompletion> completions) {
                               .grh = wc.has_grh() ? ring_buffer(buffer).data() : nullptr,
                               .lid = wc.slid()},
                      ring_buffer(buffer).subspan(grh_bytes, length - grh_bytes));
-        if (epoch_of(wc.wr_id()) == epoch_) // else a send the delivery made found the QP broken: posted anew
-            repost_.push_back(buffer);
+        repost_.push_back(buffer);
     }
+    taking_ = false;
+    if (recovery_due_) // after the batch: a buffer being delivered is posted again only now
+        return recover();
     if (repost_.size() < repost_threshold)
         return;
     if (auto posted = post_receives(repost_); !posted) {
+        // some of them may be posted: only a reset knows which are not
         logger()->error("rdmaxx rpc: posting receives again: {}", posted.error());
-        recover_if_broken("posting receives failed"); // else kept, to post with the next ones
-        return;
+        recovery_why_ = "posting receives failed";
+        return recover();
     }
     repost_.clear();
 }
 
-void UdTransport::recover_if_broken(std::string_view why) {
-    const auto state = qp_->query_state();
-    if (state && *state != QpState::error && *state != QpState::sqe)
+void UdTransport::recover_if_broken(const char* why) {
+    // a UD QP works in RTS only; a failed query says nothing good either
+    if (const auto state = qp_->query_state(); state && *state == QpState::rts)
         return; // a failed work request that left the QP working
+    recovery_why_ = why;
+    if (taking_) {
+        recovery_due_ = true; // a handler may be reading a ring buffer this would post
+        return;
+    }
+    recover();
+}
+
+void UdTransport::recover() {
     // Reset takes back every work request outstanding; their completions still in the
     // CQ name the old epoch and are passed over. The QPN stays: peers' addresses hold.
+    recovery_due_ = false;
     epoch_ = (epoch_ + 1) & epoch_mask;
     ++recoveries_;
     repost_.clear();
+    Result<void> up = qp_->reset();
+    // the device reads no send buffer now: all of them are free, their holds let go
     free_sends_.clear();
     for (std::uint32_t i = static_cast<std::uint32_t>(gathered_.size()); i-- > 0;)
         free_sends_.push_back(i);
     for (BufferHold& held : gathered_)
         held = BufferHold{};
-    std::vector<std::uint32_t> all(ring_);
-    for (std::uint32_t i = 0; i < ring_; ++i)
-        all[i] = i;
-    Result<void> up = qp_->reset();
     if (up)
         up = qp_->activate();
     if (up)
-        up = post_receives(all);
-    if (!up)
-        logger()->error("rdmaxx rpc: the UD QP broke ({}) and could not be set up again: {}", why, up.error());
-    else
-        logger()->warn("rdmaxx rpc: the UD QP broke ({}) and was set up again; packets in flight were lost", why);
+        up = post_receives(every_buffer_);
+    if (!up) { // the QP stays out of RTS: the next failed post or completion tries again
+        logger()->error("rdmaxx rpc: the UD QP broke ({}) and could not be set up again: {}", recovery_why_,
+                        up.error());
+        return;
+    }
+    // a host that sends packets too long can break it for each: said once a second
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_told_ >= std::chrono::seconds(1)) {
+        logger()->warn("rdmaxx rpc: the UD QP broke ({}) and was set up again, {} times in all; packets in "
+                       "flight were lost",
+                       recovery_why_, recoveries_);
+        last_told_ = now;
+    }
 }
 
 } // namespace rdmaxx::rpc::detail

@@ -29,6 +29,7 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -37,7 +38,6 @@
 #include <source_location>
 #include <span>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include <asio/io_context.hpp>
@@ -76,25 +76,25 @@ struct UdSource {
 // What every packet from one peer carries (UdTransport::source_of): its QPN, and its
 // address where the receive shows it. A host that picks the peer's QPN (24 bits, easy
 // to guess) is not the peer, so the address is compared too:
-//  * RoCE v2 towards an IPv4 GID: the GRH slot holds the IPv4 header in its last 20
+//  * RoCE v2 from an IPv4 GID: the GRH slot holds the IPv4 header in its last 20
 //    bytes, the source address at byte 32, as ibv_init_ah_from_wc reads it;
 //  * any other GRH (RoCE v2 over IPv6, RoCE v1, InfiniBand across subnets): the source
 //    GID at byte 8;
 //  * no GRH (InfiniBand inside a subnet, where the AH routes by LID): the source LID.
-// Which form applies follows from this end's GID type and the peer's GID, so a packet
-// is never guessed at. Spoofed IP source addresses are beyond any check here.
+// An IPv4-mapped GID may come either way (RoCE v2, or v1 from a peer whose GID entry
+// is v1), so both forms are tried for it: the IPv4 header's first (its version is 4),
+// the GID's next. Spoofed IP source addresses are beyond any check here.
 class PeerSource {
 public:
     [[gnu::always_inline]] bool sent(const UdSource& from) const noexcept {
         if (from.qpn != qpn_)
             return false;
-        if (from.grh == nullptr)
-            return address_length_ == 0 && from.lid == lid_;
-        if (address_length_ == 0)
-            return false;
-        if (address_at_ == ipv4_source_at && (std::to_integer<unsigned>(from.grh[ipv4_header_at]) >> 4) != 4)
-            return false; // not an IPv4 header
-        return std::memcmp(from.grh + address_at_, address_.data(), address_length_) == 0;
+        if (from.grh == nullptr || !global_)
+            return from.grh == nullptr && !global_ && from.lid == lid_;
+        if (ipv4_mapped_ && (std::to_integer<unsigned>(from.grh[ipv4_header_at]) >> 4) == 4 &&
+            std::memcmp(from.grh + ipv4_source_at, gid_.data() + 12, 4) == 0)
+            return true;
+        return std::memcmp(from.grh + gid_source_at, gid_.data(), gid_.size()) == 0;
     }
 
 private:
@@ -102,9 +102,9 @@ private:
     static constexpr std::uint8_t ipv4_header_at = 20, ipv4_source_at = 32, gid_source_at = 8;
     std::uint32_t qpn_ = 0;
     std::uint16_t lid_ = 0;
-    std::uint8_t address_at_ = 0;     // where the source address lies in the GRH slot
-    std::uint8_t address_length_ = 0; // 16 (a GID), 4 (an IPv4 address), 0 (no GRH: the LID)
-    std::array<std::byte, 16> address_{};
+    bool global_ = false;      // its packets come with a GRH (RoCE), else it is known by its LID
+    bool ipv4_mapped_ = false; // its GID is ::ffff:a.b.c.d
+    std::array<std::byte, 16> gid_{};
 };
 
 class UdTransport {
@@ -156,8 +156,8 @@ public:
     std::size_t poll();
 
     std::uint64_t copies() const noexcept { return copies_; }
-    // Sends the device failed, and receives: a packet longer than a ring buffer (the
-    // device refuses it; its buffer is posted again), or flushed as the QP broke.
+    // Sends the device failed, and receives it failed for a packet (longer than a ring
+    // buffer: refused, its buffer posted again); flushes, as the QP broke, are neither.
     std::uint64_t failed_sends() const noexcept { return failed_sends_; }
     std::uint64_t failed_receives() const noexcept { return failed_receives_; }
     // Times the QP broke (in error after a failed work request or post) and was reset
@@ -178,9 +178,12 @@ private:
     inline Result<bool> post_send(const AddressHandle& to, const UdAddress& peer, std::span<const LocalSlice> gather,
                                   bool inline_data, std::source_location where);
     inline std::span<std::byte> ring_buffer(std::uint32_t i) noexcept;
-    // After a failed work request or post: where the QP is in error, resets it, sets it
-    // up again and posts every buffer anew under the next epoch (wr_id).
-    [[gnu::cold]] void recover_if_broken(std::string_view why);
+    // After a failed work request or post: where the QP is out of RTS (in error), it
+    // is recovered, at once or, inside take(), once the batch is delivered.
+    [[gnu::cold]] void recover_if_broken(const char* why);
+    // Resets the QP, sets it up again and posts every buffer anew under the next epoch
+    // (wr_id); every send buffer is free again.
+    [[gnu::cold]] void recover();
 
     Context context_;
     ProtectionDomain pd_;
@@ -203,6 +206,10 @@ private:
     std::vector<std::uint32_t> repost_; // ring buffers taken, to post again
     std::uint64_t copies_ = 0, failed_sends_ = 0, failed_receives_ = 0, recoveries_ = 0;
     std::uint32_t epoch_ = 0; // of the work requests posted since the QP was last set up
+    std::vector<std::uint32_t> every_buffer_; // 0 .. ring_ - 1: what a recovery posts
+    bool taking_ = false, recovery_due_ = false;
+    const char* recovery_why_ = "";
+    std::chrono::steady_clock::time_point last_told_{};
 };
 
 } // namespace rdmaxx::rpc::detail

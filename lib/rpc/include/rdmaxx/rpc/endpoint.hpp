@@ -60,10 +60,13 @@
 ///
 /// Input from the network is never trusted: every packet is validated and a bad one is
 /// counted by reason (Counters::drops) and dropped; a malformed or hostile session setup
-/// gets a refusal or an Error, and the endpoint serves the next peer. A UD packet may
-/// come from anyone, so none ends a session; one counts as the session's only with its
-/// peer's QP number and its peer's address (the source GID, or IPv4 address on RoCE v2
-/// over IPv4, of its GRH; the LID on InfiniBand without one): "wrong source" otherwise.
+/// gets a refusal or an Error, and the endpoint serves the next peer. A UD packet
+/// counts as the session's only with its peer's QP number and its peer's address (the
+/// source GID, or IPv4 address on RoCE v2 over IPv4, of its GRH; the LID on InfiniBand
+/// without one): "wrong source" otherwise. Even so it may be forged (an IP source
+/// address can be), so one ends a session only where nothing else could go on: the
+/// server's word that the client's numbers are out of step (see "session reset"), about
+/// a call in flight with none of the window before it in flight.
 /// What comes over a session's RC QP can only
 /// come from its peer, and the first receive there that no honest peer causes ends that
 /// session (Counters::rc_misuses): a server's immediate that names no call of this end
@@ -270,7 +273,7 @@ struct ConnectOptions {
 struct CallOptions {
     /// The whole call's bound, its wait for a window slot included: then an Error of
     /// kind timeout. milliseconds::max() sets none (the retry cap still ends a call
-    /// whose server is gone), as it does for every timeout of this header.
+    /// whose server is gone), as it does for ConnectOptions::timeout and close()'s.
     std::chrono::milliseconds timeout{1000};
 };
 
@@ -602,7 +605,7 @@ public:
     /// invalid listen_address: EINVAL).
     /// @misuse Options out of range (0 ring, send_depth, window, credits or
     /// max_sessions; a ring of fewer than twice the credits, as a connect reserves; a
-    /// setup_timeout or peer_silence not positive; a window above 1024, credits above 4096,
+    /// setup_timeout not from 1 ms to an hour, a peer_silence not positive; a window above 1024, credits above 4096,
     /// max_sessions above 65,535; a max_request or max_response of more than 65,536
     /// packets of the port's MTU).
     static Result<std::unique_ptr<Endpoint>> create(asio::io_context& io, EndpointOptions options = {},
