@@ -283,7 +283,8 @@ struct Counters {
     std::uint64_t completed = 0;       ///< ended with a response
     std::uint64_t failed = 0;          ///< ended with an Error
     std::uint64_t handled = 0;         ///< requests given to a handler (server)
-    std::uint64_t retransmissions = 0; ///< packets sent again after an RTO expired
+    std::uint64_t retransmissions = 0; ///< packets written off as an RTO expired: go-back-N
+                                       ///< sends them again, unless their call ended then
     std::uint64_t taken_by_timer = 0;  ///< calls ended by packets the timer took from the CQ
                                        ///< (the driver's turn not yet come) before judging
                                        ///< their RTOs: counted in completed or failed too;
