@@ -429,7 +429,8 @@ asio::awaitable<void> cut_the_cable(rpc::Endpoint* server, rpc::Endpoint* client
     while ((server->sessions() != 0 || client->sessions() != 0) && std::chrono::steady_clock::now() < deadline)
         co_await rpc_test::pause(50ms);
     if (server->sessions() == 0 && client->sessions() == 0)
-        out->ended_after = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - cut);
+        out->ended_after =
+            std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - cut);
 }
 
 } // namespace

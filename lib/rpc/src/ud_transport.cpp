@@ -202,7 +202,9 @@ Result<bool> UdTransport::post_send(const AddressHandle& to, const UdAddress& pe
     if (sender_->size() == 0) // the first packet builds the WR, the next ones change it
         sender_->send(gather, destination, {.wr_id = wr_id, .inline_data = inline_data}, where);
     else
-        sender_->set_wr_id(0, wr_id, where).set_local(0, gather, inline_data, where).set_destination(0, destination, where);
+        sender_->set_wr_id(0, wr_id, where)
+            .set_local(0, gather, inline_data, where)
+            .set_destination(0, destination, where);
     auto posted = sender_->post(where);
     if (!posted) {
         recover_if_broken("a send's post failed");
@@ -265,6 +267,8 @@ void UdTransport::take(std::span<const WorkCompletion> completions) {
 }
 
 void UdTransport::recover_if_broken(const char* why) {
+    if (recovery_due_)
+        return; // known broken: the rest of the batch's flushes ask no more
     // a UD QP works in RTS only; a failed query says nothing good either
     if (const auto state = qp_->query_state(); state && *state == QpState::rts)
         return; // a failed work request that left the QP working
