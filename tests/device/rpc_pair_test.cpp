@@ -406,29 +406,36 @@ TEST_CASE("rpc across the wire: a window of calls lost in a row ends the session
 
 // ---------------------------------------------------------------------------------
 // A cable cut with no process gone: nothing closes the control connection, and an idle
-// session hears of no loss. Each end's keepalive (EndpointOptions::peer_silence) ends
-// its session all the same.
+// session hears of no loss. Each end's watch (EndpointOptions::peer_silence) ends its
+// session all the same: over TCP the keepalive, over RDMA CM the still-here messages.
+// Before the cut, the same watch keeps an idle session alive past peer_silence.
 
 namespace {
 
 struct CutOff {
     bool called = false;
+    bool idle_lived = false; // both ends' sessions, 1.5 peer_silence idle, and a call after
     std::optional<std::chrono::milliseconds> ended_after; // both ends' sessions
 };
 
-asio::awaitable<void> cut_the_cable(rpc::Endpoint* server, rpc::Endpoint* client, std::uint16_t port, CutOff* out) {
-    auto session = co_await client->connect(env("RDMAXX_PAIR_A_ADDR"), port);
+asio::awaitable<void> cut_the_cable(WirePair* wire, std::uint16_t port, std::chrono::milliseconds silence,
+                                    CutOff* out) {
+    auto session = co_await wire->client->connect(env("RDMAXX_PAIR_A_ADDR"), port);
     REQUIRE_MESSAGE(session.has_value(), (session ? "" : session.error().message()));
     const auto request = message(1, 100, 1);
     std::vector<std::byte> response(100);
     out->called = static_cast<bool>(co_await session->call(work, request, response, {.timeout = 10s}));
+    co_await rpc_test::pause(silence + silence / 2);
+    out->idle_lived = wire->server->sessions() == 1 && wire->client->sessions() == 1 &&
+                      co_await session->call(work, request, response, {.timeout = 10s});
     const test::Netem cut_a(env("RDMAXX_PAIR_A_IF"), "loss 100%");
     const test::Netem cut_b(env("RDMAXX_PAIR_B_IF"), "loss 100%");
     const auto cut = std::chrono::steady_clock::now();
     const auto deadline = cut + 30s;
-    while ((server->sessions() != 0 || client->sessions() != 0) && std::chrono::steady_clock::now() < deadline)
+    while ((wire->server->sessions() != 0 || wire->client->sessions() != 0) &&
+           std::chrono::steady_clock::now() < deadline)
         co_await rpc_test::pause(50ms);
-    if (server->sessions() == 0 && client->sessions() == 0)
+    if (wire->server->sessions() == 0 && wire->client->sessions() == 0)
         out->ended_after =
             std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - cut);
 }
@@ -437,12 +444,20 @@ asio::awaitable<void> cut_the_cable(rpc::Endpoint* server, rpc::Endpoint* client
 
 TEST_CASE("rpc across the wire: a cable cut ends an idle session at both ends within its peer_silence" *
           doctest::skip(!have_pair())) {
-    constexpr std::uint16_t port = 31991;
-    WirePair wire(port, {.peer_silence = 3s});
-    CutOff out;
-    rpc_test::run(wire.io, cut_the_cable(wire.server.get(), wire.client.get(), port, &out), 60s);
-    CHECK(out.called);
-    REQUIRE(out.ended_after);
-    MESSAGE("both ends' sessions ended ", out.ended_after->count(), " ms after the cut");
-    CHECK(*out.ended_after < 15s); // about peer_silence: its TCP_USER_TIMEOUT ends the keepalive probes
+    std::uint16_t port = 31991;
+    for (const Transport transport : {Transport::tcp, Transport::rdma_cm}) {
+        const std::string over = transport == Transport::tcp ? "TCP" : "RDMA CM";
+        CAPTURE(over);
+        constexpr auto silence = 3s;
+        WirePair wire(port, {.session_transport = transport, .peer_silence = silence});
+        CutOff out;
+        rpc_test::run(wire.io, cut_the_cable(&wire, port++, silence, &out), 60s);
+        CHECK(out.called);
+        CHECK(out.idle_lived);
+        REQUIRE(out.ended_after);
+        MESSAGE("both ends' sessions ended ", out.ended_after->count(), " ms after the cut");
+        // about peer_silence: over TCP its TCP_USER_TIMEOUT ends the keepalive probes;
+        // over RDMA CM the last still-here came at most peer_silence before the cut
+        CHECK(*out.ended_after < 15s);
+    }
 }

@@ -3,6 +3,7 @@
 // response descriptors round-trip, and a descriptor that names more than the session
 // allows, or both memory and inline bytes, is refused; random corruption of a setup
 // message is never accepted unless it re-encodes the same.
+#include <algorithm>
 #include <random>
 #include <vector>
 
@@ -45,16 +46,17 @@ std::vector<std::byte> bytes_of(const RcMessage& m) {
 
 } // namespace
 
-TEST_CASE("rpc rc codec: the setup messages and the goodbye round-trip through their 40 bytes") {
+TEST_CASE("rpc rc codec: the setup messages, the goodbye and the still-here round-trip through their 40 bytes") {
     for (const RcMessage& m : {offer, RcMessage{.kind = RcMessage::Kind::answer, .available = true, .qp = qp_endpoint()},
                                whole_answer, unavailable,
-                               RcMessage{.kind = RcMessage::Kind::goodbye, .available = false, .qp = {}}}) {
+                               RcMessage{.kind = RcMessage::Kind::goodbye, .available = false, .qp = {}},
+                               RcMessage{.kind = RcMessage::Kind::still_here, .available = false, .qp = {}}}) {
         const auto bytes = bytes_of(m);
         CHECK(must(decode_rc_prefix(std::span(bytes).first<rc_prefix_bytes>())) == rc_message_bytes);
         CHECK(must(decode_rc(bytes)) == m);
     }
     const auto bytes = bytes_of(offer);
-    const std::vector<std::uint8_t> head = {'R', 'X', 'R', 'C', 0, 3, 0, 40, 1, 0, 0, 0,
+    const std::vector<std::uint8_t> head = {'R', 'X', 'R', 'C', 0, 4, 0, 40, 1, 0, 0, 0,
                                             0,   0xab, 0xcd, 0xef, 0, 0x12, 0x34, 0x56};
     for (std::size_t i = 0; i < head.size(); ++i)
         CHECK(static_cast<std::uint8_t>(bytes[i]) == head[i]);
@@ -65,6 +67,9 @@ TEST_CASE("rpc rc codec: the setup messages and the goodbye round-trip through t
     CHECK(static_cast<std::uint8_t>(answer[10]) == 0x40); // whole max, big-endian
     CHECK(static_cast<std::uint8_t>(answer[11]) == 0x28);
     CHECK(static_cast<std::uint8_t>(answer[39]) == 8); // whole receives
+    const auto still_here = bytes_of(RcMessage{.kind = RcMessage::Kind::still_here, .available = false, .qp = {}});
+    CHECK(static_cast<std::uint8_t>(still_here[8]) == 4);
+    CHECK(std::all_of(still_here.begin() + 9, still_here.end(), [](std::byte b) { return b == std::byte{0}; }));
 }
 
 TEST_CASE("rpc rc codec: each malformed setup message is a protocol Error that says what") {
@@ -77,11 +82,13 @@ TEST_CASE("rpc rc codec: each malformed setup message is a protocol Error that s
     check_protocol_error(decode_rc(with_byte(0, 'Q')), "wrong magic");
     check_protocol_error(decode_rc(with_byte(5, 1)), "version 1"); // before responses came by WRITE_WITH_IMM
     check_protocol_error(decode_rc(with_byte(5, 2)), "version 2"); // before whole requests
-    check_protocol_error(decode_rc(with_byte(5, 4)), "version 4");
+    check_protocol_error(decode_rc(with_byte(5, 3)), "version 3"); // before the still-here
+    check_protocol_error(decode_rc(with_byte(5, 5)), "version 5");
     check_protocol_error(decode_rc(with_byte(7, 41)), "length 41");
     check_protocol_error(decode_rc(with_byte(8, 0)), "kind 0 is unknown");
-    check_protocol_error(decode_rc(with_byte(8, 4)), "kind 4 is unknown");
+    check_protocol_error(decode_rc(with_byte(8, 5)), "kind 5 is unknown");
     check_protocol_error(decode_rc(with_byte(8, 3)), "a goodbye with more than its kind"); // an offer's QP
+    check_protocol_error(decode_rc(with_byte(8, 4)), "a still-here with more than its kind");
     check_protocol_error(decode_rc(with_byte(9, 1)), "status 1 for kind 1"); // an offer is never unavailable
     // whole requests are the server's to offer, in an available answer, both fields or neither
     check_protocol_error(decode_rc(with_byte(10, 1)), "whole requests offered by other than an available answer");
@@ -103,11 +110,13 @@ TEST_CASE("rpc rc codec: each malformed setup message is a protocol Error that s
     auto answer = bytes_of(unavailable);
     answer[20] = std::byte{1};
     check_protocol_error(decode_rc(answer), "an unavailable answer with a QP");
-    const auto goodbye = bytes_of(RcMessage{.kind = RcMessage::Kind::goodbye, .available = false, .qp = {}});
-    for (const std::size_t offset : {9, 10, 39}) {
-        auto bad = goodbye;
-        bad[offset] = std::byte{1};
-        check_protocol_error(decode_rc(bad), "a goodbye with more than its kind");
+    for (const auto kind : {RcMessage::Kind::goodbye, RcMessage::Kind::still_here}) {
+        const auto alone = bytes_of(RcMessage{.kind = kind, .available = false, .qp = {}});
+        for (const std::size_t offset : {9, 10, 39}) {
+            auto bad = alone;
+            bad[offset] = std::byte{1};
+            check_protocol_error(decode_rc(bad), "with more than its kind");
+        }
     }
 }
 

@@ -220,7 +220,8 @@ TEST_CASE("rpc session table: misuse is a programming error naming the caller") 
 }
 
 // What the table could never serve is refused where the endpoint is made, before any
-// device is opened: a ring smaller than a connect's reservation, no setup time.
+// device is opened: a ring smaller than a connect's reservation, no setup time, a
+// peer_silence that would have its still-heres sent back to back.
 TEST_CASE("rpc endpoint options no session could use abort naming the caller") {
     rdmaxx::test::check_death(
         [] {
@@ -234,6 +235,12 @@ TEST_CASE("rpc endpoint options no session could use abort naming the caller") {
             (void)rdmaxx::rpc::Endpoint::create(io, {.setup_timeout = std::chrono::milliseconds(0)});
         },
         "setup_timeout of 0 ms", "rpc_session_table_test.cpp");
+    rdmaxx::test::check_death(
+        [] {
+            asio::io_context io;
+            (void)rdmaxx::rpc::Endpoint::create(io, {.peer_silence = std::chrono::milliseconds(999)});
+        },
+        "peer_silence of 999 ms (at least 1 s)", "rpc_session_table_test.cpp");
 }
 
 TEST_CASE("rpc session table: 20,000 random operations agree with a model") {

@@ -239,6 +239,8 @@ void ControlChannel::watch_peer(std::chrono::milliseconds silence) noexcept {
     (void)::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, sizeof user_timeout);
 }
 
+bool ControlChannel::over_tcp() const noexcept { return std::holds_alternative<tcp::socket>(state_->link); }
+
 Result<ControlChannel> ControlChannel::over(Executor executor, async::Connection connection) {
     auto state = std::make_shared<State>(executor);
     CmLink& cm = std::get<CmLink>(state->link);

@@ -75,8 +75,11 @@ public:
     // connection: keepalive probes from silence / 3 idle, silence / 6 apart (whole
     // seconds, at least 1), and TCP_USER_TIMEOUT `silence`, which ends both the probes
     // and the wait for bytes the peer never ACKs.
-    // Over RDMA CM: nothing (an idle RC QP hears of no loss).
+    // Over RDMA CM: nothing (an idle RC QP hears of no loss): its user says still-here
+    // and reads by a deadline (the endpoint's watch()).
     void watch_peer(std::chrono::milliseconds silence) noexcept;
+    // TCP, where watch_peer() works; false: RDMA CM.
+    bool over_tcp() const noexcept;
 
 private:
     explicit ControlChannel(std::shared_ptr<State> state) : state_(std::move(state)) {}

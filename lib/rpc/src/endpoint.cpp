@@ -329,6 +329,7 @@ struct SessionState {
     std::vector<asio::steady_timer*> closers;
     bool goodbye_sent = false;
     bool peer_closing = false; // the peer said goodbye: no call begins, the session ends once they finish
+    asio::steady_timer* still_here = nullptr; // over RDMA CM: say_still_here()'s, cancelled as the session ends
     std::unique_ptr<CongestionControl> congestion; // client: its window's, if the endpoint has them
     RcPath rc;
 
@@ -510,6 +511,10 @@ struct EndpointCore {
     void send_message(SessionState& s, const std::array<std::byte, rc_message_bytes>& message);
     void start_writer(SessionState& s);
     static asio::awaitable<void> write_messages(Anchor anchor, SessionId id);
+    // Over RDMA CM, where an idle RC QP hears of no loss: a still-here every
+    // peer_silence / 3 (rc_codec.hpp) while the session lives; the peer's watcher ends
+    // the session after peer_silence without a message.
+    static asio::awaitable<void> say_still_here(Anchor anchor, SessionId id);
     // A closing session's calls have all finished: its close() goes on, or (the peer
     // said goodbye) it ends.
     void calls_finished(SessionState& s);
@@ -2010,6 +2015,7 @@ SessionState& EndpointCore::attach(SessionId local, const SessionId& remote, con
                        .closers = {},
                        .goodbye_sent = false,
                        .peer_closing = false,
+                       .still_here = nullptr,
                        .congestion = {},
                        .rc = {}};
     if (initiator || both_ways) {
@@ -2056,6 +2062,8 @@ void EndpointCore::end_session(SessionId id, std::string_view why) {
         s->control->close();
     for (asio::steady_timer* closer : s->closers)
         closer->cancel();
+    if (s->still_here != nullptr)
+        s->still_here->cancel();
     rc_in_flight -= s->rc.transfers; // their completions, if they come, are a dead QP's
     const bool budget_freed = s->rc.transfers > 0;
     sends_in_flight -= s->rc.sends;
@@ -2224,24 +2232,51 @@ asio::awaitable<Result<std::vector<std::byte>>> read_message(ControlChannel& cha
 
 } // namespace
 
-// Until its control connection ends, then the session ends. The RC setup and the
-// goodbye (rc_codec.hpp) are all that may follow the session's setup on it: anything
-// else breaks the session.
+asio::awaitable<void> EndpointCore::say_still_here(Anchor anchor, SessionId id) {
+    asio::steady_timer timer((*anchor)->executor);
+    for (;;) {
+        EndpointCore* core = *anchor;
+        SessionState* s = core == nullptr ? nullptr : core->table.lookup(id);
+        if (s == nullptr)
+            co_return;
+        if (s->outbox.empty() && !s->writing) // else the message on its way says as much
+            core->send_message(*s, encode(RcMessage{.kind = RcMessage::Kind::still_here, .available = false}));
+        s->still_here = &timer;
+        timer.expires_after(core->options.peer_silence / 3);
+        co_await timer.async_wait(no_throw);
+        if ((core = *anchor) == nullptr || (s = core->table.lookup(id)) == nullptr)
+            co_return; // ended (end_session cancelled the wait), or the endpoint gone
+        s->still_here = nullptr;
+    }
+}
+
+// Until its control connection ends, then the session ends. The RC setup, the goodbye
+// and the still-here (rc_codec.hpp) are all that may follow the session's setup on it:
+// anything else breaks the session. Over RDMA CM, a peer silent for peer_silence ends
+// it too.
 asio::awaitable<void> EndpointCore::watch(Anchor anchor, SessionId id, ControlChannel channel) {
     const ChannelRegistration registration(anchor, id, &channel);
     if (!registration.registered)
         co_return; // the session ended before its watch began: the connection closes here
     (*anchor)->start_writer(*(*anchor)->table.lookup(id)); // what was sent before the watch began
+    const bool heartbeat = !channel.over_tcp(); // TCP: the keepalive of watch_peer()
+    const auto silence = (*anchor)->options.peer_silence;
+    if (heartbeat)
+        asio::co_spawn((*anchor)->executor, say_still_here(anchor, id), RethrowOutOfRun{});
     std::string why;
-    // the peer's close (ECONNRESET) as its words; anything else (the port gone down, a
-    // failed completion) as the connection said it
-    const auto ended_by = [](const Error& e) {
-        return e.is_errno(ECONNRESET) ? std::string("the peer closed the session (its control connection ended)")
-                                      : fmt::format("its control connection failed: {}", e.message());
+    // the peer's close (ECONNRESET) as its words; its silence as such; anything else (the
+    // port gone down, a failed completion) as the connection said it
+    const auto ended_by = [silence](const Error& e) {
+        if (e.is_errno(ECONNRESET))
+            return std::string("the peer closed the session (its control connection ended)");
+        if (e.is_timeout())
+            return fmt::format("the peer was silent for {} ms (EndpointOptions::peer_silence)", silence.count());
+        return fmt::format("its control connection failed: {}", e.message());
     };
     for (;;) {
+        const Deadline silent_by = heartbeat ? deadline_after(Clock::now(), silence) : no_deadline;
         std::array<std::byte, rc_message_bytes> bytes{};
-        if (Result<void> got = co_await channel.read(std::span(bytes).first<rc_prefix_bytes>()); !got) {
+        if (Result<void> got = co_await channel.read(std::span(bytes).first<rc_prefix_bytes>(), silent_by); !got) {
             why = ended_by(got.error());
             break;
         }
@@ -2249,7 +2284,7 @@ asio::awaitable<void> EndpointCore::watch(Anchor anchor, SessionId id, ControlCh
             why = fmt::format("the peer broke the session's protocol: {}", prefix.error().message());
             break;
         }
-        if (Result<void> got = co_await channel.read(std::span(bytes).subspan<rc_prefix_bytes>()); !got) {
+        if (Result<void> got = co_await channel.read(std::span(bytes).subspan<rc_prefix_bytes>(), silent_by); !got) {
             why = ended_by(got.error());
             break;
         }
@@ -2264,6 +2299,8 @@ asio::awaitable<void> EndpointCore::watch(Anchor anchor, SessionId id, ControlCh
             why = fmt::format("the peer broke the session's protocol: {}", message.error().message());
             break;
         }
+        if (message->kind == RcMessage::Kind::still_here)
+            continue;
         if (message->kind == RcMessage::Kind::goodbye) {
             // its calls have finished; this end's in flight finish first (tick() ends the
             // session), and those waiting for a slot never begin
@@ -2569,8 +2606,8 @@ Result<std::unique_ptr<Endpoint>> Endpoint::create(asio::io_context& io, Endpoin
             where, "rpc::Endpoint: ring {}, send_depth {}, window {}, credits {}, max_sessions {}: none may be 0",
             options.ring, options.send_depth, options.window, options.credits, options.max_sessions);
     require(options.setup_timeout.count() > 0 && options.setup_timeout <= std::chrono::hours(1) &&
-                options.peer_silence.count() > 0,
-            where, "rpc::Endpoint: a setup_timeout of {} ms (from 1 ms to an hour), a peer_silence of {} ms",
+                options.peer_silence >= std::chrono::seconds(1),
+            where, "rpc::Endpoint: a setup_timeout of {} ms (from 1 ms to an hour), a peer_silence of {} ms (at least 1 s)",
             options.setup_timeout.count(), options.peer_silence.count());
     // a connect reserves twice its credits of ring buffers (a both-ways session's), and
     // a server's session its credits: fewer and no session could ever be set up

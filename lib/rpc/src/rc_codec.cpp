@@ -22,7 +22,7 @@ std::array<std::byte, rc_message_bytes> encode(const RcMessage& m) noexcept {
     wire::put(at + 4, rc_version, 2);
     wire::put(at + 6, rc_message_bytes, 2);
     wire::put(at + 8, static_cast<std::uint8_t>(m.kind), 1);
-    if (m.kind == RcMessage::Kind::goodbye)
+    if (m.kind == RcMessage::Kind::goodbye || m.kind == RcMessage::Kind::still_here)
         return out;
     wire::put(at + 9, m.available ? 0 : 1, 1);
     if (!m.available)
@@ -57,12 +57,12 @@ Result<RcMessage> decode_rc(std::span<const std::byte> bytes) {
     const std::byte* at = bytes.data();
     const auto kind = wire::get(at + 8, 1);
     const auto status = wire::get(at + 9, 1);
-    if (kind < 1 || kind > 3)
+    if (kind < 1 || kind > 4)
         return std::unexpected(bad(call, fmt::format("kind {} is unknown", kind)));
-    if (kind == 3) {
+    if (kind >= 3) { // a goodbye or a still-here: the kind alone
         if (std::any_of(at + 9, at + rc_message_bytes, [](std::byte b) { return b != std::byte{0}; }))
-            return std::unexpected(bad(call, "a goodbye with more than its kind"));
-        return RcMessage{.kind = RcMessage::Kind::goodbye, .available = false, .qp = {}};
+            return std::unexpected(bad(call, fmt::format("a {} with more than its kind", kind == 3 ? "goodbye" : "still-here")));
+        return RcMessage{.kind = static_cast<RcMessage::Kind>(kind), .available = false, .qp = {}};
     }
     if (status > 1 || (status == 1 && kind == 1))
         return std::unexpected(bad(call, fmt::format("status {} for kind {}", status, kind)));

@@ -1,6 +1,7 @@
 // The wire formats of what follows a session's setup: the messages its control connection
 // carries (the two that connect a session's RC QPs, for messages above the endpoint's
-// rdma_threshold, and the goodbye of a graceful close), and the descriptors that
+// rdma_threshold, the goodbye of a graceful close, and the still-here of an idle
+// session over RDMA CM), and the descriptors that
 // travel in place of a large message's bytes in UD packets with the rdma flag
 // (packet.hpp).
 //
@@ -8,14 +9,18 @@
 // control connection (TCP or RDMA CM, kept open for the session's life:
 // control_channel.hpp); the server answers with an RcAnswer. Goodbye: an end whose Session::close() found its calls finished says so
 // (the peer finishes its own calls through the session, then closes the connection).
+// Still here: over RDMA CM each end says so every EndpointOptions::peer_silence / 3 and
+// ends the session once it heard nothing for peer_silence (an idle RC QP hears of no
+// loss; over TCP the kernel's keepalive does it: control_channel.hpp).
 // All are 40 bytes, big-endian:
 //
 //   offset  size  field
 //        0     4  magic "RXRC"
-//        4     2  version (3)
+//        4     2  version (4)
 //        6     2  length (40)
-//        8     1  kind: 1 offer (client), 2 answer (server), 3 goodbye (either end)
-//        9     1  status: 0 a QP follows (goodbye: 0, and no QP); 1 unavailable
+//        8     1  kind: 1 offer (client), 2 answer (server), 3 goodbye (either end),
+//                 4 still here (either end)
+//        9     1  status: 0 a QP follows (goodbye, still here: 0, and no QP); 1 unavailable
 //                 (answer only: the server has no RC QP for the session; the client
 //                 keeps to UD)
 //       10     2  whole max (answer only, else 0): the largest request descriptor the
@@ -28,7 +33,7 @@
 //       39     1  whole receives (answer only, else 0): how many whole requests of the
 //                 session may be on their way at once (receive buffers the server keeps
 //                 for it); 0 exactly when whole max is
-// An unavailable answer's bytes 12..40 are 0, and a goodbye's bytes 9..40.
+// An unavailable answer's bytes 12..40 are 0, and a goodbye's or still-here's bytes 9..40.
 //
 // A request descriptor (the message of a request with the rdma flag), 40 bytes and
 // maybe the request itself:
@@ -73,16 +78,17 @@
 namespace rdmaxx::rpc::detail {
 
 inline constexpr std::uint32_t rc_magic = 0x52585243; // "RXRC"
-inline constexpr std::uint16_t rc_version = 3; // 2: responses by WRITE_WITH_IMM; 3: whole requests
+// 2: responses by WRITE_WITH_IMM; 3: whole requests; 4: still here
+inline constexpr std::uint16_t rc_version = 4;
 inline constexpr std::size_t rc_prefix_bytes = 8;
 inline constexpr std::size_t rc_message_bytes = 40;
 inline constexpr std::size_t request_descriptor_bytes = 40;
 inline constexpr std::size_t response_descriptor_bytes = 4;
 
 struct RcMessage {
-    enum class Kind : std::uint8_t { offer = 1, answer = 2, goodbye = 3 };
+    enum class Kind : std::uint8_t { offer = 1, answer = 2, goodbye = 3, still_here = 4 };
     Kind kind = Kind::offer;
-    bool available = true;    // false: an answer without a QP (and every goodbye)
+    bool available = true;    // false: an answer without a QP (and every goodbye and still-here)
     rdmaxx::Endpoint qp = {}; // when available
     std::uint16_t whole_max = 0;     // an available answer's (above)
     std::uint8_t whole_receives = 0; // an available answer's (above)

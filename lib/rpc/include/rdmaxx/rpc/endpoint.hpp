@@ -25,7 +25,7 @@
 /// response, payload per packet: the smaller MTU of the two ports), and the control
 /// connection stays open for the session's life: its end is the session's end (a peer
 /// process that dies ends its sessions at once, with no heartbeat; a host that vanishes,
-/// over TCP within EndpointOptions::peer_silence). Ending a session: destroy its
+/// within EndpointOptions::peer_silence). Ending a session: destroy its
 /// Session (at once), or Session::close (gracefully: both ends' calls finish first);
 /// Endpoint::shutdown closes every session so.
 ///
@@ -253,9 +253,12 @@ struct EndpointOptions {
     async::DriveOptions drive = {};  ///< how its completion queues are driven (UD and RC)
     std::chrono::milliseconds setup_timeout{5000}; ///< connect, and a client's setup at the listener
     /// A session whose peer's host is silent about this long (powered off, cut off: no
-    /// process left to close its control connection) ends, idle or not: TCP keepalive
-    /// probes on the control connection (whole seconds apart, so not much under 2 s).
-    /// Over RDMA CM an idle session hears of no loss; a call's retry cap ends it.
+    /// process left to close its control connection) ends, idle or not. Over TCP by
+    /// keepalive probes on the control connection (whole seconds apart, so not much
+    /// under 2 s). Over RDMA CM, whose idle RC QP hears of no loss, each end sends a
+    /// still-here message every peer_silence / 3 and ends the session once it has heard
+    /// none for peer_silence (so a peer whose thread does not run its io_context that
+    /// long is taken for gone too). At least 1 s.
     std::chrono::milliseconds peer_silence{30'000};
     /// How often an endpoint with calls in flight checks their retransmission timeouts
     /// and deadlines (one steady_timer; the RTO's floor is 500 us).
@@ -606,7 +609,7 @@ public:
     /// invalid listen_address: EINVAL).
     /// @misuse Options out of range (0 ring, send_depth, window, credits or
     /// max_sessions; a ring of fewer than twice the credits, as a connect reserves; a
-    /// setup_timeout not from 1 ms to an hour, a peer_silence not positive; a window above 1024, credits above 4096,
+    /// setup_timeout not from 1 ms to an hour, a peer_silence under 1 s; a window above 1024, credits above 4096,
     /// max_sessions above 65,535; a max_request or max_response of more than 65,536
     /// packets of the port's MTU).
     static Result<std::unique_ptr<Endpoint>> create(asio::io_context& io, EndpointOptions options = {},
