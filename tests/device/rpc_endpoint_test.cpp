@@ -766,13 +766,15 @@ TEST_CASE("rpc endpoint: a hostile client's RC offer, descriptors, oversized and
 // codec), answers the client's RC offer with a QP of its own, then, while the client's
 // large call waits, sends into the receives every session of the client endpoint
 // shares what no honest server sends: zero-byte WRITEs whose immediates name a slot
-// with no call in progress, or another session, or a SEND. Each ends the hostile
+// with no call in progress, or another session, or a call that offered no memory for
+// its response, or a SEND. Each ends the hostile
 // session at once, its call with "session reset"; an honest session's large calls, one
 // of them in flight meanwhile, go on.
 
 namespace {
 
-enum class Misuse { idle_slot, other_session, send };
+enum class Misuse { idle_slot, other_session, send, unoffered };
+constexpr int misuses = 4;
 
 struct HostileServer {
     Attacker attacker; // its UD QP: the address its reply names (the client's packets go there, unanswered)
@@ -811,8 +813,9 @@ void misuse(HostileServer& h, Misuse how) {
     namespace d = rpc::detail;
     const std::uint16_t own = h.request.session.number;
     // the client's large call is in slot 0 (its session's first call): slot 1 is idle
-    const std::uint32_t imm = d::encode_written(
-        {.session = how == Misuse::other_session ? static_cast<std::uint16_t>(own + 1) : own, .slot = 1, .round = 0});
+    const std::uint32_t imm = d::encode_written({.session = how == Misuse::other_session ? static_cast<std::uint16_t>(own + 1) : own,
+                                                 .slot = how == Misuse::unoffered ? 0u : 1u,
+                                                 .round = 0});
     for (std::uint64_t k = 0; k < 4; ++k) {
         if (how == Misuse::send)
             must(post_send(*h.rc.qp, std::span<const LocalSlice>{}, {.wr_id = k}));
@@ -823,8 +826,8 @@ void misuse(HostileServer& h, Misuse how) {
 
 struct ServerAttack {
     int honest_wrong = 0;
-    std::array<std::optional<Error>, 3> hostile_calls; // how each hostile session's call ended
-    std::array<bool, 3> closed{};                        // the client closed the control connection
+    std::array<std::optional<Error>, misuses> hostile_calls; // how each hostile session's call ended
+    std::array<bool, misuses> closed{};                        // the client closed the control connection
     std::uint32_t client_sessions = 0;                   // at the end: the honest one
 };
 
@@ -833,7 +836,7 @@ asio::awaitable<void> attack_client(Rig* rig, ServerAttack* out) {
     co_await connect_into(rig, &honest);
     co_await honest_large(&honest, 0, &out->honest_wrong);
     const auto executor = co_await asio::this_coro::executor;
-    for (int i = 0; i < 3; ++i) {
+    for (int i = 0; i < misuses; ++i) {
         HostileServer h;
         h.attacker.ud = must(rpc::detail::UdTransport::create(rig->io, {.ring = 64, .send_depth = 64},
                                                                &Attacker::deliver, &h.attacker));
@@ -843,9 +846,10 @@ asio::awaitable<void> attack_client(Rig* rig, ServerAttack* out) {
         asio::co_spawn(executor, serve_hostile(&acceptor, &socket, &h), asio::detached);
         auto hostile = co_await rig->client->connect("127.0.0.1", port);
         REQUIRE_MESSAGE(hostile.has_value(), (hostile ? "" : hostile.error().message()));
-        // a large call: its offer sets the RC path up, then it waits for an answer
+        // a large call: its offer sets the RC path up, then it waits for an answer (into
+        // memory it offers, but for the call of `unoffered`, whose response is small)
         const auto big = message(100 + i, 100'000);
-        std::vector<std::byte> response(300'000);
+        std::vector<std::byte> response(static_cast<Misuse>(i) == Misuse::unoffered ? 100 : 300'000);
         std::optional<Result<std::size_t>> ended;
         hostile->call(echo, big, response, {.timeout = 30s}, [&ended](Result<std::size_t> r) { ended = r; });
         co_await until([&h] { return h.ready; });
@@ -875,7 +879,7 @@ TEST_CASE("rpc endpoint: a hostile server's immediates and SENDs end its own ses
     Rig rig(large_messages, large_messages);
     ServerAttack out;
     run(rig.io, attack_client(&rig, &out), 120s);
-    for (int i = 0; i < 3; ++i) {
+    for (int i = 0; i < misuses; ++i) {
         CAPTURE(i);
         REQUIRE(out.hostile_calls[i]);
         CHECK(out.hostile_calls[i]->is_errno(ECONNRESET));
@@ -884,8 +888,8 @@ TEST_CASE("rpc endpoint: a hostile server's immediates and SENDs end its own ses
     CHECK(out.honest_wrong == 0);
     CHECK(out.client_sessions == 1);
     const auto& c = rig.client->counters();
-    CHECK(c.rc_misuses == 3);
-    CHECK(c.failed == 3);
+    CHECK(c.rc_misuses == misuses);
+    CHECK(c.failed == misuses);
     MESSAGE("client drops: ", c.dropped());
 }
 

@@ -381,6 +381,62 @@ asio::awaitable<void> end_mid_transfer(Rig* rig, std::optional<rpc::Session>* se
 
 } // namespace
 
+namespace {
+
+// A large request's handler removed while the request is READ, by the handler of a
+// small request sent after it (the API allows it at any time): the READ's completion
+// answers "no handler", where it called the handler that was no more.
+constexpr std::uint8_t unset_sized = 6;
+
+struct Unset {
+    std::optional<Result<std::size_t>> large, small;
+    bool sized_ran = false;
+    bool served_after = false; // an echo on the same session, after both
+    std::uint64_t reads_when_unset = 0, handled_when_unset = 0;
+};
+
+asio::awaitable<void> unset_mid_read(Rig* rig, std::optional<rpc::Session>* session, Unset* out) {
+    co_await connect_into(rig, session);
+    const auto big = ask(1, mib, 4);
+    const auto small = message(2, 16);
+    std::vector<std::byte> response(mib), small_response(16);
+    (*session)->call(sized, big, response, {.timeout = 30s}, [out](Result<std::size_t> r) { out->large = std::move(r); });
+    (*session)->call(unset_sized, small, small_response, {.timeout = 30s},
+                     [out](Result<std::size_t> r) { out->small = std::move(r); });
+    co_await until([out] { return out->large && out->small; });
+    const auto request = message(3, 32);
+    std::vector<std::byte> echoed_back(32);
+    out->served_after = (co_await (*session)->call(echo, request, echoed_back)).has_value();
+}
+
+} // namespace
+
+TEST_CASE("rpc large: a large request whose handler is removed while it is READ is answered \"no handler\"") {
+    Rig rig(large, large);
+    Unset out;
+    rig.server->set_handler(sized, [&out](rpc::Request, rpc::Responder responder) {
+        out.sized_ran = true;
+        responder.respond({});
+    });
+    rig.server->set_handler(unset_sized, [&rig, &out](rpc::Request, rpc::Responder responder) {
+        out.reads_when_unset = rig.server->counters().rdma_reads; // posted
+        out.handled_when_unset = rig.server->counters().handled;  // this one's only
+        rig.server->set_handler(sized, {});
+        responder.respond({});
+    });
+    std::optional<rpc::Session> session;
+    run(rig.io, unset_mid_read(&rig, &session, &out), 60s);
+    CHECK(out.reads_when_unset == 1); // the large request's READ was posted, its handler not run
+    CHECK(out.handled_when_unset == 1);
+    CHECK_FALSE(out.sized_ran);
+    REQUIRE(out.large);
+    REQUIRE_FALSE(out.large->has_value());
+    CHECK_MESSAGE(out.large->error().is_errno(ENOENT), out.large->error().message());
+    REQUIRE(out.small);
+    CHECK(out.small->has_value());
+    CHECK(out.served_after); // the session goes on
+}
+
 TEST_CASE("rpc large: a session ended with 1 MiB transfers in flight ends its calls and frees nothing early") {
     Rig rig(large, large);
     add_sized(rig);

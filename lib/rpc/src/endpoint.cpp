@@ -1707,7 +1707,10 @@ void EndpointCore::transfer_done(const WorkCompletion& wc) {
     RcPath::ServerSlot& slot = s->rc.server_slots[k];
     if ((id & 1) == 0) {
         slot.phase = RcPath::ServerSlot::Phase::handling;
-        run_handler(*s, slot.rpc_type, slot.call, slot.request->bytes().first(slot.source.length));
+        if (handlers[slot.rpc_type])
+            run_handler(*s, slot.rpc_type, slot.call, slot.request->bytes().first(slot.source.length));
+        else // removed while the request was read (handle() found it)
+            respond(s->local.number, s->local.generation, slot.call, Status::no_handler, {});
     } else {
         // the client has the response (its immediate's completion told it): it is the
         // call's answer now, what a resent request gets (the Outgoing is not sent)
@@ -1760,7 +1763,7 @@ void EndpointCore::take_written(const WorkCompletion& wc) {
     if (written.slot >= window)
         return misused(wc, DropReason::too_far_ahead, "an immediate naming a slot past the window");
     PendingCall& call = s->calls[written.slot];
-    const bool in_progress = call.busy && round_of(call.request, window) == written.round;
+    const bool in_progress = call.busy && call.may_be_written && round_of(call.request, window) == written.round;
     const auto descriptor = encode_response_descriptor(wc.byte_len());
     const auto now = Clock::now();
     const auto end = in_progress ? s->client->written(call.request, descriptor, now)
