@@ -7,7 +7,8 @@
 // The server keeps a hash map and answers PUT and GET calls. It also keeps a mirror of
 // the table that clients may READ (one-sided, the server's CPU not involved): it lends
 // it, registered for remote READ only, to each client that connects to PORT + 1
-// (lib/async's Connection, an hour's lease); --read-gets makes the client GET by
+// (lib/async's Connection, an hour's lease; at most 16 such readers at once, and a
+// reader that asks the server for memory of its own is refused); --read-gets makes the client GET by
 // READing the key's mirror slot, and by RPC when the slot cannot answer (torn by a
 // concurrent PUT, holding another key, or empty). The client is a load
 // generator: CONCURRENT coroutines on one thread, OPS calls in all, half PUTs and half
@@ -30,6 +31,7 @@
 // round trip is the concurrency divided by the throughput (Little's law): 16 calls in
 // flight at 2,000 calls/s wait 8 ms each, however fast one call alone is.
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -38,6 +40,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <iterator>
 #include <list>
 #include <optional>
 #include <random>
@@ -226,17 +229,39 @@ bool parse(int argc, char** argv, Args& a) {
 // ---------------------------------------------------------------------------------
 // Server
 
+// Readers of the mirror at once, at most: each holds a connection and a registration of
+// the whole mirror, and the one lending makes (10 MiB pinned); one more is closed as it
+// comes.
+constexpr std::size_t max_readers = 16;
+
+// The mirror's connections, each while its reader keeps it (the listener's options
+// grant a reader nothing it asks for: request_remote_mr is refused).
+using Readers = std::list<async::Connection>;
+
+// Until the reader closes its connection (or its host goes), then it is forgotten. A
+// reader has nothing to say: a message is dropped, and one that does not fit ends it.
+asio::awaitable<void> keep_reader(Readers* readers, Readers::iterator reader) {
+    std::array<std::byte, 64> said{};
+    for (;;) {
+        const auto got = co_await reader->receive(said, std::chrono::hours(24));
+        if (!got && !got.error().is_timeout())
+            break;
+    }
+    readers->erase(reader);
+}
+
 // Lends the mirror, for remote READ only, to each client that connects (an hour's
-// lease); the connections live in `readers` until the server ends.
-asio::awaitable<void> lend_mirror(async::Listener* listener, std::span<std::byte> mirror,
-                                  std::list<async::Connection>* readers) {
+// lease), up to max_readers at once.
+asio::awaitable<void> lend_mirror(async::Listener* listener, std::span<std::byte> mirror, Readers* readers) {
     for (;;) {
         auto connection = co_await listener->accept(std::chrono::hours(24));
         if (!connection) {
             if (connection.error().is_cancelled())
                 co_return;
-            continue; // a timeout: accept again
+            continue; // a timeout, or a client's failed handshake: accept again
         }
+        if (readers->size() >= max_readers)
+            continue; // closed here
         auto region = connection->register_local_mr(mirror, Access::remote_read);
         if (!region) {
             fmt::print(stderr, "kv: registering the mirror for a reader: {}\n", region.error());
@@ -247,6 +272,8 @@ asio::awaitable<void> lend_mirror(async::Listener* listener, std::span<std::byte
             continue;
         }
         readers->push_back(std::move(*connection));
+        asio::co_spawn(co_await asio::this_coro::executor, keep_reader(readers, std::prev(readers->end())),
+                       tutorial::rethrow);
     }
 }
 
@@ -280,6 +307,10 @@ asio::awaitable<void> stop_on_signal(asio::io_context* io, rpc::Endpoint* server
 }
 
 int serve(const Args& a) {
+    // before the io_context: the registrations lent to readers go with it (their
+    // connections close in its handlers), never after the memory they name
+    std::unordered_map<std::string, std::string> table;
+    std::vector<std::byte> mirror(std::size_t{mirror_slots} * slot_bytes);
     asio::io_context io;
     auto server = rpc::Endpoint::create(io, {.device = a.device, .listen_port = a.port,
                                              .session_transport = a.transport, .ring = 8 * 2 * server_window,
@@ -289,16 +320,15 @@ int serve(const Args& a) {
         fmt::print(stderr, "kv: {}\n", server.error());
         return 1;
     }
-    std::unordered_map<std::string, std::string> table;
-    std::vector<std::byte> mirror(std::size_t{mirror_slots} * slot_bytes);
     auto listener = async::Listener::listen(io.get_executor(), "0.0.0.0", static_cast<std::uint16_t>(a.port + 1),
                                             {.transport = a.transport, .device = a.device,
+                                             .access_ceiling = Access::none, .quota_bytes = 0,
                                              .max_lease = std::chrono::hours(1)});
     if (!listener) {
         fmt::print(stderr, "kv: {}\n", listener.error());
         return 1;
     }
-    std::list<async::Connection> readers;
+    Readers readers;
     asio::co_spawn(io, lend_mirror(&*listener, mirror, &readers), tutorial::rethrow);
     // a request from the network is checked like any: a malformed one is answered with
     // nothing (the caller's error), never trusted
@@ -448,6 +478,8 @@ asio::awaitable<Result<Reader>> lend_me_the_mirror(asio::any_io_executor executo
     ConnectionOptions options; // (g++ 12: no braced initializer inside a co_await)
     options.transport = a->transport;
     options.device = a->device;
+    options.access_ceiling = Access::none; // the server gets nothing it might ask for
+    options.quota_bytes = 0;
     auto connection =
         co_await async::Connection::connect(executor, a->host, static_cast<std::uint16_t>(a->port + 1), options);
     if (!connection)
