@@ -536,6 +536,56 @@ TEST_CASE("async Connection: a cancelled wait leaves the connection usable; a ca
     CHECK(t.failures == 0);
 }
 
+// A posted READ cancelled, then cancelled again while it waits for its flush (an
+// enclosing task cancelled after `read || timer`'s timer won, say): the second
+// cancellation does not cut the wait short, and the call resumes only once the NIC is
+// done with the READ's memory.
+namespace {
+
+asio::awaitable<void> cancel_twice(async::Listener& listener, Tally& t, bool& cancelled, bool& done) {
+    auto ex = co_await asio::this_coro::executor;
+    auto c = co_await async::Connection::connect(ex, "127.0.0.1", listener.port(), options());
+    auto s = co_await listener.accept(10s);
+    if (t.ok(c, "connect") && t.ok(s, "accept")) {
+        auto remote = co_await c->request_remote_mr(4 << 20);
+        REQUIRE_MESSAGE(remote, (remote ? "" : remote.error().message()));
+        auto local = must(c->alloc_local_mr(4 << 20));
+        asio::cancellation_signal cancel;
+        std::optional<Result<void>> outcome;
+        asio::co_spawn(ex, c->read(local.all(), remote->memory),
+                       asio::bind_cancellation_slot(cancel.slot(), [&](std::exception_ptr, Result<void> r) {
+                           outcome = std::move(r);
+                       }));
+        asio::steady_timer soon(ex, 1ms);
+        co_await soon.async_wait(asio::use_awaitable);
+        cancel.emit(asio::cancellation_type::terminal);
+        // runs after the READ's coroutine has resumed from its wait and begun the drain
+        asio::post(ex, [&cancel] { cancel.emit(asio::cancellation_type::terminal); });
+        while (!outcome) {
+            soon.expires_after(1ms);
+            co_await soon.async_wait(asio::use_awaitable);
+        }
+        cancelled = !*outcome && outcome->error().is_cancelled();
+    }
+    done = true;
+}
+
+} // namespace
+
+TEST_CASE("async Connection: a posted READ cancelled twice resumes only after its flush") {
+    const test::CapturedLog log;
+    asio::io_context io;
+    auto listener = must(async::Listener::listen(io.get_executor(), "127.0.0.1", 0, options()));
+    Tally t;
+    bool cancelled = false, done = false;
+    asio::co_spawn(io, cancel_twice(listener, t, cancelled, done), asio::detached);
+    REQUIRE(test::run_until(io, [&] { return done; }, 60s));
+    CHECK(t.failures == 0);
+    REQUIRE_MESSAGE(cancelled, "the READ completed before its cancellation: nothing tested");
+    // the drain waited for the flush: it said nothing of one not done
+    CHECK_MESSAGE(log.count("did not complete") == 0, log.text());
+}
+
 // --- a peer that dies -------------------------------------------------------------
 
 namespace {

@@ -33,6 +33,7 @@
 
 #include <asio/any_io_executor.hpp>
 #include <asio/awaitable.hpp>
+#include <asio/cancellation_state.hpp>
 #include <asio/experimental/as_tuple.hpp>
 #include <asio/posix/stream_descriptor.hpp>
 #include <asio/steady_timer.hpp>
@@ -240,9 +241,14 @@ asio::awaitable<Result<void>> LinkDriver::until_completed(Link& link, Done done,
 template <class Done>
 asio::awaitable<Result<void>> LinkDriver::drain_flushed(Link& link, Done done, Result<void> failure) {
     link.abandon(failure.error());
-    co_await asio::this_coro::reset_cancellation_state(); // the drain below is not cancellable
+    // the drain below is not cancellable: a second cancellation (reset's default filter
+    // lets a terminal one through) would resume the caller while the NIC may still
+    // write into its memory
+    co_await asio::this_coro::reset_cancellation_state(asio::disable_cancellation());
     auto drained = co_await until(done, nullptr, "draining a flushed work request",
                                   Clock::now() + link.options().timeout);
+    // the caller's coroutine (the state is its own, awaited inline) may be cancelled again
+    co_await asio::this_coro::reset_cancellation_state();
     if (!drained)
         logger()->error("async::Connection: peer {}: a flushed work request did not complete within {} ms: {}",
                         link.peer(), link.options().timeout.count(), drained.error());
