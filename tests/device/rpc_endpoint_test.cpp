@@ -2801,6 +2801,50 @@ TEST_CASE("rpc endpoint: a busy client's call resumes when its response is taken
     CHECK(handlers < calls / 4);
 }
 
+namespace {
+
+// A busy client's coroutine that calls again at once whenever a call fails at once (a
+// request above the session's limit), resumed first by the busy turn that took a
+// response: its failures complete one after another, and a timer still fires among
+// them (the turn ran each completion a failure queued in the same loop, for ever).
+struct Relentless {
+    bool first_ok = false;
+    int failed_at_once = 0;
+    bool timer_fired = false;
+};
+
+asio::awaitable<void> call_relentlessly(rpc::Endpoint* client, std::uint16_t port, Relentless* out) {
+    auto session = co_await client->connect("127.0.0.1", port);
+    REQUIRE_MESSAGE(session.has_value(), (session ? "" : session.error().message()));
+    const auto small = message(1, 32);
+    const std::vector<std::byte> too_large(session->info().max_request + 1);
+    std::vector<std::byte> response(64);
+    out->first_ok = (co_await session->call(echo, small, response)).has_value();
+    asio::steady_timer timer(co_await asio::this_coro::executor, 20ms);
+    timer.async_wait([out](std::error_code ec) { out->timer_fired = !ec; });
+    while (!out->timer_fired && out->failed_at_once < 1'000'000) {
+        const auto r = co_await session->call(echo, too_large, response);
+        if (r || !r.error().is_errno(EMSGSIZE))
+            break;
+        ++out->failed_at_once;
+    }
+}
+
+} // namespace
+
+TEST_CASE("rpc endpoint: a busy client's coroutine whose calls fail at once, call after call, lets a timer fire") {
+    EchoServerThread server;
+    asio::io_context io;
+    rpc::EndpointOptions options;
+    options.drive = {.mode = async::CompletionMode::busy};
+    auto client = must(rpc::Endpoint::create(io, options));
+    Relentless out;
+    run(io, call_relentlessly(client.get(), server.port(), &out), 120s);
+    CHECK(out.first_ok);
+    MESSAGE(out.failed_at_once, " calls failed at once before the 20 ms timer fired (or a million)");
+    CHECK(out.timer_fired);
+}
+
 TEST_CASE("rpc endpoint: a response waiting in the client's CQ when its RTO expires is taken, not asked for "
           "again") {
     // A manual-mode client whose application never polls: each response waits in the

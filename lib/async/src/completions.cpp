@@ -68,9 +68,14 @@ struct Completions::RunDeferred {
     }
 };
 
+// Those queued as it begins: one they queue (a call made again that fails at once, from
+// a coroutine in a loop) waits for the next run, so that such a loop still lets a busy
+// turn end and the io_context's other handlers run.
 void Completions::run_deferred() {
-    while (!deferred_.empty()) {
+    const detail::DeferredOp* const last = deferred_.back();
+    for (bool more = last != nullptr; more;) {
         detail::DeferredOp* op = deferred_.pop();
+        more = op != last;
         ++deferred_completions_;
         try {
             op->end(op, true);

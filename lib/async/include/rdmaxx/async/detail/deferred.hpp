@@ -52,6 +52,8 @@ public:
         tail_ = op;
     }
     bool empty() const noexcept { return head_ == nullptr; }
+    // The newest (nullptr: empty).
+    const DeferredOp* back() const noexcept { return tail_; }
     // The oldest, unlinked; empty() must be false.
     DeferredOp* pop() noexcept {
         DeferredOp* op = std::exchange(head_, head_->next);
