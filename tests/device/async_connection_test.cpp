@@ -478,6 +478,30 @@ TEST_CASE("async Connection: a blocking Listener on another thread is the same p
 
 namespace {
 
+// A READ of `remote` into `local`, cancelled (terminally) 1 ms after it began, then,
+// if `emissions` is 2, once more as soon as the io_context gets to it: after the READ's
+// coroutine resumed from its wait and began to drain the flush. How the READ ended.
+asio::awaitable<Result<void>> cancelled_read(async::Connection& c, LocalSlice local, RemoteMemory remote,
+                                             int emissions) {
+    auto ex = co_await asio::this_coro::executor;
+    asio::cancellation_signal cancel;
+    std::optional<Result<void>> outcome;
+    asio::co_spawn(ex, c.read(local, remote),
+                   asio::bind_cancellation_slot(cancel.slot(), [&](std::exception_ptr, Result<void> r) {
+                       outcome = std::move(r);
+                   }));
+    asio::steady_timer soon(ex, 1ms);
+    co_await soon.async_wait(asio::use_awaitable);
+    cancel.emit(asio::cancellation_type::terminal);
+    if (emissions == 2)
+        asio::post(ex, [&cancel] { cancel.emit(asio::cancellation_type::terminal); });
+    while (!outcome) {
+        soon.expires_after(1ms);
+        co_await soon.async_wait(asio::use_awaitable);
+    }
+    co_return std::move(*outcome);
+}
+
 asio::awaitable<void> cancel_then_use(async::Listener& listener, Tally& t, bool& done) {
     auto ex = co_await asio::this_coro::executor;
     auto c = co_await async::Connection::connect(ex, "127.0.0.1", listener.port(), options());
@@ -499,23 +523,11 @@ asio::awaitable<void> cancel_then_use(async::Listener& listener, Tally& t, bool&
         auto remote = co_await c->request_remote_mr(4 << 20);
         if (t.ok(remote, "request_remote_mr")) {
             auto local = must(c->alloc_local_mr(4 << 20));
-            asio::cancellation_signal cancel;
-            std::optional<Result<void>> outcome;
-            asio::co_spawn(ex, c->read(local.all(), remote->memory),
-                           asio::bind_cancellation_slot(cancel.slot(), [&](std::exception_ptr, Result<void> r) {
-                               outcome = std::move(r);
-                           }));
-            asio::steady_timer soon(ex, 1ms);
-            co_await soon.async_wait(asio::use_awaitable);
-            cancel.emit(asio::cancellation_type::terminal);
-            while (!outcome) {
-                soon.expires_after(1ms);
-                co_await soon.async_wait(asio::use_awaitable);
-            }
-            if (*outcome) {
+            const auto outcome = co_await cancelled_read(*c, local.all(), remote->memory, 1);
+            if (outcome) {
                 MESSAGE("the READ completed before its cancellation");
             } else {
-                t.check(outcome->error().is_cancelled(), "the cancelled READ ends with Error::cancelled");
+                t.check(outcome.error().is_cancelled(), "the cancelled READ ends with Error::cancelled");
                 auto after = co_await c->write(local.slice(0, 8), remote->slice(0, 8));
                 t.check(!after, "the connection ended with the cancelled READ");
             }
@@ -550,22 +562,8 @@ asio::awaitable<void> cancel_twice(async::Listener& listener, Tally& t, bool& ca
         auto remote = co_await c->request_remote_mr(4 << 20);
         REQUIRE_MESSAGE(remote, (remote ? "" : remote.error().message()));
         auto local = must(c->alloc_local_mr(4 << 20));
-        asio::cancellation_signal cancel;
-        std::optional<Result<void>> outcome;
-        asio::co_spawn(ex, c->read(local.all(), remote->memory),
-                       asio::bind_cancellation_slot(cancel.slot(), [&](std::exception_ptr, Result<void> r) {
-                           outcome = std::move(r);
-                       }));
-        asio::steady_timer soon(ex, 1ms);
-        co_await soon.async_wait(asio::use_awaitable);
-        cancel.emit(asio::cancellation_type::terminal);
-        // runs after the READ's coroutine has resumed from its wait and begun the drain
-        asio::post(ex, [&cancel] { cancel.emit(asio::cancellation_type::terminal); });
-        while (!outcome) {
-            soon.expires_after(1ms);
-            co_await soon.async_wait(asio::use_awaitable);
-        }
-        cancelled = !*outcome && outcome->error().is_cancelled();
+        const auto outcome = co_await cancelled_read(*c, local.all(), remote->memory, 2);
+        cancelled = !outcome && outcome.error().is_cancelled();
     }
     done = true;
 }
@@ -650,13 +648,42 @@ asio::awaitable<void> cm_server(async::Listener& listener, Tally& t, int& served
     }
 }
 
+// WRITEs, one after another, until `stop`; then `stopped`.
+asio::awaitable<void> write_until(async::Connection& c, LocalSlice source, RemoteMemory remote, const bool& stop,
+                                  int& writes, bool& stopped, Tally& t) {
+    while (!stop) {
+        const auto wrote = co_await c.write(source, remote);
+        if (!t.ok(wrote, "a WRITE while another connection is made"))
+            break;
+        ++writes;
+    }
+    stopped = true;
+}
+
 asio::awaitable<void> cm_client(asio::any_io_executor ex, std::string host, std::uint16_t port, Tally& t,
                                 bool& done) {
     ConnectionOptions o = options();
     o.transport = Transport::rdma_cm;
     auto first = co_await async::Connection::connect(ex, host, port, o);
     if (t.ok(first, "connect over RDMA CM")) {
+        // the first connection's WRITEs complete while the second's QP is made: the
+        // group's CQ is polled for them meanwhile (the QP is made on the io_context's
+        // thread, its CQ entries held there, not on the thread that waits for RDMA CM)
+        auto remote = co_await first->request_remote_mr(4096);
+        t.ok(remote, "request_remote_mr (first)");
+        auto source = must(first->alloc_local_mr(4096));
+        bool connected = false, stopped = !remote;
+        int writes = 0;
+        if (remote)
+            asio::co_spawn(ex, write_until(*first, source.all(), remote->memory, connected, writes, stopped, t),
+                           asio::detached);
         auto second = co_await first->connect_another(host, port);
+        connected = true;
+        for (asio::steady_timer pause(ex); !stopped;) {
+            pause.expires_after(1ms);
+            co_await pause.async_wait(asio::use_awaitable);
+        }
+        MESSAGE(writes, " WRITEs completed on the first connection while the second connected");
         if (t.ok(second, "connect_another over RDMA CM")) {
             auto mr = must(first->alloc_local_mr(8));
             t.ok(co_await first->send(mr.all()), "send (first)");

@@ -96,17 +96,25 @@ asio::awaitable<Result<Connection>> connect_on(std::shared_ptr<LinkDriver> drive
 
 // RDMA CM's active side waits in librdmacm (address and route resolution, the connect
 // request's answer, getaddrinfo before them): like Asio's own resolver, those waits run
-// on a private thread, never on the io_context's. The link they make is started on
-// the io_context's thread.
+// on a private thread, never on the io_context's. What touches the group (an attempt's
+// link: the CQ entries it holds, the CQ it may grow) runs on the io_context's thread,
+// which polls the group's CQ for its other links meanwhile.
 asio::thread_pool& cm_thread() {
     static asio::thread_pool pool(1);
     return pool;
 }
 
-asio::awaitable<Result<rdmaxx::detail::CmOffered>> offer_cm(std::shared_ptr<detail::Group> group, std::string host,
-                                                            std::uint16_t port, ConnectionOptions options,
-                                                            Clock::time_point deadline) {
-    co_return rdmaxx::detail::offer_cm(std::move(group), host, port, options, deadline);
+// `wait()` (a step of detail::CmAttempts that waits) on the CM thread; resumes on the
+// caller's.
+template <class Wait>
+asio::awaitable<std::invoke_result_t<Wait&>> on_cm_thread(Wait wait) {
+    using R = std::invoke_result_t<Wait&>;
+    auto [thrown, result] = co_await asio::co_spawn(
+        cm_thread(), [&wait]() -> asio::awaitable<R> { co_return wait(); },
+        asio::experimental::as_tuple(asio::use_awaitable));
+    if (thrown) // std::bad_alloc, say: the only exception that could come from there
+        co_return std::unexpected(Error::from_errno("async::Connection::connect", ENOMEM, "connecting over RDMA CM"));
+    co_return std::move(result);
 }
 
 // `driver` null: a new group, and its driver on `executor`.
@@ -117,22 +125,28 @@ asio::awaitable<Result<Connection>> connect_cm_on(asio::any_io_executor executor
     std::shared_ptr<detail::Group> group; // not a ?: inside the co_await: g++ 12 miscompiles that
     if (driver)
         group = driver->group();
-    auto [thrown, offered] = co_await asio::co_spawn(
-        cm_thread(), offer_cm(std::move(group), std::move(host), port, options, deadline),
-        asio::experimental::as_tuple(asio::use_awaitable));
-    if (thrown) // std::bad_alloc, say: the only exception that could come from there
-        co_return std::unexpected(Error::from_errno("async::Connection::connect", ENOMEM, "connecting over RDMA CM"));
-    if (!offered)
-        co_return std::unexpected(std::move(offered.error()));
+    rdmaxx::detail::CmAttempts attempts(std::move(group), std::move(host), port, options, deadline);
+    for (;;) {
+        if (auto ok = co_await on_cm_thread([&attempts] { return attempts.resolve(); }); !ok)
+            co_return std::unexpected(std::move(ok.error()));
+        if (auto ok = attempts.make_link(); !ok)
+            co_return std::unexpected(std::move(ok.error()));
+        auto answered = co_await on_cm_thread([&attempts] { return attempts.connect(); });
+        if (!answered)
+            co_return std::unexpected(std::move(answered.error()));
+        if (*answered)
+            break;
+    }
+    rdmaxx::detail::CmOffered offered = std::move(attempts).offered();
     if (!driver) {
-        auto created = LinkDriver::create(executor, offered->link->shared_group());
+        auto created = LinkDriver::create(executor, offered.link->shared_group());
         if (!created)
             co_return std::unexpected(std::move(created.error()));
         driver = std::move(*created);
     }
-    if (auto ok = rdmaxx::detail::finish_cm(*offered); !ok)
+    if (auto ok = rdmaxx::detail::finish_cm(offered); !ok)
         co_return std::unexpected(std::move(ok.error()));
-    co_return make(std::make_shared<Peer>(std::move(driver), std::move(offered->link)));
+    co_return make(std::make_shared<Peer>(std::move(driver), std::move(offered.link)));
 }
 
 asio::awaitable<Result<void>> close_on(PeerPtr p, Timeout timeout) {

@@ -66,47 +66,69 @@ Result<std::unique_ptr<Link>> connect_tcp(std::shared_ptr<Group> group, std::str
     return link;
 }
 
-Result<CmOffered> offer_cm(std::shared_ptr<Group> group, std::string_view host, std::uint16_t port,
-                           const ConnectionOptions& options, Clock::time_point deadline) {
-    // each unanswered attempt waits twice as long as the one before, and offers a new
-    // QP: the server's CM may still hold the old one's request (ib_cm refuses a QP
-    // number it is already connecting)
-    auto attempt = std::max<std::chrono::milliseconds>(std::chrono::seconds(1), options.timeout / 3);
-    for (;;) {
-        auto cm = CmConnection::resolve(host, port, remaining(deadline));
-        if (!cm)
-            return std::unexpected(std::move(cm.error()));
-        const ConnectionOptions on_device = on_device_of(*cm, options);
-        auto on = group_on(group, on_device);
-        if (!on)
-            return std::unexpected(std::move(on.error()));
-        group = *on;
-        auto link = Link::create(std::move(*on), on_device);
-        if (!link)
-            return std::unexpected(std::move(link.error()));
-        const auto attempt_end = std::min(deadline, Clock::now() + attempt);
-        auto peer = cm->connect((*link)->qp(), (*link)->describe().metadata, options.qp, remaining(attempt_end));
-        if (!peer) {
-            // no answer: the request may have been dropped (a full backlog)
-            if (peer.error().is_timeout() && Clock::now() < deadline) {
-                logger()->debug("Connection: no answer from {} within {} ms, asking again", cm->peer(), attempt.count());
-                attempt *= 2;
-                continue;
-            }
-            return std::unexpected(std::move(peer.error()));
-        }
-        return CmOffered{std::move(*link), std::move(*cm), std::move(*peer)};
-    }
+CmAttempts::CmAttempts(std::shared_ptr<Group> group, std::string host, std::uint16_t port, ConnectionOptions options,
+                       Clock::time_point deadline)
+    : group_(std::move(group)), host_(std::move(host)), port_(port), options_(std::move(options)),
+      deadline_(deadline), attempt_(std::max<std::chrono::milliseconds>(std::chrono::seconds(1), options_.timeout / 3)) {}
+
+Result<void> CmAttempts::resolve() {
+    cm_.reset();
+    auto cm = CmConnection::resolve(host_, port_, remaining(deadline_));
+    if (!cm)
+        return std::unexpected(std::move(cm.error()));
+    on_device_ = on_device_of(*cm, options_);
+    cm_.emplace(std::move(*cm));
+    return {};
 }
+
+Result<void> CmAttempts::make_link() {
+    link_.reset();
+    auto on = group_on(group_, on_device_);
+    if (!on)
+        return std::unexpected(std::move(on.error()));
+    group_ = *on;
+    auto link = Link::create(std::move(*on), on_device_);
+    if (!link)
+        return std::unexpected(std::move(link.error()));
+    link_ = std::move(*link);
+    return {};
+}
+
+Result<bool> CmAttempts::connect() {
+    const auto attempt_end = std::min(deadline_, Clock::now() + attempt_);
+    auto peer = cm_->connect(link_->qp(), link_->describe().metadata, options_.qp, remaining(attempt_end));
+    if (!peer) {
+        if (peer.error().is_timeout() && Clock::now() < deadline_) {
+            logger()->debug("Connection: no answer from {} within {} ms, asking again", cm_->peer(), attempt_.count());
+            attempt_ *= 2;
+            return false;
+        }
+        return std::unexpected(std::move(peer.error()));
+    }
+    peer_ = std::move(*peer);
+    return true;
+}
+
+CmOffered CmAttempts::offered() && { return CmOffered{std::move(link_), std::move(cm_), std::move(peer_)}; }
 
 Result<std::unique_ptr<Link>> connect_cm(std::shared_ptr<Group> group, std::string_view host, std::uint16_t port,
                                          const ConnectionOptions& options, Clock::time_point deadline) {
-    auto offered = offer_cm(std::move(group), host, port, options, deadline);
-    if (!offered)
-        return std::unexpected(std::move(offered.error()));
-    if (auto ok = finish_cm(*offered); !ok)
+    CmAttempts attempts(std::move(group), std::string(host), port, options, deadline);
+    for (;;) {
+        if (auto ok = attempts.resolve(); !ok)
+            return std::unexpected(std::move(ok.error()));
+        if (auto ok = attempts.make_link(); !ok)
+            return std::unexpected(std::move(ok.error()));
+        auto answered = attempts.connect();
+        if (!answered)
+            return std::unexpected(std::move(answered.error()));
+        if (*answered)
+            break;
+    }
+    CmOffered offered = std::move(attempts).offered();
+    if (auto ok = finish_cm(offered); !ok)
         return std::unexpected(std::move(ok.error()));
-    return std::move(offered->link);
+    return std::move(offered.link);
 }
 
 Result<void> finish_cm(CmOffered& offered) {

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -39,17 +40,47 @@ Result<std::unique_ptr<Link>> connect_tcp(std::shared_ptr<Group> group, std::str
 Result<std::unique_ptr<Link>> connect_cm(std::shared_ptr<Group> group, std::string_view host, std::uint16_t port,
                                          const ConnectionOptions& options, Clock::time_point deadline);
 
-// connect_cm in two halves. offer_cm waits (resolution, the connect request and its
-// answer) but touches no state shared with the group's other links (the new link is
-// not started), so it may run on another thread than the group's; finish_cm starts
-// the link (registering it in its group) and establishes, without waiting.
+// connect_cm step by step, so that its waits may run on a thread of their own while
+// the group's thread goes on with the group's other links (lib/async):
+//   do { resolve() [waits]; make_link() [the group's thread]; } until connect() [waits];
+//   std::move(attempts).offered(), then finish_cm() [the group's thread].
+// The waits touch nothing of the group: make_link() and the destructor (an attempt's
+// link holds CQ entries of the group, whose CQ may grow or be polled for them) do.
 struct CmOffered {
     std::unique_ptr<Link> link; // connected QP, not started
     std::optional<CmConnection> cm;
     EndpointMessage peer;
 };
-Result<CmOffered> offer_cm(std::shared_ptr<Group> group, std::string_view host, std::uint16_t port,
-                           const ConnectionOptions& options, Clock::time_point deadline);
+class CmAttempts {
+public:
+    // `group` null: a new one, on the device the address resolves to.
+    CmAttempts(std::shared_ptr<Group> group, std::string host, std::uint16_t port, ConnectionOptions options,
+               Clock::time_point deadline);
+    // Waits: a new CM id, its address and route resolved (an attempt's).
+    Result<void> resolve();
+    // The attempt's link, a new QP (the server's CM may still hold the last one's
+    // request: ib_cm refuses a QP number it is already connecting); the last attempt's
+    // goes.
+    Result<void> make_link();
+    // Waits: the connect request's answer. false: none within the attempt's time (the
+    // server's backlog may have dropped it): ask again, each attempt waiting twice as
+    // long as the one before, until the deadline.
+    Result<bool> connect();
+    // Once connect() said true.
+    CmOffered offered() &&;
+
+private:
+    std::shared_ptr<Group> group_;
+    std::string host_;
+    std::uint16_t port_;
+    ConnectionOptions options_;
+    ConnectionOptions on_device_; // options_, on the device resolve() found
+    Clock::time_point deadline_;
+    std::chrono::milliseconds attempt_;
+    std::optional<CmConnection> cm_;
+    std::unique_ptr<Link> link_;
+    EndpointMessage peer_;
+};
 Result<void> finish_cm(CmOffered& offered);
 
 // The options with the device and port RDMA CM resolved to, when it names one.
