@@ -27,6 +27,7 @@
 #include <doctest/doctest.h>
 
 #include <rdmaxx/async/connection.hpp>
+#include <rdmaxx/ctrl/cm.hpp>
 #include <rdmaxx/ctrl/connection.hpp>
 
 #include "../support/allocations.hpp"
@@ -716,4 +717,43 @@ TEST_CASE("async Connection over RDMA CM: connect and connect_another without bl
     }
     CHECK(served == 2);
     CHECK(t.failures == 0);
+}
+
+// An io_context destroyed while a connect waits for RDMA CM's answer (a listener that
+// never answers): its destruction waits for that wait (an attempt's time at most) and
+// destroys the connect with it; the wait's end resumed into the freed io_context, and
+// the connect's coroutine, QP and PD outlived it.
+TEST_CASE("async Connection over RDMA CM: an io_context destroyed while a connect waits for RDMA CM") {
+    const std::string host = test::cm_address();
+    const CmListener silent = must(CmListener::listen(host, 0)); // takes no request: none is answered
+    ConnectionOptions o = options();
+    o.transport = Transport::rdma_cm;
+    o.timeout = 2s;
+    bool ended = false, frame_gone = false;
+    struct Gone { // in the connecting coroutine's frame
+        bool* gone;
+        ~Gone() { *gone = true; }
+    };
+    std::chrono::steady_clock::time_point destroying;
+    {
+        asio::io_context io;
+        asio::co_spawn(
+            io,
+            [&]() -> asio::awaitable<void> {
+                const Gone gone{&frame_gone};
+                (void)co_await async::Connection::connect(io.get_executor(), host, silent.port(), o);
+                ended = true;
+            },
+            asio::detached);
+        io.run_for(300ms);
+        REQUIRE_FALSE(ended);
+        destroying = std::chrono::steady_clock::now();
+    }
+    const auto took = std::chrono::steady_clock::now() - destroying;
+    MESSAGE("the io_context's destruction took ",
+            std::chrono::duration_cast<std::chrono::milliseconds>(took).count(), " ms");
+    CHECK(took < 10s);
+    CHECK(frame_gone);  // with the io_context, and its QP, PD and context
+    CHECK_FALSE(ended); // destroyed, not resumed
+    std::this_thread::sleep_for(3s); // past the connect's timeout: nothing is left to wake
 }

@@ -98,19 +98,31 @@ asio::awaitable<Result<Connection>> connect_on(std::shared_ptr<LinkDriver> drive
 // request's answer, getaddrinfo before them): like Asio's own resolver, those waits run
 // on a private thread, never on the io_context's. What touches the group (an attempt's
 // link: the CQ entries it holds, the CQ it may grow) runs on the io_context's thread,
-// which polls the group's CQ for its other links meanwhile.
-asio::thread_pool& cm_thread() {
-    static asio::thread_pool pool(1);
-    return pool;
-}
+// which polls the group's CQ for its other links meanwhile. One such thread per
+// io_context, made at its first connect over RDMA CM: as with Asio's resolver, the
+// io_context's shutdown waits for the wait under way (at most a connect's timeout)
+// before it destroys the coroutine that wait would resume (a thread of the process's
+// own outlived the io_context and resumed into its freed memory).
+class CmThread : public asio::execution_context::service {
+public:
+    static inline asio::execution_context::id id;
+    explicit CmThread(asio::execution_context& context) : service(context) {}
+    asio::thread_pool& pool() noexcept { return pool_; }
 
-// `wait()` (a step of detail::CmAttempts that waits) on the CM thread; resumes on the
-// caller's.
+private:
+    void shutdown() override { pool_.join(); }
+    asio::thread_pool pool_{1};
+};
+
+// `wait()` (a step of detail::CmAttempts that waits) on the io_context's CM thread;
+// resumes on the caller's.
 template <class Wait>
 asio::awaitable<std::invoke_result_t<Wait&>> on_cm_thread(Wait wait) {
     using R = std::invoke_result_t<Wait&>;
+    const auto executor = co_await asio::this_coro::executor;
+    asio::thread_pool& cm = asio::use_service<CmThread>(asio::query(executor, asio::execution::context)).pool();
     auto [thrown, result] = co_await asio::co_spawn(
-        cm_thread(), [&wait]() -> asio::awaitable<R> { co_return wait(); },
+        cm, [&wait]() -> asio::awaitable<R> { co_return wait(); },
         asio::experimental::as_tuple(asio::use_awaitable));
     if (thrown) // std::bad_alloc, say: the only exception that could come from there
         co_return std::unexpected(Error::from_errno("async::Connection::connect", ENOMEM, "connecting over RDMA CM"));

@@ -98,6 +98,9 @@ struct ListenerState;
 class Connection {
 public:
     /// Connects to a (blocking or async) Listener at host:port (over options.transport).
+    /// Over RDMA CM its waits for librdmacm run on a thread of the io_context's own (made
+    /// at its first such connect): an io_context destroyed meanwhile waits for the wait
+    /// under way (within options.timeout), then destroys the connect.
     /// @errors As rdmaxx::Connection::connect: the device's (opening it, resources,
     /// values above its limits), resolving and connecting (errno), a peer that refuses
     /// or answers malformed (protocol) or not within options.timeout (timeout).
