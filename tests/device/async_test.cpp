@@ -253,6 +253,43 @@ TEST_CASE("a CQ with a CompletionSink hands it every completion of raw posts, an
     }
 }
 
+// A sink CQ destroyed with completions still in it, its busy or hybrid turn pending:
+// the turn polls it no more. (It took them for operations of the service's: stale at
+// best, and a wr_id that named a live operation would have ended it.)
+TEST_CASE("a sink CQ destroyed with completions in it: its pending turn takes none of them") {
+    constexpr int messages = 16;
+    for (const auto mode : {async::CompletionMode::busy, async::CompletionMode::hybrid}) {
+        CAPTURE(name(mode));
+        asio::io_context io;
+        Context context = must(Context::open());
+        ProtectionDomain pd = must(ProtectionDomain::create(context));
+        MemoryRegion mem = must(MemoryRegion::allocate(pd, 2 * messages * 64, access_all));
+        SinkTally tally;
+        tally.seen.assign(2 * messages, 0);
+        std::optional<async::CompletionQueue> cq(must(async::CompletionQueue::create(
+            io, context, async::CompletionSink{&tally, &SinkTally::take}, {.depth = 64}, {.mode = mode})));
+        const QpOptions options{.send_cq = &cq->get(), .recv_cq = &cq->get(),
+                                .caps = {.max_send_wr = messages, .max_recv_wr = messages}};
+        std::optional<QueuePair> a(must(QueuePair::create(pd, options)));
+        std::optional<QueuePair> b(must(QueuePair::create(pd, options)));
+        must(a->connect(b->endpoint()));
+        must(b->connect(a->endpoint()));
+        for (int i = 0; i < messages; ++i)
+            must(post_recv(*b, mem.slice(static_cast<std::size_t>(messages + i) * 64, 64),
+                           static_cast<std::uint64_t>(messages + i)));
+        for (int i = 0; i < messages; ++i)
+            must(post_send(*a, mem.slice(static_cast<std::size_t>(i) * 64, 64),
+                           {.wr_id = static_cast<std::uint64_t>(i), .signaled = true}));
+        std::this_thread::sleep_for(300ms); // the device completes them; the io_context has not run
+        a.reset();
+        b.reset();
+        cq.reset();
+        io.run_for(500ms);
+        CHECK(tally.total == 0);
+        CHECK(async::Completions::of(io).stale_completions() == 0);
+    }
+}
+
 TEST_CASE("200 writes on a send queue of 8 wait for entries and complete in order") {
     AsyncPair p(async::CompletionMode::busy, {.max_send_wr = 8, .max_recv_wr = 8});
     std::vector<int> order;

@@ -190,7 +190,7 @@ std::size_t Completions::poll_spinning(const detail::CqCore& turning) {
     std::size_t taken = 0;
     for (std::size_t i = 0; i < spinning_.size(); ++i) {
         detail::CqCore& other = *spinning_[i];
-        if (&other == &turning)
+        if (&other == &turning || !other.wanted()) // as in spin()
             continue;
         const std::size_t found = drain(other, false, poll_batch);
         if (found != 0 && other.drive.mode == CompletionMode::hybrid)
@@ -225,6 +225,12 @@ void Completions::drive(detail::CqCore& cq, Take take) {
 void Completions::spin(detail::CqCore& cq) {
     std::size_t taken = 0;
     for (unsigned polls = 0; polls < cq.drive.busy_polls && taken < cq.drive.busy_completions; ++polls) {
+        // before the poll: what a sink CQ whose handle is gone still holds names no
+        // operation of this service (taken for one, a wr_id could end an unrelated op)
+        if (!cq.wanted()) {
+            cq.driving = false;
+            return;
+        }
         const std::size_t found = drain(cq, false, poll_batch);
         taken += found;
         if (found != 0 && cq.drive.mode == CompletionMode::hybrid)
@@ -235,17 +241,13 @@ void Completions::spin(detail::CqCore& cq) {
             polls += static_cast<unsigned>(spinning_.size());
             taken += poll_spinning(cq);
         }
-        if (!cq.wanted()) {
-            cq.driving = false;
-            return;
-        }
         // a completion that the poll deferred (an RPC call's resumption) runs now, not
         // after the turn's remaining polls (half a turn of polls was a seventh of an
         // RPC's round trip on rxe), and the turn goes on: ending it would hand the
         // io_context to its reactor, an epoll_wait per call (a tenth of a round trip).
         if (!deferred_.empty()) {
             run_deferred();
-            if (!cq.wanted() || shut_down_) {
+            if (shut_down_) {
                 cq.driving = false;
                 return;
             }
