@@ -208,22 +208,26 @@ struct SinkTally {
     }
 };
 
-TEST_CASE("a CQ with a CompletionSink hands it every completion of raw posts, and is driven until destroyed") {
-    constexpr int messages = 500; // sends 0..499 and their receives 500..999
-    for (const auto mode : modes) {
-        CAPTURE(name(mode));
-        asio::io_context io;
-        Context context = must(Context::open());
-        ProtectionDomain pd = must(ProtectionDomain::create(context));
-        MemoryRegion mem = must(MemoryRegion::allocate(pd, 2 * messages * 64, access_all));
-        SinkTally tally;
-        tally.seen.assign(2 * messages, 0);
-        std::optional<async::CompletionQueue> cq(must(async::CompletionQueue::create(
-            io, context, async::CompletionSink{&tally, &SinkTally::take}, {.depth = 2048}, {.mode = mode})));
+// Two RC QPs on a sink CQ, connected to each other: `messages` sends from a (wr_ids
+// 0..messages-1) to receives of b (messages..2 messages-1), posted.
+struct SinkLoopback {
+    Context context;
+    ProtectionDomain pd;
+    MemoryRegion mem;
+    SinkTally tally;
+    std::optional<async::CompletionQueue> cq;
+    std::optional<QueuePair> a, b;
+    SinkLoopback(asio::io_context& io, async::CompletionMode mode, int messages, std::uint32_t depth)
+        : context(must(Context::open())), pd(must(ProtectionDomain::create(context))),
+          mem(must(MemoryRegion::allocate(pd, static_cast<std::size_t>(2 * messages) * 64, access_all))) {
+        tally.seen.assign(static_cast<std::size_t>(2 * messages), 0);
+        cq.emplace(must(async::CompletionQueue::create(io, context, async::CompletionSink{&tally, &SinkTally::take},
+                                                       {.depth = depth}, {.mode = mode})));
         const QpOptions options{.send_cq = &cq->get(), .recv_cq = &cq->get(),
-                                .caps = {.max_send_wr = messages, .max_recv_wr = messages}};
-        std::optional<QueuePair> a(must(QueuePair::create(pd, options)));
-        std::optional<QueuePair> b(must(QueuePair::create(pd, options)));
+                                .caps = {.max_send_wr = static_cast<std::uint32_t>(messages),
+                                         .max_recv_wr = static_cast<std::uint32_t>(messages)}};
+        a.emplace(must(QueuePair::create(pd, options)));
+        b.emplace(must(QueuePair::create(pd, options)));
         must(a->connect(b->endpoint()));
         must(b->connect(a->endpoint()));
         for (int i = 0; i < messages; ++i)
@@ -232,6 +236,16 @@ TEST_CASE("a CQ with a CompletionSink hands it every completion of raw posts, an
         for (int i = 0; i < messages; ++i)
             must(post_send(*a, mem.slice(static_cast<std::size_t>(i) * 64, 64),
                            {.wr_id = static_cast<std::uint64_t>(i), .signaled = true}));
+    }
+};
+
+TEST_CASE("a CQ with a CompletionSink hands it every completion of raw posts, and is driven until destroyed") {
+    constexpr int messages = 500; // sends 0..499 and their receives 500..999
+    for (const auto mode : modes) {
+        CAPTURE(name(mode));
+        asio::io_context io;
+        SinkLoopback sink(io, mode, messages, 2048);
+        auto& [context, pd, mem, tally, cq, a, b] = sink;
         const auto deadline = std::chrono::steady_clock::now() + 30s;
         while (tally.total < 2 * messages && std::chrono::steady_clock::now() < deadline) {
             if (mode == async::CompletionMode::manual)
@@ -261,25 +275,8 @@ TEST_CASE("a sink CQ destroyed with completions in it: its pending turn takes no
     for (const auto mode : {async::CompletionMode::busy, async::CompletionMode::hybrid}) {
         CAPTURE(name(mode));
         asio::io_context io;
-        Context context = must(Context::open());
-        ProtectionDomain pd = must(ProtectionDomain::create(context));
-        MemoryRegion mem = must(MemoryRegion::allocate(pd, 2 * messages * 64, access_all));
-        SinkTally tally;
-        tally.seen.assign(2 * messages, 0);
-        std::optional<async::CompletionQueue> cq(must(async::CompletionQueue::create(
-            io, context, async::CompletionSink{&tally, &SinkTally::take}, {.depth = 64}, {.mode = mode})));
-        const QpOptions options{.send_cq = &cq->get(), .recv_cq = &cq->get(),
-                                .caps = {.max_send_wr = messages, .max_recv_wr = messages}};
-        std::optional<QueuePair> a(must(QueuePair::create(pd, options)));
-        std::optional<QueuePair> b(must(QueuePair::create(pd, options)));
-        must(a->connect(b->endpoint()));
-        must(b->connect(a->endpoint()));
-        for (int i = 0; i < messages; ++i)
-            must(post_recv(*b, mem.slice(static_cast<std::size_t>(messages + i) * 64, 64),
-                           static_cast<std::uint64_t>(messages + i)));
-        for (int i = 0; i < messages; ++i)
-            must(post_send(*a, mem.slice(static_cast<std::size_t>(i) * 64, 64),
-                           {.wr_id = static_cast<std::uint64_t>(i), .signaled = true}));
+        SinkLoopback sink(io, mode, messages, 64);
+        auto& [context, pd, mem, tally, cq, a, b] = sink;
         std::this_thread::sleep_for(300ms); // the device completes them; the io_context has not run
         a.reset();
         b.reset();
