@@ -1077,6 +1077,9 @@ TEST_CASE("rpc large: MessageBuffer misuse is a programming error naming the cal
     run(rig.io, connect_into(&rig, &session), 30s);
     auto other = must(rig.client->alloc_buffer(64, rpc::BufferUse::request));
     RDMAXX_CHECK_DEATH(session->call(echo, buffer, other, {}, [](Result<std::size_t>) {}), "BufferUse::response");
+    auto elsewhere = must(rig.server->alloc_buffer(64, rpc::BufferUse::response)); // another endpoint's
+    RDMAXX_CHECK_DEATH(session->call(echo, buffer, elsewhere, {}, [](Result<std::size_t>) {}),
+                       "a MessageBuffer of another endpoint");
     rpc::MessageBuffer moved = std::move(other);
     RDMAXX_CHECK_DEATH(other.bytes(), "moved-from MessageBuffer");
 }

@@ -2549,6 +2549,12 @@ void Session::start(std::uint8_t type, MessageBuffer& request, MessageBuffer& re
             "Session::call with a moved-from MessageBuffer");
     require(request.use() == BufferUse::request && response.use() == BufferUse::response, where,
             "Session::call: the request must be a BufferUse::request buffer, the response a BufferUse::response one");
+    // another endpoint's would be refused by the device (its PD's keys): a broken UD QP
+    // or an ended session, where the caller's mistake is plain here
+    const ibv_pd* pd = core_->transport->pd().get(where);
+    require(request.hold_.get()->region.get(where)->pd == pd && response.hold_.get()->region.get(where)->pd == pd,
+            where, "Session::call with a MessageBuffer of another endpoint (this session's Endpoint::alloc_buffer "
+                   "makes them)");
     core_->start({.number = number_, .generation = generation_}, type, request.bytes(where),
                  response.hold_.get()->message(), {.request = &request, .response = &response}, options,
                  std::move(handler));

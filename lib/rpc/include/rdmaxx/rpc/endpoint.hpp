@@ -554,8 +554,8 @@ public:
     /// its response may give them new memory (spans from bytes() taken before it are
     /// then stale).
     /// @errors As the call with spans.
-    /// @misuse A buffer of the wrong use (BufferUse), or moved from; a moved-from
-    /// Session; not the endpoint's thread.
+    /// @misuse A buffer of the wrong use (BufferUse), of another endpoint, or moved
+    /// from; a moved-from Session; not the endpoint's thread.
     template <class Token = asio::use_awaitable_t<>>
     auto call(std::uint8_t type, MessageBuffer& request, MessageBuffer& response, CallOptions options = {},
               Token&& token = {}, std::source_location where = std::source_location::current());
