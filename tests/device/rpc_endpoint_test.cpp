@@ -2384,6 +2384,58 @@ TEST_CASE("rpc endpoint: a listener has at most max_sessions setups under way: s
     CHECK(out.served_after);
 }
 
+namespace {
+
+// Setups under way as their endpoints are destroyed: a silent client's at a listener,
+// and a connect to a listener that never answers. Each ends at once, not at its
+// setup_timeout of 30 s.
+struct DestroyedMidSetup {
+    bool silent_client_closed = false;
+    std::optional<Error> connect_ended; // how the connect ended
+    std::chrono::milliseconds connect_took{};
+};
+
+asio::awaitable<void> destroy_mid_setup(Rig* rig, asio::ip::tcp::socket* silent, asio::ip::tcp::acceptor* mute,
+                                        DestroyedMidSetup* out) {
+    co_await silent->async_connect({asio::ip::make_address("127.0.0.1"), rig->port}, asio::use_awaitable);
+    co_await pause(200ms); // the listener serves its setup
+    rig->server.reset();
+    out->silent_client_closed = co_await closed_within(silent, 2s);
+    asio::ip::tcp::socket taken(co_await asio::this_coro::executor); // accepted, never answered
+    bool connect_done = false;
+    const auto start = std::chrono::steady_clock::now();
+    asio::co_spawn(
+        co_await asio::this_coro::executor,
+        [&]() -> asio::awaitable<void> {
+            auto session = co_await rig->client->connect("127.0.0.1", mute->local_endpoint().port());
+            if (!session)
+                out->connect_ended = session.error();
+            connect_done = true;
+        },
+        asio::detached);
+    co_await mute->async_accept(taken, asio::use_awaitable);
+    co_await pause(200ms); // the request is out, the connect reads for the reply
+    rig->client.reset();
+    while (!connect_done && std::chrono::steady_clock::now() - start < 10s)
+        co_await pause(5ms);
+    out->connect_took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+}
+
+} // namespace
+
+TEST_CASE("rpc endpoint: setups under way end with their endpoint, not at their setup_timeout") {
+    Rig rig({.setup_timeout = 30s}, {.setup_timeout = 30s});
+    asio::ip::tcp::socket silent(rig.io);
+    asio::ip::tcp::acceptor mute(rig.io, {asio::ip::make_address("127.0.0.1"), 0});
+    DestroyedMidSetup out;
+    run(rig.io, destroy_mid_setup(&rig, &silent, &mute, &out), 60s);
+    CHECK(out.silent_client_closed);
+    REQUIRE(out.connect_ended);
+    CHECK_MESSAGE(out.connect_ended->is_cancelled(), out.connect_ended->message());
+    MESSAGE("the connect ended ", out.connect_took.count(), " ms after it began");
+    CHECK(out.connect_took < 5s);
+}
+
 TEST_CASE("rpc endpoint: a listener out of file descriptors pauses its accepts rather than spin, and serves "
           "once it has them again") {
     Rig rig;

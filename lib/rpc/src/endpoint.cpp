@@ -566,6 +566,11 @@ struct EndpointCore {
     // max_sessions, so that silent clients hold a bounded number of descriptors (TCP)
     // or QPs (RDMA CM) for their setup_timeout; one more is closed at once
     std::uint32_t setups = 0;
+    // the control connections of setups under way here, at the listener and in
+    // connect() (SetupUnderWay): the endpoint's destruction closes them, and the setups
+    // end at once, not at their setup_timeout (a silent client's socket or CM QP held
+    // until then)
+    std::vector<ControlChannel*> setting_up;
     // EndpointOptions::rdma_threshold, or one UD packet's payload at the port's MTU
     std::uint32_t rdma_threshold = 0;
     bool windows = false;         // EndpointOptions::lend_through_windows
@@ -590,6 +595,8 @@ EndpointCore::~EndpointCore() {
     *anchor = nullptr;
     if (listener)
         listener->close();
+    for (ControlChannel* channel : setting_up)
+        channel->close();
     for (const SessionId id : table.live())
         end_session(id, "the endpoint was destroyed");
     ticker.cancel();
@@ -2331,6 +2338,38 @@ asio::awaitable<void> EndpointCore::watch(Anchor anchor, SessionId id, ControlCh
         core->end_session(id, why);
 }
 
+namespace {
+
+// A setup under way, until its reply is out (or it failed): its control connection in
+// `setting_up` (the endpoint's destruction closes it), and a listener's in `setups`
+// (counted by accept_loop).
+class SetupUnderWay {
+public:
+    SetupUnderWay(const Anchor& anchor, ControlChannel& channel, bool counted)
+        : anchor_(anchor), channel_(&channel), counted_(counted) {
+        (*anchor_)->setting_up.push_back(channel_);
+    }
+    SetupUnderWay(const SetupUnderWay&) = delete;
+    SetupUnderWay& operator=(const SetupUnderWay&) = delete;
+    ~SetupUnderWay() { end(); }
+    // Before the connection moves on to the session's watcher.
+    void end() {
+        EndpointCore* core = *anchor_;
+        if (core == nullptr || channel_ == nullptr)
+            return;
+        std::erase(core->setting_up, std::exchange(channel_, nullptr));
+        if (counted_)
+            --core->setups;
+    }
+
+private:
+    const Anchor& anchor_;
+    ControlChannel* channel_;
+    bool counted_;
+};
+
+} // namespace
+
 asio::awaitable<void> EndpointCore::accept_loop(Anchor anchor, std::shared_ptr<ControlListener> listener) {
     for (;;) {
         Result<ControlChannel> channel = co_await listener->accept();
@@ -2353,15 +2392,7 @@ asio::awaitable<void> EndpointCore::accept_loop(Anchor anchor, std::shared_ptr<C
 // One client's setup, beside the listener (a silent client stalls nobody), then its
 // session's life.
 asio::awaitable<void> EndpointCore::serve_setup(Anchor anchor, ControlChannel channel) {
-    struct UnderWay { // counted in `setups` (by accept_loop) until the reply is out, or the setup failed
-        const Anchor& anchor;
-        bool counted = true;
-        void end() {
-            if (EndpointCore* core = *anchor; core != nullptr && std::exchange(counted, false))
-                --core->setups;
-        }
-        ~UnderWay() { end(); }
-    } under_way{anchor};
+    SetupUnderWay under_way(anchor, channel, true);
     channel.watch_peer((*anchor)->options.peer_silence);
     const Deadline deadline = deadline_after(Clock::now(), (*anchor)->options.setup_timeout);
     std::uint16_t version = 0;
@@ -2454,6 +2485,7 @@ asio::awaitable<Result<Session>> EndpointCore::connect(Anchor anchor, std::strin
         co_return std::unexpected(Error::cancelled(call, "the endpoint was destroyed"));
     if (!channel)
         co_return std::unexpected(std::move(channel.error()));
+    SetupUnderWay under_way(anchor, *channel, false);
     channel->watch_peer(core->options.peer_silence);
     const SessionRequest request{.client = core->transport->address(), .session = id, .limits = asked};
     const auto out = encode(request);
@@ -2486,6 +2518,7 @@ asio::awaitable<Result<Session>> EndpointCore::connect(Anchor anchor, std::strin
     reservation.kept = true;
     if (core->cm_sibling.expired())
         core->cm_sibling = channel->as_sibling();
+    under_way.end();
     asio::co_spawn(core->executor, watch(anchor, id, std::move(*channel)), RethrowOutOfRun{});
     ++core->handles;
     co_return Session(core, id.number, id.generation);

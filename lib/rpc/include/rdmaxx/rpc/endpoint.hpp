@@ -616,7 +616,8 @@ public:
                                                     std::source_location where = std::source_location::current());
     Endpoint(const Endpoint&) = delete;
     Endpoint& operator=(const Endpoint&) = delete;
-    /// Ends every session (their calls: session reset) and closes the listener.
+    /// Ends every session (their calls: session reset), closes the listener and the
+    /// control connections of setups under way (a connect's ends cancelled).
     /// @misuse A Session of it still exists; inside one of its request handlers (a
     /// plain Handler as it runs; a coroutine handler's coroutine, a call's completion
     /// may). The message names the line that created the endpoint: a destructor cannot
