@@ -615,6 +615,38 @@ TEST_CASE("a held write cancelled before its doorbell ends cleanly; the QP lives
     CHECK(ok == 3);
 }
 
+// An io_context destroyed with writes waiting for send queue entries, the handler of
+// one owning the QueuePair (and its CQ): the shutdown fails them, destroying that
+// handler, and with it the QueuePair, while it was still failing the others on it (a
+// use of freed memory, which the sanitizer build sees).
+TEST_CASE("an io_context destroyed with waiting writes whose handler owns their QueuePair") {
+    Context context = must(Context::open());
+    ProtectionDomain pd = must(ProtectionDomain::create(context));
+    MemoryRegion mem = must(MemoryRegion::allocate(pd, 4096, access_all));
+    std::optional<asio::io_context> io(std::in_place);
+    struct Owned { // the QP goes first, then its CQ
+        std::shared_ptr<async::CompletionQueue> cq;
+        std::shared_ptr<async::QueuePair> qp;
+    };
+    auto cq = std::make_shared<async::CompletionQueue>(
+        must(async::CompletionQueue::create(*io, context, {.depth = 64}, {.mode = async::CompletionMode::busy})));
+    auto peer_cq = must(CompletionQueue::create(context, {.depth = 64})); // not driven: the peer only answers
+    auto raw = must(QueuePair::create(pd, {.send_cq = &cq->get(), .recv_cq = &cq->get(), .caps = {.max_send_wr = 1, .max_recv_wr = 1}}));
+    auto peer = must(QueuePair::create(pd, {.send_cq = &peer_cq, .recv_cq = &peer_cq, .caps = {.max_send_wr = 1, .max_recv_wr = 1}}));
+    must(raw.connect(peer.endpoint()));
+    must(peer.connect(raw.endpoint()));
+    auto qp = std::make_shared<async::QueuePair>(async::QueuePair::attach(std::move(raw), *cq, *cq));
+    int ended = 0;
+    qp->write(mem.slice(0, 8), mem.remote().slice(8, 8), [&ended](Result<WorkCompletion>) { ++ended; }); // posted
+    for (int i = 0; i < 3; ++i) // waiting for the one entry; the first owns the QP
+        qp->write(mem.slice(0, 8), mem.remote().slice(16, 8),
+                  [&ended, owned = i == 0 ? Owned{cq, qp} : Owned{}](Result<WorkCompletion>) { ++ended; });
+    qp.reset();
+    cq.reset();
+    io.reset(); // without running it: the handlers are destroyed, not called
+    CHECK(ended == 0);
+}
+
 TEST_CASE("a QueuePair destroyed by a handler while it holds writes fails them, and nothing waits") {
     AsyncPair p(async::CompletionMode::busy);
     std::optional<async::QueuePair> owned(std::move(p.a));

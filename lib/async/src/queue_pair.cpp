@@ -17,8 +17,7 @@ bool is_atomic(const Op& op) noexcept {
 
 // Completes an operation that was never posted (or whose post failed), deferred: an
 // initiating function never calls its handler inline.
-void fail(Op& op, Error why) {
-    Completions& service = *op.qp->service;
+void fail(Completions& service, Op& op, Error why) {
     op.qp = nullptr;
     if (service.shut_down()) {
         op.table->destroy(op);
@@ -27,6 +26,8 @@ void fail(Op& op, Error why) {
     }
     op.table->complete(op, std::unexpected(std::move(why)), true, service.slab());
 }
+
+void fail(Op& op, Error why) { fail(*op.qp->service, op, std::move(why)); }
 
 // `op`'s WR went to the device: its completion is due.
 [[gnu::always_inline]] inline void mark_posted(QpCore& qp, Op& op) {
@@ -201,9 +202,29 @@ void kill(QpCore& qp, Error why) {
     if (qp.qp.state() != rdmaxx::QpState::error && qp.qp.state() != rdmaxx::QpState::reset)
         if (auto moved = qp.qp.to_error(); !moved)
             logger()->error("rdmaxx: moving QP {:#x} to the error state: {}", qp.qp.qpn(), moved.error());
-    pump(qp, qp.send_waiting, qp.send_credits);
-    pump(qp, qp.recv_waiting, qp.recv_credits);
-    ring(qp); // fails the held sends
+    // every operation waiting or held fails: taken off the QP first, failed once it is
+    // touched no more. In the io_context's shutdown a failed operation's handler is
+    // destroyed at once, and one that owned the QueuePair destroys it, and `qp`, as it goes.
+    OpQueue failing;
+    for (OpQueue* queue : {&qp.send_waiting, &qp.recv_waiting})
+        while (!queue->empty()) {
+            Op& op = *queue->front();
+            queue->remove(op);
+            failing.push_back(op);
+        }
+    while (!qp.send_held.empty()) {
+        Op& op = *qp.send_held.front();
+        qp.send_held.remove(op);
+        qp.send_credits += op.credits;
+        failing.push_back(op);
+    }
+    Completions& service = *qp.service;
+    const Error reason = *qp.dead;
+    while (!failing.empty()) {
+        Op& op = *failing.front();
+        failing.remove(op);
+        fail(service, op, reason);
+    }
 }
 
 void kill_by_event(QpCore& qp, const Error& why) {
