@@ -72,17 +72,17 @@ struct Completions::RunDeferred {
 // a coroutine in a loop) waits for the next run, so that such a loop still lets a busy
 // turn end and the io_context's other handlers run.
 void Completions::run_deferred() {
-    const detail::DeferredOp* const last = deferred_.back();
-    for (bool more = last != nullptr; more;) {
-        detail::DeferredOp* op = deferred_.pop();
-        more = op != last;
+    for (detail::DeferredOp* op = deferred_.take_all(); op != nullptr;) {
+        detail::DeferredOp* const next = op->next; // `end` frees `op`
         ++deferred_completions_;
         try {
             op->end(op, true);
         } catch (...) { // the application's, from a coroutine it resumed: the rest still run
+            deferred_.put_back(next);
             post_deferred();
             throw;
         }
+        op = next;
     }
 }
 

@@ -52,8 +52,23 @@ public:
         tail_ = op;
     }
     bool empty() const noexcept { return head_ == nullptr; }
-    // The newest (nullptr: empty).
-    const DeferredOp* back() const noexcept { return tail_; }
+    // All of them, oldest first, linked by `next` (nullptr: none); the queue is empty.
+    DeferredOp* take_all() noexcept {
+        tail_ = nullptr;
+        return std::exchange(head_, nullptr);
+    }
+    // `chain` (linked by `next`) ahead of the queued ones.
+    void put_back(DeferredOp* chain) noexcept {
+        if (chain == nullptr)
+            return;
+        DeferredOp* last = chain;
+        while (last->next != nullptr)
+            last = last->next;
+        last->next = head_;
+        if (head_ == nullptr)
+            tail_ = last;
+        head_ = chain;
+    }
     // The oldest, unlinked; empty() must be false.
     DeferredOp* pop() noexcept {
         DeferredOp* op = std::exchange(head_, head_->next);
