@@ -538,6 +538,7 @@ struct EndpointCore {
     std::thread::id owner;
     Anchor anchor;
     std::unique_ptr<UdTransport> transport; // before the table: the sessions' AHs go first
+    const void* buffers_pd = nullptr;       // transport's ibv_pd, alloc_buffer's (BufferBlock::pd)
     std::unique_ptr<RcTransport> rc;        // made for the first RC QP; before the table too
     SessionTable<SessionState> table;
     // By session number, options.window each, made as the number first serves: a
@@ -1485,7 +1486,8 @@ void EndpointCore::renew(SessionState& s, MessageBuffer& buffer, bool keep_bytes
         std::memcpy(fresh->data() + old_block.room, old_block.message().data(), buffer.size_);
     const std::uint32_t lkey = fresh->lkey();
     buffer.hold_ =
-        BufferHold(new BufferBlock{.region = std::move(*fresh), .holders = 1, .lkey = lkey, .room = old_block.room});
+        BufferHold(new BufferBlock{
+            .region = std::move(*fresh), .holders = 1, .lkey = lkey, .room = old_block.room, .pd = old_block.pd});
     ++counters.buffers_renewed;
 }
 
@@ -2584,10 +2586,9 @@ void Session::start(std::uint8_t type, MessageBuffer& request, MessageBuffer& re
             "Session::call: the request must be a BufferUse::request buffer, the response a BufferUse::response one");
     // another endpoint's would be refused by the device (its PD's keys): a broken UD QP
     // or an ended session, where the caller's mistake is plain here
-    const ibv_pd* pd = core_->transport->pd().get(where);
-    require(request.hold_.get()->region.get(where)->pd == pd && response.hold_.get()->region.get(where)->pd == pd,
-            where, "Session::call with a MessageBuffer of another endpoint (this session's Endpoint::alloc_buffer "
-                   "makes them)");
+    require(request.hold_.get()->pd == core_->buffers_pd && response.hold_.get()->pd == core_->buffers_pd, where,
+            "Session::call with a MessageBuffer of another endpoint (this session's Endpoint::alloc_buffer makes "
+            "them)");
     core_->start({.number = number_, .generation = generation_}, type, request.bytes(where),
                  response.hold_.get()->message(), {.request = &request, .response = &response}, options,
                  std::move(handler));
@@ -2671,6 +2672,7 @@ Result<std::unique_ptr<Endpoint>> Endpoint::create(asio::io_context& io, Endpoin
     if (!transport)
         return std::unexpected(std::move(transport.error()));
     core->transport = std::move(*transport);
+    core->buffers_pd = core->transport->pd().get(where);
     const std::uint32_t payload = core->transport->mtu() - static_cast<std::uint32_t>(detail::header_bytes);
     core->rdma_threshold = o.rdma_threshold.value_or(payload);
     if (o.lend_through_windows && !core->transport->context().attributes().type2_windows)
@@ -2711,8 +2713,9 @@ Result<MessageBuffer> Endpoint::alloc_buffer(std::size_t capacity, BufferUse use
     if (!region)
         return std::unexpected(std::move(region.error()));
     const std::uint32_t lkey = region->lkey();
+    const void* pd = region->get(where)->pd;
     return MessageBuffer(detail::BufferHold(new detail::BufferBlock{
-                             .region = std::move(*region), .holders = 1, .lkey = lkey, .room = room}),
+                             .region = std::move(*region), .holders = 1, .lkey = lkey, .room = room, .pd = pd}),
                          use);
 }
 

@@ -101,6 +101,7 @@ struct BufferBlock {
     std::uint32_t holders = 1;
     std::uint32_t lkey = 0; // region's, for the packets gathered from it
     std::uint32_t room = 0;
+    const void* pd = nullptr; // region's ibv_pd: a call takes only its endpoint's buffers
     // The bytes past the room: the message's capacity.
     std::span<std::byte> message() const noexcept { return region.bytes().subspan(room); }
 };
