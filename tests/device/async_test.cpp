@@ -631,8 +631,9 @@ TEST_CASE("an io_context destroyed with waiting writes whose handler owns their 
     auto cq = std::make_shared<async::CompletionQueue>(
         must(async::CompletionQueue::create(*io, context, {.depth = 64}, {.mode = async::CompletionMode::busy})));
     auto peer_cq = must(CompletionQueue::create(context, {.depth = 64})); // not driven: the peer only answers
-    auto raw = must(QueuePair::create(pd, {.send_cq = &cq->get(), .recv_cq = &cq->get(), .caps = {.max_send_wr = 1, .max_recv_wr = 1}}));
-    auto peer = must(QueuePair::create(pd, {.send_cq = &peer_cq, .recv_cq = &peer_cq, .caps = {.max_send_wr = 1, .max_recv_wr = 1}}));
+    const QpCaps one{.max_send_wr = 1, .max_recv_wr = 1};
+    auto raw = must(QueuePair::create(pd, {.send_cq = &cq->get(), .recv_cq = &cq->get(), .caps = one}));
+    auto peer = must(QueuePair::create(pd, {.send_cq = &peer_cq, .recv_cq = &peer_cq, .caps = one}));
     must(raw.connect(peer.endpoint()));
     must(peer.connect(raw.endpoint()));
     auto qp = std::make_shared<async::QueuePair>(async::QueuePair::attach(std::move(raw), *cq, *cq));

@@ -813,9 +813,9 @@ void misuse(HostileServer& h, Misuse how) {
     namespace d = rpc::detail;
     const std::uint16_t own = h.request.session.number;
     // the client's large call is in slot 0 (its session's first call): slot 1 is idle
-    const std::uint32_t imm = d::encode_written({.session = how == Misuse::other_session ? static_cast<std::uint16_t>(own + 1) : own,
-                                                 .slot = how == Misuse::unoffered ? 0u : 1u,
-                                                 .round = 0});
+    const auto session = how == Misuse::other_session ? static_cast<std::uint16_t>(own + 1) : own;
+    const std::uint32_t imm =
+        d::encode_written({.session = session, .slot = how == Misuse::unoffered ? 0u : 1u, .round = 0});
     for (std::uint64_t k = 0; k < 4; ++k) {
         if (how == Misuse::send)
             must(post_send(*h.rc.qp, std::span<const LocalSlice>{}, {.wr_id = k}));

@@ -400,7 +400,8 @@ asio::awaitable<void> unset_mid_read(Rig* rig, std::optional<rpc::Session>* sess
     const auto big = ask(1, mib, 4);
     const auto small = message(2, 16);
     std::vector<std::byte> response(mib), small_response(16);
-    (*session)->call(sized, big, response, {.timeout = 30s}, [out](Result<std::size_t> r) { out->large = std::move(r); });
+    (*session)->call(sized, big, response, {.timeout = 30s},
+                     [out](Result<std::size_t> r) { out->large = std::move(r); });
     (*session)->call(unset_sized, small, small_response, {.timeout = 30s},
                      [out](Result<std::size_t> r) { out->small = std::move(r); });
     co_await until([out] { return out->large && out->small; });

@@ -69,7 +69,8 @@ Result<std::unique_ptr<Link>> connect_tcp(std::shared_ptr<Group> group, std::str
 CmAttempts::CmAttempts(std::shared_ptr<Group> group, std::string host, std::uint16_t port, ConnectionOptions options,
                        Clock::time_point deadline)
     : group_(std::move(group)), host_(std::move(host)), port_(port), options_(std::move(options)),
-      deadline_(deadline), attempt_(std::max<std::chrono::milliseconds>(std::chrono::seconds(1), options_.timeout / 3)) {}
+      deadline_(deadline),
+      attempt_(std::max<std::chrono::milliseconds>(std::chrono::seconds(1), options_.timeout / 3)) {}
 
 Result<void> CmAttempts::resolve() {
     cm_.reset();

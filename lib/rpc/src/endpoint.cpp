@@ -2650,7 +2650,8 @@ Result<std::unique_ptr<Endpoint>> Endpoint::create(asio::io_context& io, Endpoin
             options.ring, options.send_depth, options.window, options.credits, options.max_sessions);
     require(options.setup_timeout.count() > 0 && options.setup_timeout <= std::chrono::hours(1) &&
                 options.peer_silence >= std::chrono::seconds(1),
-            where, "rpc::Endpoint: a setup_timeout of {} ms (from 1 ms to an hour), a peer_silence of {} ms (at least 1 s)",
+            where,
+            "rpc::Endpoint: a setup_timeout of {} ms (from 1 ms to an hour), a peer_silence of {} ms (at least 1 s)",
             options.setup_timeout.count(), options.peer_silence.count());
     // a connect reserves twice its credits of ring buffers (a both-ways session's), and
     // a server's session its credits: fewer and no session could ever be set up

@@ -61,7 +61,8 @@ Result<RcMessage> decode_rc(std::span<const std::byte> bytes) {
         return std::unexpected(bad(call, fmt::format("kind {} is unknown", kind)));
     if (kind >= 3) { // a goodbye or a still-here: the kind alone
         if (std::any_of(at + 9, at + rc_message_bytes, [](std::byte b) { return b != std::byte{0}; }))
-            return std::unexpected(bad(call, fmt::format("a {} with more than its kind", kind == 3 ? "goodbye" : "still-here")));
+            return std::unexpected(
+                bad(call, fmt::format("a {} with more than its kind", kind == 3 ? "goodbye" : "still-here")));
         return RcMessage{.kind = static_cast<RcMessage::Kind>(kind), .available = false, .qp = {}};
     }
     if (status > 1 || (status == 1 && kind == 1))
