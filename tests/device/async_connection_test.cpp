@@ -1,7 +1,9 @@
 // async::Connection and async::Listener on a real device: every call, many in flight
 // from one thread, 64 clients on one listener beside a silent one, a blocking peer,
 // cancellation before and after the post, and a peer that dies.
+#include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -379,6 +381,47 @@ asio::awaitable<void> accept_one(async::Listener& listener, Tally& t, bool& done
 }
 
 } // namespace
+
+TEST_CASE("async Listener: clients not yet accepted count against max_pending_handshakes; more are turned away") {
+    asio::io_context io;
+    ConnectionOptions o = options();
+    o.max_pending_handshakes = 4;
+    auto listener = must(async::Listener::listen(io.get_executor(), "127.0.0.1", 0, o));
+    constexpr int n = 10;
+    std::array<std::atomic<int>, n> outcome{}; // 0 connecting, 1 connected, 2 refused
+    std::atomic<bool> leave{false};
+    std::vector<std::thread> clients;
+    for (int i = 0; i < n; ++i)
+        clients.emplace_back([&, i, port = listener.port()] {
+            ConnectionOptions c = options();
+            c.timeout = 5s;
+            auto conn = Connection::connect("127.0.0.1", port, c);
+            outcome[i] = conn ? 1 : 2;
+            while (conn && !leave)
+                std::this_thread::sleep_for(1ms);
+        });
+    // nobody accepts: the listener serves on its own, and holds at most 4 clients
+    std::size_t most_held = 0;
+    const auto settled = [&] {
+        return std::all_of(outcome.begin(), outcome.end(), [](const std::atomic<int>& x) { return x != 0; });
+    };
+    const auto deadline = std::chrono::steady_clock::now() + 30s;
+    while (!settled() && std::chrono::steady_clock::now() < deadline) {
+        io.restart();
+        io.run_for(10ms);
+        const ListenerStats stats = listener.stats();
+        most_held = std::max(most_held, stats.pending + stats.ready);
+    }
+    const ListenerStats stats = listener.stats();
+    CHECK(most_held <= 4);
+    CHECK(stats.ready == 4);
+    CHECK(stats.turned_away + stats.failed >= n - 4);
+    CHECK(std::count(outcome.begin(), outcome.end(), 1) == 4);
+    CHECK(std::count(outcome.begin(), outcome.end(), 2) == n - 4);
+    leave = true;
+    for (std::thread& t : clients)
+        t.join();
+}
 
 TEST_CASE("async Listener: out of file descriptors, it rests between accepts rather than spin, and serves once it "
           "has them again") {

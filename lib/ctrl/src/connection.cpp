@@ -233,7 +233,7 @@ void detail::ListenerCore::admit() {
                 logger()->warn("Listener: a client's connect request: {}", request.error());
                 continue;
             }
-            if (pending.size() < options.max_pending_handshakes) {
+            if (pending.size() + ready.size() < options.max_pending_handshakes) {
                 auto answered = detail::ServerHandshake::answer(group, std::move(*request), options, deadline);
                 if (!answered) {
                     ++stats.failed;
@@ -243,7 +243,7 @@ void detail::ListenerCore::admit() {
                 handshake.emplace(std::move(*answered));
             }
         }
-        if (!handshake || pending.size() >= options.max_pending_handshakes) {
+        if (!handshake || pending.size() + ready.size() >= options.max_pending_handshakes) {
             ++stats.turned_away; // dropping it closes it (TCP) or rejects it (CM)
             continue;
         }

@@ -90,10 +90,13 @@ struct ConnectionOptions {
     std::chrono::milliseconds timeout{5000};
     /// Added to `timeout` for each MiB a call moves.
     std::chrono::milliseconds timeout_per_mib{30'000};
-    /// Listener: clients the kernel queues before accept() takes them (TCP listen
-    /// backlog, RDMA CM's), and handshakes run at once (more are refused at the door).
+    /// Listener: clients the kernel queues before the listener takes them in (TCP
+    /// listen backlog, RDMA CM's).
     int backlog = 1024;
-    std::uint32_t max_pending_handshakes = 1024; ///< Listener: handshakes run at once
+    /// Listener: clients taken in and not yet handed out by accept(), their handshakes
+    /// running or done (more are refused at the door): what clients an application
+    /// slow to accept() makes it hold.
+    std::uint32_t max_pending_handshakes = 1024;
     /// What the peer may get from request_remote_mr: rights no wider than this, at
     /// most this many bytes alive at once, for at most this long.
     Access access_ceiling = Access::local_write | Access::remote_read | Access::remote_write | Access::remote_atomic;
@@ -329,7 +332,7 @@ struct ListenerStats {
     std::uint64_t accepted = 0;  ///< handed out by accept()
     std::uint64_t failed = 0;    ///< refused: garbage, a protocol error, a client gone
     std::uint64_t timed_out = 0; ///< silent or slow past the timeout
-    std::uint64_t turned_away = 0; ///< more than max_pending_handshakes at once
+    std::uint64_t turned_away = 0; ///< past max_pending_handshakes (pending + ready)
     std::size_t pending = 0;     ///< handshakes running now
     std::size_t ready = 0;       ///< finished, waiting for accept()
 };
