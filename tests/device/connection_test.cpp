@@ -1187,3 +1187,162 @@ TEST_CASE("a host name no DNS server answers for ends at the connect's timeout, 
         CHECK(Clock::now() - start < 3s); // glibc alone would wait 30 s per query
     }
 }
+
+// ---------------------------------------------------------------------------------
+// Leases end with their connection: closed by the owner, or by the peer.
+
+namespace {
+
+// A 16-byte WRITE posted on `conn`'s QP behind the Connection's back (what a peer's
+// raw verbs can do whatever its Connection says), and its completion's status.
+ibv_wc_status raw_write(const Connection& conn, const MemoryRegion& local, const RemoteMemory& remote) {
+    ibv_qp* qp = conn.queue_pair().get();
+    ibv_sge sge = local.slice(0, 16).sge();
+    ibv_send_wr wr = test::raw_write_wr(sge, remote, true);
+    wr.wr_id = 0x5eed;
+    ibv_send_wr* bad = nullptr;
+    REQUIRE(ibv_post_send(qp, &wr, &bad) == 0);
+    const auto bound = Clock::now() + 30s; // a dropped WRITE ends in retries, within seconds
+    while (Clock::now() < bound) {
+        ibv_wc wc{};
+        if (ibv_poll_cq(qp->send_cq, 1, &wc) == 1 && wc.wr_id == 0x5eed)
+            return wc.status;
+    }
+    FAIL("the raw WRITE did not complete");
+    return IBV_WC_GENERAL_ERR;
+}
+
+} // namespace
+
+TEST_CASE("a connection's end ends its leases: after close(), or the peer's, a late access fails at the NIC") {
+    for (const bool owner_closes : {true, false}) {
+        CAPTURE(owner_closes);
+        Listener listener = must(Listener::listen("127.0.0.1", 0, quick()));
+        std::vector<std::byte> memory(4096, std::byte{0xab}); // the owner's, registered by the caller
+        std::atomic<bool> taken{false}, ended{false}, client_done{false};
+        test::Thread client([&, port = listener.port()] {
+            const SetOnExit done{client_done};
+            Connection conn = must(Connection::connect("127.0.0.1", port, quick()));
+            MemoryRegion local = must(conn.alloc_local_mr(4096));
+            std::memset(local.data(), 0x5a, 4096);
+            const RemoteMr remote = must(conn.receive_remote_mr());
+            taken = true;
+            if (!owner_closes)
+                CHECK(conn.close());
+            const auto bound = Clock::now() + 30s;
+            while (!ended && Clock::now() < bound)
+                std::this_thread::sleep_for(1ms);
+            // the lease (60 s) has not ended: the connection's end must have ended it
+            CHECK(raw_write(conn, local, remote.memory) == IBV_WC_REM_ACCESS_ERR);
+        });
+        Connection conn = must(listener.accept(5s));
+        MemoryRegion mr = must(conn.register_local_mr(memory, access_all));
+        must(conn.send_local_mr(std::move(mr), 60s));
+        serve_until_true(conn, [&] { return taken.load(); });
+        if (owner_closes) {
+            CHECK(conn.close());
+        } else { // the peer's goodbye breaks the connection here
+            const auto bound = Clock::now() + 30s;
+            while (conn.progress() && Clock::now() < bound)
+                std::this_thread::sleep_for(1ms);
+            CHECK(must_fail(conn.progress()).is_errno(ECONNRESET));
+        }
+        ended = true;
+        client.join();
+        CHECK(all_bytes(memory, std::byte{0xab}));
+    }
+}
+
+TEST_CASE("a max_message below a control message's size still lends, grants and returns regions") {
+    ConnectionOptions options = quick();
+    options.max_message = 16;
+    Listener listener = must(Listener::listen("127.0.0.1", 0, options));
+    std::atomic<bool> client_done{false};
+    test::Thread client([&, port = listener.port()] {
+        const SetOnExit done{client_done};
+        Connection conn = must(Connection::connect("127.0.0.1", port, options));
+        const RemoteMr granted = must(conn.request_remote_mr(4096));
+        CHECK(granted.memory.length == 4096);
+        const RemoteMr lent = must(conn.receive_remote_mr());
+        CHECK(lent.memory.length == 64);
+        must(conn.send_remote_mr(granted));
+        MemoryRegion message = must(conn.alloc_local_mr(17));
+        must(conn.send(message.slice(0, 16)));
+        CHECK(must_fail(conn.send(message.slice(0, 17))).is_errno(EMSGSIZE));
+    });
+    Connection conn = must(listener.accept(5s));
+    must(conn.send_local_mr(must(conn.alloc_local_mr(64))));
+    CHECK(must(conn.receive_local_mr(10s)).size() == 4096);
+    std::array<std::byte, 16> buffer{};
+    CHECK(must(conn.receive(buffer, 10s)).size == 16);
+    serve_until(conn, client_done);
+    client.join();
+}
+
+TEST_CASE("lending and requesting out of range abort naming the caller") {
+    ConnectionOptions small_arena = quick();
+    small_arena.pool.arena_bytes = 1 << 20;
+    RDMAXX_CHECK_DEATH((void)Listener::listen("127.0.0.1", 0, small_arena), "arena_bytes");
+    ConnectionOptions endless = quick();
+    endless.max_lease = std::chrono::hours(24 * 50);
+    RDMAXX_CHECK_DEATH((void)Connection::connect("127.0.0.1", 1, endless), "max_lease");
+    Listener listener = must(Listener::listen("127.0.0.1", 0, quick()));
+    test::Thread client([port = listener.port()] {
+        Connection c = must(Connection::connect("127.0.0.1", port, quick()));
+        std::array<std::byte, 8> done;
+        CHECK(c.receive(done, 10s)); // the connection lives until the checks are over
+    });
+    Connection conn = must(listener.accept(5s));
+    RDMAXX_CHECK_DEATH((void)conn.request_remote_mr(4096, access_all | Access::relaxed_ordering),
+                       "rights 0x");
+    RDMAXX_CHECK_DEATH((void)conn.request_remote_mr(4096, access_all, -1ms), "a lease of -1 ms");
+    RDMAXX_CHECK_DEATH((void)conn.request_remote_mr(4096, access_all, std::chrono::hours(24 * 50)), "a lease of");
+    // allocated here: a pool that grew in the child would leave its registration in the
+    // device context the child shares, and this PD busy
+    MemoryRegion lent = must(conn.alloc_local_mr(64));
+    RDMAXX_CHECK_DEATH((void)conn.send_local_mr(std::move(lent), -1ms), "negative lease");
+    MemoryRegion mr = must(conn.alloc_local_mr(8));
+    CHECK(conn.send(mr.slice(0, 8)));
+    client.join();
+}
+
+TEST_CASE("the quota counts what a grant costs the owner: its block's power of two, and at least a page") {
+    ConnectionOptions owner = quick();
+    owner.quota_bytes = 64 << 10;
+    Listener listener = must(Listener::listen("127.0.0.1", 0, owner));
+    std::atomic<bool> client_done{false};
+    int bytes_granted = 0;
+    std::optional<Error> refused;
+    test::Thread client([&, port = listener.port()] {
+        const SetOnExit done{client_done};
+        Connection conn = must(Connection::connect("127.0.0.1", port, quick()));
+        // a byte at a time: each costs a page (and a key), so 16 fill 64 KiB
+        for (int i = 0; i < 1000 && !refused; ++i) {
+            if (auto region = conn.request_remote_mr(1, access_all, 60s); region)
+                ++bytes_granted;
+            else
+                refused = region.error();
+        }
+    });
+    Connection conn = must(listener.accept(5s));
+    serve_until(conn, client_done);
+    client.join();
+    CHECK(bytes_granted == 16);
+    REQUIRE(refused);
+    CHECK(refused->is_errno(EDQUOT));
+    CHECK(conn.pinned_for_peer() == 0); // the client gone: its leases ended with the connection
+
+    // 4097 bytes take an 8 KiB block: eight fit in 64 KiB, not fifteen
+    std::atomic<bool> second_done{false};
+    int blocks = 0;
+    test::Thread second([&, port = listener.port()] {
+        const SetOnExit done{second_done};
+        Connection c = must(Connection::connect("127.0.0.1", port, quick()));
+        while (blocks < 100 && c.request_remote_mr(4097, access_all, 60s))
+            ++blocks;
+    });
+    Connection other = must(listener.accept(5s));
+    serve_until(other, second_done);
+    second.join();
+    CHECK(blocks == 8);
+}

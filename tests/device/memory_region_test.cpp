@@ -146,13 +146,7 @@ TEST_CASE("huge pages: required ones are hugetlbfs pages or an Error; preferred 
     std::memset(huge.data(), 0x5a, 8192);
     ibv_sge sge = huge.slice(0, 8192).sge();
     const RemoteMemory across = huge.remote().slice((2 << 20) - 4096, 8192);
-    ibv_send_wr wr{};
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    wr.opcode = IBV_WR_RDMA_WRITE;
-    wr.send_flags = IBV_SEND_SIGNALED;
-    wr.wr.rdma.remote_addr = across.addr;
-    wr.wr.rdma.rkey = across.rkey;
+    ibv_send_wr wr = test::raw_write_wr(sge, across, true);
     ibv_send_wr* bad = nullptr;
     REQUIRE(ibv_post_send(a.get(), &wr, &bad) == 0);
     ibv_wc wc{};

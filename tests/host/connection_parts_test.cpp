@@ -209,7 +209,7 @@ const FakeClock::time_point t0{};
 TEST_CASE("lease table: a region given back counts against the quota until the owner takes it") {
     Table table(8192);
     CHECK(table.fits(8192));
-    table.add(11, Block{8192}, t0 + std::chrono::seconds(30), true);
+    table.add(11, Block{8192}, t0 + std::chrono::seconds(30), 8192);
     CHECK_FALSE(table.fits(1));
     CHECK(table.give_back(11));
     CHECK_FALSE(table.give_back(11)); // once
@@ -230,7 +230,7 @@ TEST_CASE("lease table: a peer looping request and return fills the quota while 
     for (std::uint64_t token = 1; token < 1000; ++token) {
         if (!table.fits(4096))
             break;
-        table.add(token, Block{4096}, t0 + std::chrono::seconds(30), true);
+        table.add(token, Block{4096}, t0 + std::chrono::seconds(30), 4096);
         CHECK(table.give_back(token));
         ++granted;
     }
@@ -241,21 +241,21 @@ TEST_CASE("lease table: a peer looping request and return fills the quota while 
 TEST_CASE("lease table: leases end exactly at their expiry, on a made-up clock, in microseconds") {
     using namespace std::chrono_literals;
     Table table(1 << 20);
-    table.add(1, Block{100}, t0 + 10us, true);
-    table.add(2, Block{200}, t0 + 20us, false); // lent: not counted
-    table.add(3, Block{300}, t0 + 30us, true);
-    CHECK(table.pinned_for_peer() == 400);
+    table.add(1, Block{100}, t0 + 10us, 100);
+    table.add(2, Block{200}, t0 + 20us, 0); // lent: charged nothing
+    table.add(3, Block{300}, t0 + 30us, 4096); // charged a page, say
+    CHECK(table.pinned_for_peer() == 4196); // what the owner said each costs
     CHECK(table.next_expiry() == t0 + 10us);
     CHECK(table.expire(t0 + 9us) == 0);
     CHECK(table.expire(t0 + 10us) == 1);
-    CHECK(table.pinned_for_peer() == 300);
+    CHECK(table.pinned_for_peer() == 4096);
     CHECK(table.next_expiry() == t0 + 20us);
     CHECK_FALSE(table.give_back(1)); // expired: the owner refuses it (ESTALE)
     CHECK(table.expire(t0 + 29us) == 1);
     CHECK(table.give_back(3));
     CHECK(table.expire(t0 + 1s) == 0); // given back: no longer a lease
     CHECK(table.live() == 0);
-    CHECK(table.pinned_for_peer() == 300);
+    CHECK(table.pinned_for_peer() == 4096);
     CHECK_FALSE(table.next_expiry());
 }
 

@@ -108,6 +108,19 @@ private:
     std::string netdev_;
 };
 
+// A raw RDMA WRITE of `sge` into `remote`, for a test that posts behind the library's
+// back (ibv_post_send on QueuePair::get()); wr_id 0.
+inline ibv_send_wr raw_write_wr(ibv_sge& sge, const RemoteMemory& remote, bool signaled) {
+    ibv_send_wr wr{};
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_RDMA_WRITE;
+    wr.send_flags = signaled ? IBV_SEND_SIGNALED : 0;
+    wr.wr.rdma.remote_addr = remote.addr;
+    wr.wr.rdma.rkey = remote.rkey;
+    return wr;
+}
+
 // Fills `bytes` with a pattern that differs per `seed`.
 inline void fill(std::span<std::byte> bytes, unsigned seed) {
     for (std::size_t i = 0; i < bytes.size(); ++i)

@@ -279,11 +279,12 @@ asio::awaitable<Result<RemoteMr>> receive_remote_mr_on(PeerPtr p, Clock::time_po
 }
 
 asio::awaitable<Result<RemoteMr>> request_remote_mr_on(PeerPtr p, std::size_t size, Access access,
-                                                       std::chrono::milliseconds lease, Clock::time_point deadline) {
+                                                       std::chrono::milliseconds lease, Clock::time_point deadline,
+                                                       std::source_location where) {
     Link& l = *p->link;
     if (l.broken())
         co_return std::unexpected(*l.broken());
-    const std::uint64_t request = l.ask_for_region(size, access, lease);
+    const std::uint64_t request = l.ask_for_region(size, access, lease, where);
     p->driver->pump(); // sends it
     if (auto ok = co_await p->driver->until([&] { return l.answered(request); }, &l, "request_remote_mr", deadline);
         !ok)
@@ -399,10 +400,7 @@ Result<MemoryRegion> Connection::register_local_mr(std::span<std::byte> memory, 
 asio::awaitable<Result<void>> Connection::send_local_mr(MemoryRegion mr, std::chrono::milliseconds lease,
                                                         std::source_location where) {
     detail::Peer& p = peer(where);
-    require(mr.get(where)->pd == p.driver->group()->pd.get(where), where,
-            "send_local_mr of a region registered in another protection domain");
-    require((mr.access() & access_remote) != Access::none, where, "send_local_mr of a region with no remote rights ({})",
-            mr.access());
+    rdmaxx::detail::check_lend(mr, p.driver->group()->pd, lease, where);
     return send_local_mr_on(peer_, std::move(mr), lease);
 }
 
@@ -415,7 +413,7 @@ asio::awaitable<Result<RemoteMr>> Connection::request_remote_mr(std::size_t size
                                                                 std::chrono::milliseconds lease, Timeout timeout,
                                                                 std::source_location where) {
     detail::Peer& p = peer(where);
-    return request_remote_mr_on(peer_, size, access, lease, p.link->deadline(timeout));
+    return request_remote_mr_on(peer_, size, access, lease, p.link->deadline(timeout), where);
 }
 
 asio::awaitable<Result<void>> Connection::send_remote_mr(RemoteMr mr, Timeout timeout, std::source_location where) {

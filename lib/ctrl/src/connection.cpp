@@ -34,6 +34,11 @@ void check_options(const ConnectionOptions& o, std::source_location where) {
     require(o.backlog >= 1 && o.max_pending_handshakes >= 1, where,
             "ConnectionOptions::backlog {} and max_pending_handshakes {} must be at least 1", o.backlog,
             o.max_pending_handshakes);
+    require(o.max_lease.count() >= 0 && o.max_lease.count() <= control::max_lease_ms, where,
+            "ConnectionOptions::max_lease {} ms outside 0..{}", o.max_lease.count(), control::max_lease_ms);
+    require(o.pool.arena_bytes >= MemoryPool::max_block, where,
+            "ConnectionOptions::pool.arena_bytes {} below MemoryPool::max_block ({})", o.pool.arena_bytes,
+            MemoryPool::max_block);
 }
 
 } // namespace detail
@@ -103,10 +108,7 @@ Result<MemoryRegion> Connection::register_local_mr(std::span<std::byte> memory, 
 
 Result<void> Connection::send_local_mr(MemoryRegion mr, std::chrono::milliseconds lease, std::source_location where) {
     detail::Link& l = link(where);
-    require(mr.get(where)->pd == l.group().pd.get(where), where,
-            "send_local_mr of a region registered in another protection domain");
-    require((mr.access() & access_remote) != Access::none,
-            where, "send_local_mr of a region with no remote rights ({})", mr.access());
+    detail::check_lend(mr, l.group().pd, lease, where);
     return l.send_local_mr(std::move(mr), lease);
 }
 
@@ -118,7 +120,7 @@ Result<RemoteMr> Connection::receive_remote_mr(Timeout timeout, std::source_loca
 Result<RemoteMr> Connection::request_remote_mr(std::size_t size, Access access, std::chrono::milliseconds lease,
                                                Timeout timeout, std::source_location where) {
     detail::Link& l = link(where);
-    return l.request_remote_mr(size, access, lease, l.deadline(timeout));
+    return l.request_remote_mr(size, access, lease, l.deadline(timeout), where);
 }
 
 Result<void> Connection::send_remote_mr(const RemoteMr& mr, Timeout timeout, std::source_location where) {

@@ -52,7 +52,6 @@ bool deny_code(int code) noexcept {
     return code == EACCES || code == EDQUOT || code == ENOMEM || code == EINVAL || code == EBUSY;
 }
 bool return_code(int code) noexcept { return code == 0 || code == ESTALE; }
-bool known_rights(Access access) noexcept { return (access & known_access) == access; }
 
 // What decode() refuses in a region; empty when it is fine.
 std::string region_fault(const Region& r) {

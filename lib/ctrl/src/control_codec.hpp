@@ -47,9 +47,12 @@ inline constexpr std::size_t header_bytes = 8;
 inline constexpr std::size_t region_bytes = 44;       // the largest control payload
 inline constexpr std::size_t max_payload = region_bytes;
 inline constexpr std::size_t max_message_bytes = header_bytes + max_payload; // a control message, whole
+// The longest lease the wire carries (a u32 of milliseconds: ~49.7 days).
+inline constexpr std::int64_t max_lease_ms = 0xffff'ffff;
 // Rights a peer may name: what Connection lends and grants.
 inline constexpr Access known_access =
     Access::local_write | Access::remote_write | Access::remote_read | Access::remote_atomic;
+inline bool known_rights(Access access) noexcept { return (access & known_access) == access; }
 
 struct Header {
     Kind kind = Kind::credit;

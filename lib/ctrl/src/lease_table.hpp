@@ -9,10 +9,11 @@
 //     window or registration the peer used is destroyed), and it waits in the returned
 //     queue, still counted, until the owner takes it (take_returned()).
 // So the quota counts what is really pinned for the peer: a peer looping request/return
-// fills it unless the owner takes the regions back.
+// fills it unless the owner takes the regions back. What a grant counts (its charge) is
+// the caller's to say: what the region really costs, more than the bytes asked for.
 //
 // Time comes in as an argument (no clock inside): lease expiry is tested on the host
-// with made-up time points. `Region` is Loan in the library (anything with size(),
+// with made-up time points. `Region` is Loan in the library (anything with
 // revoke() and move construction in tests). Not thread-safe (one Link's).
 #pragma once
 
@@ -33,11 +34,11 @@ public:
     // Whether a grant of `bytes` fits the quota now.
     bool fits(std::uint64_t bytes) const noexcept { return bytes <= quota_ - std::min(quota_, pinned_); }
 
-    // Lends (granted: false) or grants `region` under `token` until `expires`.
-    void add(std::uint64_t token, Region region, TimePoint expires, bool granted) {
-        if (granted)
-            pinned_ += region.size();
-        leases_.push_back({token, std::move(region), expires, granted});
+    // Lends (charge 0: the owner's own choice, not counted) or grants `region` under
+    // `token` until `expires`, counting `charge` bytes against the quota.
+    void add(std::uint64_t token, Region region, TimePoint expires, std::uint64_t charge) {
+        pinned_ += charge;
+        leases_.push_back({token, std::move(region), expires, charge});
     }
 
     // The peer gives `token` back: false when no live lease has it (expired, returned
@@ -58,8 +59,7 @@ public:
             return std::nullopt;
         Lease lease = std::move(returned_.front());
         returned_.pop_front();
-        if (lease.granted)
-            pinned_ -= lease.region.size();
+        pinned_ -= lease.charge;
         return std::move(lease.region);
     }
     bool has_returned() const noexcept { return !returned_.empty(); }
@@ -69,8 +69,7 @@ public:
         return std::erase_if(leases_, [&](Lease& l) {
             if (now < l.expires)
                 return false;
-            if (l.granted)
-                pinned_ -= l.region.size();
+            pinned_ -= l.charge;
             return true;
         });
     }
@@ -84,8 +83,8 @@ public:
         return first;
     }
 
-    // Bytes granted on request and not yet taken back by the owner (lent regions are
-    // the owner's own choice and are not counted).
+    // The charges of the regions granted on request and not yet taken back by the owner
+    // (lent regions are the owner's own choice and are not counted).
     std::uint64_t pinned_for_peer() const noexcept { return pinned_; }
     std::size_t live() const noexcept { return leases_.size(); }
 
@@ -94,7 +93,7 @@ private:
         std::uint64_t token;
         Region region;
         TimePoint expires;
-        bool granted;
+        std::uint64_t charge;
     };
     std::uint64_t quota_;
     std::uint64_t pinned_ = 0;

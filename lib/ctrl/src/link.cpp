@@ -1,6 +1,7 @@
 #include "link.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -31,6 +32,14 @@ constexpr std::uint32_t max_slots = 32;
 // Window binds a link keeps in flight (its QP's send queue has room for them).
 constexpr std::uint32_t max_binds = 16;
 constexpr std::size_t max_unreceived = Connection::max_unreceived;
+
+// A receive buffer takes a user message of max_message bytes or any control message,
+// whichever is longer: a max_message below a control message's size must not make the
+// peer's lending or requests overflow our buffers (both links would break).
+std::uint32_t receive_buffer_bytes(const ConnectionOptions& options) {
+    return static_cast<std::uint32_t>(control::header_bytes +
+                                      std::max<std::size_t>(options.max_message, control::max_payload));
+}
 
 // Whether windows on this device keep a peer inside them: probed once per device and
 // port in a process (window_bounds_enforced), since the probe costs two QPs.
@@ -200,7 +209,7 @@ Link::Link(std::shared_ptr<Group> group, const ConnectionOptions& options, CqEnt
            SendSlots slots, QueuePair qp)
     : group_(std::move(group)), options_(options), cq_entries_(std::move(cq_entries)), receive_mr_(std::move(receive)),
       slots_(std::move(slots)),
-      qp_(std::move(qp)), buffer_bytes_(static_cast<std::uint32_t>(control::header_bytes) + options.max_message),
+      qp_(std::move(qp)), buffer_bytes_(receive_buffer_bytes(options)),
       leases_(options.quota_bytes), ops_(options.max_send_wr) {
     for (std::uint32_t op = options.max_send_wr; op-- > 0;)
         free_ops_.push_back(op);
@@ -224,7 +233,7 @@ Result<std::unique_ptr<Link>> Link::create(std::shared_ptr<Group> group, const C
                                             .gid_index = options.gid_index});
     if (!qp)
         return std::unexpected(std::move(qp.error()));
-    const std::size_t buffer_bytes = control::header_bytes + options.max_message;
+    const std::size_t buffer_bytes = receive_buffer_bytes(options);
     auto receive = MemoryRegion::allocate(group->pd, buffer_bytes * options.receive_depth, Access::local_write);
     if (!receive)
         return std::unexpected(std::move(receive.error()));
@@ -280,9 +289,15 @@ Clock::time_point Link::deadline(std::optional<std::chrono::milliseconds> timeou
 
 // --- Link: completions and what the peer sends --------------------------------------------
 
+// The first failure ends the connection, and with it every lease: each lent or granted
+// region's key dies now, not at its lease's end, which a connection nobody pumps any
+// more would never reach (the peer could go on using the key on its QP, or on another
+// connection's in this PD).
 Error Link::fail(Error e) {
-    if (!broken_)
+    if (!broken_) {
         broken_ = e;
+        leases_.expire(Clock::time_point::max());
+    }
     return e;
 }
 
@@ -330,6 +345,10 @@ Result<void> Link::on_receive(std::uint32_t buffer, const WorkCompletion& wc) {
     if (auto ok = credits_->returned(header->credits); !ok)
         return ok;
     if (header->kind == control::Kind::user) {
+        if (header->length > options_.max_message) // it fits the buffer, which takes control messages too
+            return std::unexpected(Error::protocol(
+                "Connection", fmt::format("the peer sent a message of {} bytes, above the max_message {} it was told",
+                                          header->length, options_.max_message)));
         inbox_.push_back({buffer, header->length, wc.imm()});
         return {};
     }
@@ -383,15 +402,31 @@ Result<void> Link::on_control(const control::Message& message) {
     return {}; // Credit: its header said it all
 }
 
+// What a grant of `size` bytes costs the owner, counted against its quota: the pool's
+// block (the power of two that holds it; above the largest class, its pages), and at
+// least a page: so the quota also bounds the keys, registrations or windows, that a peer
+// asking for a byte at a time makes us hold (quota_bytes / 4096).
+namespace {
+std::uint64_t charge_of(std::uint64_t size) {
+    constexpr std::uint64_t page = 4096;
+    if (size <= MemoryPool::max_block)
+        return std::max(std::bit_ceil(size), page);
+    if (size > std::numeric_limits<std::uint64_t>::max() - (page - 1)) // the peer's: any value
+        return std::numeric_limits<std::uint64_t>::max();
+    return (size + page - 1) / page * page;
+}
+} // namespace
+
 // The owner's side of request_remote_mr: ceiling, quota, then a region from the pool.
 Result<void> Link::grant(const control::Request& request) {
+    const std::uint64_t charge = charge_of(request.size);
     int refusal = 0;
     if (!has(options_.access_ceiling, request.access))
         refusal = EACCES;
     else if (request.size == 0 || (request.access & access_remote) == Access::none)
         refusal = EINVAL;
-    else if (request.size > std::numeric_limits<std::uint64_t>::max() - binding_bytes_ || // the peer's: any value
-             !leases_.fits(request.size + binding_bytes_))
+    else if (charge > std::numeric_limits<std::uint64_t>::max() - binding_bytes_ || // the peer's: any value
+             !leases_.fits(charge + binding_bytes_))
         refusal = EDQUOT;
     else if (group_->lending == Lending::memory_window && binding_.size() == max_binds)
         refusal = EBUSY;
@@ -401,7 +436,7 @@ Result<void> Link::grant(const control::Request& request) {
             const std::uint64_t token = random_token();
             const control::Region region{
                 .request = request.request, .memory = {}, .token = token, .access = request.access, .lease = lease};
-            auto exposed = expose(std::move(*block), request.access, token, lease, control::Grant{region}, true);
+            auto exposed = expose(std::move(*block), request.access, token, lease, control::Grant{region}, charge);
             if (exposed || broken_)
                 return exposed;
             logger()->warn("Connection: a requested region of {} bytes: {}", request.size, exposed.error());
@@ -415,7 +450,7 @@ Result<void> Link::grant(const control::Request& request) {
 }
 
 Result<void> Link::expose(MemoryRegion region, Access rights, std::uint64_t token, std::chrono::milliseconds lease,
-                          control::Message announce, bool granted) {
+                          control::Message announce, std::uint64_t charge) {
     // A region of its own registration is lent through a second one too: its own key,
     // still valid when the region is handed back (receive_local_mr), is never told.
     if (!region.pooled() || group_->lending == Lending::registration) {
@@ -423,7 +458,7 @@ Result<void> Link::expose(MemoryRegion region, Access rights, std::uint64_t toke
         if (!registration) // out of pinnable memory, say: this loan's failure, not the connection's
             return std::unexpected(std::move(registration.error()));
         const RemoteMemory key = registration->remote();
-        start_loan(Loan(std::move(region), std::move(*registration)), key, token, lease, std::move(announce), granted);
+        start_loan(Loan(std::move(region), std::move(*registration)), key, token, lease, std::move(announce), charge);
         return {};
     }
     auto window = MemoryWindow::allocate(group_->pd);
@@ -432,9 +467,8 @@ Result<void> Link::expose(MemoryRegion region, Access rights, std::uint64_t toke
     auto key = post_bind(qp_, *window, region, rights & access_remote, {.wr_id = tag_bind});
     if (!key)
         return std::unexpected(fail(std::move(key.error())));
-    if (granted)
-        binding_bytes_ += region.size();
-    binding_.push_back({Loan(std::move(region), std::move(*window)), *key, token, lease, std::move(announce), granted});
+    binding_bytes_ += charge;
+    binding_.push_back({Loan(std::move(region), std::move(*window)), *key, token, lease, std::move(announce), charge});
     return {};
 }
 
@@ -442,21 +476,31 @@ Result<void> Link::expose(MemoryRegion region, Access rights, std::uint64_t toke
 void Link::on_bound() {
     Binding bound = std::move(binding_.front());
     binding_.pop_front();
-    if (bound.granted)
-        binding_bytes_ -= bound.loan.size();
-    start_loan(std::move(bound.loan), bound.key, bound.token, bound.lease, std::move(bound.announce), bound.granted);
+    binding_bytes_ -= bound.charge;
+    start_loan(std::move(bound.loan), bound.key, bound.token, bound.lease, std::move(bound.announce), bound.charge);
 }
 
-// The lease runs from now; the peer learns the key by `announce`.
+void check_lend(const MemoryRegion& mr, const ProtectionDomain& pd, std::chrono::milliseconds lease,
+                std::source_location where) {
+    require(mr.get(where)->pd == pd.get(where), where, "send_local_mr of a region registered in another protection domain");
+    require((mr.access() & access_remote) != Access::none, where, "send_local_mr of a region with no remote rights ({})",
+            mr.access());
+    require(lease.count() >= 0, where, "send_local_mr with a negative lease ({} ms)", lease.count());
+}
+
+// The lease runs from now; the peer learns the key by `announce`. On a connection that
+// ended meanwhile (a window's bind completing after it) the loan ends at once.
 void Link::start_loan(Loan loan, const RemoteMemory& key, std::uint64_t token, std::chrono::milliseconds lease,
-                      control::Message announce, bool granted) {
+                      control::Message announce, std::uint64_t charge) {
+    if (broken_)
+        return;
     std::visit(
         [&](auto& message) {
             if constexpr (requires { message.region; })
                 message.region.memory = key;
         },
         announce);
-    leases_.add(token, std::move(loan), Clock::now() + lease, granted);
+    leases_.add(token, std::move(loan), Clock::now() + lease, charge);
     queue(std::move(announce));
 }
 
@@ -650,7 +694,7 @@ Result<void> Link::lend(MemoryRegion mr, std::chrono::milliseconds lease) {
     const Access access = mr.access() & control::known_access;
     const std::uint64_t token = random_token();
     const control::Region region{.request = 0, .memory = {}, .token = token, .access = access, .lease = lease};
-    return expose(std::move(mr), access, token, lease, control::Lend{region}, false);
+    return expose(std::move(mr), access, token, lease, control::Lend{region}, 0);
 }
 
 Result<void> Link::send_local_mr(MemoryRegion mr, std::chrono::milliseconds lease) {
@@ -675,7 +719,13 @@ Result<RemoteMr> Link::receive_remote_mr(Clock::time_point deadline) {
     return take_lent_to_us();
 }
 
-std::uint64_t Link::ask_for_region(std::size_t size, Access access, std::chrono::milliseconds lease) {
+std::uint64_t Link::ask_for_region(std::size_t size, Access access, std::chrono::milliseconds lease,
+                                   std::source_location where) {
+    require(control::known_rights(access), where,
+            "request_remote_mr: rights {:#x} that cannot be lent (only local and remote read, write and atomic)",
+            static_cast<unsigned>(access));
+    require(lease.count() >= 0 && lease.count() <= control::max_lease_ms, where,
+            "request_remote_mr: a lease of {} ms outside 0..{}", lease.count(), control::max_lease_ms);
     const std::uint64_t request = next_request_++;
     queue(control::Request{.request = request, .size = size, .access = access, .lease = lease});
     grants_.emplace(request, std::nullopt); // a request whose wait ends early keeps it: its answer may come
@@ -685,10 +735,10 @@ std::uint64_t Link::ask_for_region(std::size_t size, Access access, std::chrono:
 Result<RemoteMr> Link::take_answer(std::uint64_t request) { return std::move(*grants_.extract(request).mapped()); }
 
 Result<RemoteMr> Link::request_remote_mr(std::size_t size, Access access, std::chrono::milliseconds lease,
-                                         Clock::time_point deadline) {
+                                         Clock::time_point deadline, std::source_location where) {
     if (broken_)
         return std::unexpected(*broken_);
-    const std::uint64_t request = ask_for_region(size, access, lease);
+    const std::uint64_t request = ask_for_region(size, access, lease, where);
     if (auto ok = wait([&] { return answered(request); }, "request_remote_mr", deadline); !ok)
         return std::unexpected(std::move(ok.error()));
     return take_answer(request);

@@ -98,6 +98,11 @@ std::array<std::byte, limits_bytes> encode_limits(const Limits& limits) noexcept
 // receive depth outside CreditWindow's bounds is a protocol Error.
 Result<Limits> decode_limits(std::span<const std::byte> metadata);
 
+// send_local_mr's misuse checks (both Connections'): a region of another PD, one with
+// no remote rights, a negative lease. Aborts naming `where`.
+void check_lend(const MemoryRegion& mr, const ProtectionDomain& pd, std::chrono::milliseconds lease,
+                std::source_location where);
+
 class Link {
 public:
     // A QP and its buffers in `group`, not yet connected.
@@ -168,7 +173,10 @@ public:
     bool has_lent_to_us() const noexcept { return !lent_to_us_.empty(); }
     RemoteMr take_lent_to_us();
     // request_remote_mr: ask, wait for answered(request), take_answer(request).
-    std::uint64_t ask_for_region(std::size_t size, Access access, std::chrono::milliseconds lease);
+    // A misuse aborts naming `where`: rights beyond control::known_access, a lease
+    // outside 0..control::max_lease_ms.
+    std::uint64_t ask_for_region(std::size_t size, Access access, std::chrono::milliseconds lease,
+                                 std::source_location where);
     bool answered(std::uint64_t request) const {
         const auto it = grants_.find(request);
         return it != grants_.end() && it->second.has_value();
@@ -205,7 +213,7 @@ public:
     Result<void> send_local_mr(MemoryRegion mr, std::chrono::milliseconds lease);
     Result<RemoteMr> receive_remote_mr(Clock::time_point deadline);
     Result<RemoteMr> request_remote_mr(std::size_t size, Access access, std::chrono::milliseconds lease,
-                                       Clock::time_point deadline);
+                                       Clock::time_point deadline, std::source_location where);
     Result<void> send_remote_mr(const RemoteMr& mr, Clock::time_point deadline);
     Result<MemoryRegion> receive_local_mr(Clock::time_point deadline);
     Result<void> progress();
@@ -245,13 +253,14 @@ private:
     // What the peer gets to see of `region` with `rights`: its own registration, or for
     // a pooled one a registration of its bytes or a window (whose bind is posted now;
     // the loan starts when it completes: on_bound). `announce` is the Lend or Grant
-    // that carries the key, sent once the key works. Failing to register or to
+    // that carries the key, sent once the key works; `charge` is what the quota counts
+    // for it (0 for a region lent). Failing to register or to
     // allocate the window is an Error for this loan only; a failed post ends the link.
     Result<void> expose(MemoryRegion region, Access rights, std::uint64_t token, std::chrono::milliseconds lease,
-                        control::Message announce, bool granted);
+                        control::Message announce, std::uint64_t charge);
     void on_bound();
     void start_loan(Loan loan, const RemoteMemory& key, std::uint64_t token, std::chrono::milliseconds lease,
-                    control::Message announce, bool granted);
+                    control::Message announce, std::uint64_t charge);
     Result<void> post_receive(std::uint32_t buffer);
     Result<void> recycle(std::uint32_t buffer);
     void expire_leases(Clock::time_point now);
@@ -276,7 +285,7 @@ private:
         std::uint64_t token;
         std::chrono::milliseconds lease;
         control::Message announce;
-        bool granted;
+        std::uint64_t charge; // against the quota: 0 for a region lent
     };
 
     std::shared_ptr<Group> group_;
@@ -286,11 +295,11 @@ private:
     MemoryRegion receive_mr_;
     SendSlots slots_;
     std::deque<Binding> binding_;     // in posting order: binds complete in order
-    std::uint64_t binding_bytes_ = 0; // of granted ones: the quota counts them already
+    std::uint64_t binding_bytes_ = 0; // their charges: the quota counts them already
     QueuePair qp_;
     std::optional<TcpStream> tcp_;
     std::optional<CmConnection> cm_;
-    std::uint32_t buffer_bytes_;      // header + max_message
+    std::uint32_t buffer_bytes_;      // receive_buffer_bytes(): header + max(max_message, control payload)
     std::uint32_t peer_max_message_ = 0;
     std::optional<CreditWindow> credits_;
     std::deque<Incoming> inbox_;      // at most receive_depth: bounded by the peer's credits

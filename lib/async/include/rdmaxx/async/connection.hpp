@@ -151,7 +151,7 @@ public:
     /// @errors @ref async_connection_errors "Those of every call"; exposing the region (a window
     /// bind or registration refused).
     /// @misuse A moved-from Connection; a region registered in another PD, a region without remote
-    /// rights.
+    /// rights; a negative lease.
     asio::awaitable<Result<void>> send_local_mr(MemoryRegion mr,
                                                 std::chrono::milliseconds lease = std::chrono::seconds(30),
                                                 std::source_location where = std::source_location::current());
@@ -165,7 +165,7 @@ public:
     /// @errors @ref async_connection_errors "Those of every call"; the owner's refusal: rights
     /// beyond its access ceiling (EACCES), size 0 or no remote rights (EINVAL), its quota (EDQUOT),
     /// no window free (EBUSY), no memory (ENOMEM).
-    /// @misuse A moved-from Connection.
+    /// @misuse A moved-from Connection; as rdmaxx::Connection::request_remote_mr's.
     asio::awaitable<Result<RemoteMr>> request_remote_mr(std::size_t size, Access access = access_all,
                                                         std::chrono::milliseconds lease = std::chrono::seconds(30),
                                                         Timeout timeout = {},
@@ -255,7 +255,8 @@ public:
 
     /// @}
 
-    /// Bytes this side granted on the peer's requests and has not taken back.
+    /// What the regions this side granted on the peer's requests, and has not taken back,
+    /// cost (ConnectionOptions::quota_bytes says how each counts).
     /// @misuse A moved-from Connection.
     std::uint64_t pinned_for_peer(std::source_location where = std::source_location::current()) const;
     /// How pooled regions are lent here: memory_window or registration, never automatic.

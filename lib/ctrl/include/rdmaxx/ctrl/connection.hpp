@@ -70,8 +70,9 @@ enum class Lending : std::uint8_t { automatic, memory_window, registration };
 /// max_message outside 1..2^30, receive_depth outside 4..32768 (4: one user message and
 /// a credit-only message must both fit beside the reserve for control messages),
 /// max_send_wr below 2, a timeout that is not positive (or a negative timeout_per_mib),
-/// backlog or max_pending_handshakes below 1. Values above the device's limits are an
-/// Error.
+/// backlog or max_pending_handshakes below 1, max_lease outside 0..2^32-1 ms (the wire's
+/// u32), pool.arena_bytes below MemoryPool::max_block. Values above the device's limits
+/// are an Error.
 struct ConnectionOptions {
     Transport transport = Transport::tcp;     ///< TCP or RDMA CM, on both sides alike
     std::string device;                       ///< empty: Context::open's default (RDMA CM: the
@@ -79,7 +80,9 @@ struct ConnectionOptions {
     std::uint8_t port = 1;                    ///< the device's port (RDMA CM: the one resolved to)
     std::optional<std::uint32_t> gid_index{}; ///< default: Context::choose_gid
     QpConnectOptions qp{};                    ///< the QP's MTU, ACK timeout, retries, ...
-    std::uint32_t max_message = 4096;         ///< largest message we receive
+    /// Largest message we receive (receive buffers take at least a control message's
+    /// 52 bytes, whatever this is; a longer user message breaks the connection)
+    std::uint32_t max_message = 4096;
     std::uint32_t receive_depth = 32;         ///< receive buffers posted: the peer's credits
     /// One-sided operations in flight at once (and messages in flight, up to 32).
     std::uint32_t max_send_wr = 64;
@@ -100,7 +103,11 @@ struct ConnectionOptions {
     /// What the peer may get from request_remote_mr: rights no wider than this, at
     /// most this many bytes alive at once, for at most this long.
     Access access_ceiling = Access::local_write | Access::remote_read | Access::remote_write | Access::remote_atomic;
-    std::uint64_t quota_bytes = 64ull << 20;     ///< bytes granted and not yet taken back, at most
+    /// What the regions granted and not yet taken back may cost, at most. Each costs
+    /// its pool block (the power of two that holds it) and at least a page: a peer
+    /// asking for a byte at a time gets at most quota_bytes / 4096 regions (each a
+    /// registration or a window of ours).
+    std::uint64_t quota_bytes = 64ull << 20;
     std::chrono::milliseconds max_lease{60'000}; ///< the longest lease (send_local_mr's too)
     /// The registered pool of the connection's context (alloc_local_mr, granted
     /// regions) and how its regions are lent.
@@ -217,7 +224,8 @@ public:
                                            std::source_location where = std::source_location::current());
     /// Lends `mr` to the peer for `lease` (at most max_lease) with mr.access()'s remote
     /// rights: the connection keeps it until the peer returns it (receive_local_mr hands
-    /// it back) or the lease ends. Then the peer's key is destroyed before the memory
+    /// it back), the lease ends, or the connection ends (closed here or by the peer, or
+    /// broken: every lease ends at once). Then the peer's key is destroyed before the memory
     /// can be reused: a pooled region's window or registration (see Lending); a region
     /// of its own registration is lent through a second registration of its bytes (its
     /// own key, alive when it is handed back, is never told). A late access fails at
@@ -225,7 +233,7 @@ public:
     /// @errors a wait's (see the class); registering the bytes or allocating the window
     /// fails (this loan only); the window's bind cannot be posted (the connection ends).
     /// @misuse a region not registered in this connection's PD, or with no remote
-    /// rights; a moved-from region.
+    /// rights; a negative lease; a moved-from region.
     Result<void> send_local_mr(MemoryRegion mr, std::chrono::milliseconds lease = std::chrono::seconds(30),
                                std::source_location where = std::source_location::current());
     /// A region the peer lent with send_local_mr.
@@ -237,6 +245,8 @@ public:
     /// granted until the owner took it back with receive_local_mr.
     /// @errors a wait's (see the class); the owner's refusal, with its errno: EACCES (the
     /// ceiling), EDQUOT (the quota), EINVAL (size 0, no remote right), EBUSY, ENOMEM.
+    /// @misuse rights beyond local_write and the remote ones (what can be lent); a lease
+    /// outside 0..2^32-1 ms (the wire's u32).
     Result<RemoteMr> request_remote_mr(std::size_t size, Access access = access_all,
                                        std::chrono::milliseconds lease = std::chrono::seconds(30), Timeout timeout = {},
                                        std::source_location where = std::source_location::current());
@@ -310,7 +320,8 @@ public:
     /// @errors the connection is broken (see the class); ibv_poll_cq fails.
     Result<void> progress(std::source_location where = std::source_location::current());
 
-    /// Bytes this side granted on the peer's requests and has not taken back.
+    /// What the regions this side granted on the peer's requests, and has not taken back,
+    /// cost (ConnectionOptions::quota_bytes says how each counts).
     std::uint64_t pinned_for_peer(std::source_location where = std::source_location::current()) const;
     /// How pooled regions are lent here: memory_window or registration, never automatic.
     Lending lending(std::source_location where = std::source_location::current()) const;
