@@ -726,6 +726,77 @@ TEST_CASE("cancelling a posted READ into coroutine-frame memory completes it onl
     CHECK_FALSE(late->has_value());
 }
 
+namespace {
+
+// A batch of four READs into this coroutine's frame, of which the device takes only
+// the first two (its send queue is full behind them): the coroutine resumes only once
+// the NIC is done with them, so the frame it returns to was never freed under it.
+asio::awaitable<void> batch_refused_partway(AsyncPair& p, std::optional<Result<WorkCompletion>>& out,
+                                            std::size_t& posted_at_resume, bool& dead_at_resume) {
+    alignas(64) std::array<std::byte, 4 * 1024> in_frame{};
+    auto mr = must(MemoryRegion::register_memory(p.pd, in_frame, Access::local_write));
+    SendBatch<4> batch(p.a.get());
+    for (std::size_t k = 0; k < 4; ++k)
+        batch.read(mr.slice(k * 1024, 1024), p.mem_b.remote().slice(k * 1024, 1024));
+    out = co_await p.a.post(batch, asio::use_awaitable);
+    posted_at_resume = p.a.posted();
+    dead_at_resume = p.a.dead().has_value() && p.a.get().state() == QpState::error;
+}
+
+} // namespace
+
+namespace {
+
+// An unsignaled 8-byte WRITE posted on `qp` behind its async::QueuePair's back, with a
+// wr_id no operation has (its flush is stale); the post's return code.
+int raw_write(AsyncPair& p, async::QueuePair& qp) {
+    ibv_sge sge = p.mem_a.slice(0, 8).sge();
+    ibv_send_wr wr = test::raw_write_wr(sge, p.mem_b.remote(), false);
+    wr.wr_id = 0xffff'ffff;
+    ibv_send_wr* bad = nullptr;
+    return ibv_post_send(qp.get().get(), &wr, &bad);
+}
+
+constexpr QpCaps eight{.max_send_wr = 8, .max_recv_wr = 8};
+
+// How many WRs a send queue of `eight` really takes (a provider may round its ring
+// up past what it reports): raw WRITEs on a throw-away pair's stopped QP until one is
+// refused.
+std::uint32_t send_ring_room() {
+    AsyncPair probe(async::CompletionMode::event, eight, slow_retries);
+    stop_responder(probe);
+    std::uint32_t taken = 0;
+    while (taken < 4096 && raw_write(probe, probe.a) == 0)
+        ++taken;
+    return taken;
+}
+
+} // namespace
+
+TEST_CASE("a batch the device refuses after its first WRs completes only once they are flushed, the QP dead") {
+    const std::uint32_t room = send_ring_room();
+    REQUIRE(room >= 8);
+    AsyncPair p(async::CompletionMode::event, eight, slow_retries);
+    stop_responder(p); // what the device takes stays in flight
+    for (std::uint32_t i = 0; i + 2 < room; ++i) // all but two entries
+        REQUIRE(raw_write(p, p.a) == 0);
+    std::optional<Result<WorkCompletion>> out;
+    std::size_t posted_at_resume = 99;
+    bool dead_at_resume = false;
+    asio::co_spawn(p.io, batch_refused_partway(p, out, posted_at_resume, dead_at_resume), asio::detached);
+    const auto start = std::chrono::steady_clock::now();
+    p.io.run_for(30s);
+    REQUIRE(out.has_value());
+    REQUIRE_FALSE(out->has_value());
+    INFO(out->error().message());
+    CHECK(out->error().is_errno(ENOMEM)); // the post's refusal, not the flush's status
+    CHECK(out->error().message().find("WR 2 of 4") != std::string::npos);
+    CHECK(dead_at_resume);        // the two READs taken were flushed before it resumed
+    CHECK(posted_at_resume == 0);
+    CHECK(std::chrono::steady_clock::now() - start < 5s); // not the READs' retries
+    CHECK(async::Completions::of(p.io).in_flight() == 0);
+}
+
 TEST_CASE("a write whose peer is stopped times out through op || timer with a cancelled Error") {
     AsyncPair p(async::CompletionMode::busy, {.max_send_wr = 16, .max_recv_wr = 16}, slow_retries);
     stop_responder(p);

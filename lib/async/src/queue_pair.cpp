@@ -53,12 +53,14 @@ void drop_held(QpCore& qp, Op& op, Error why) {
     return wr;
 }
 
-// Posts a batch or a receive.
-Result<void> post_other(QpCore& qp, Op& op) {
+// Posts a batch or a receive; `accepted`: the WRs the device took, `first` a batch's
+// first WR.
+Result<void> post_other(QpCore& qp, Op& op, std::size_t& accepted, const ibv_send_wr*& first) {
     if (op.kind == Op::Kind::batch) {
         ring(qp); // the sends held before it go first: a QP's sends keep their order
-        return op.wr.batch.post(op.wr.batch.batch, op.wr_id(), op.where);
+        return op.wr.batch.post(op.wr.batch.batch, op.wr_id(), accepted, first, op.where);
     }
+    accepted = 0; // one WR: taken or not
     ibv_recv_wr& wr = op.wr.recv.wr;
     wr.wr_id = op.wr_id();
     wr.next = nullptr;
@@ -69,11 +71,41 @@ Result<void> post_other(QpCore& qp, Op& op) {
     return {};
 }
 
+// A batch the device refused at a WR after its first: those before it were taken and
+// run, the last of them unsignaled (a batch signals its last WR only), so no completion
+// need come for them. The operation completes only once the NIC is done with them (its
+// memory is the caller's again then): the QP is killed, and a signaled empty SEND with
+// the operation's wr_id, posted once the QP is in the error state, is flushed behind
+// them. Its completion, or a flushed WR's before it, completes the operation with the
+// post's Error.
+[[gnu::cold]] void refused_partway(QpCore& qp, Op& op, const ibv_send_wr& first, Error why) {
+    qp.send_credits -= op.credits;
+    mark_posted(qp, op);
+    op.refused_partway = true;
+    halt(qp, std::move(why));
+    ibv_send_wr marker{};
+    marker.wr_id = op.wr_id();
+    marker.opcode = IBV_WR_SEND;
+    marker.send_flags = IBV_SEND_SIGNALED;
+    marker.wr.ud = first.wr.ud; // a UD QP's destination; the other types ignore it
+    std::size_t accepted = 0;
+    if (auto posted = rdmaxx::detail::submit(qp.qp, marker, 1, accepted, op.where); !posted)
+        logger()->error("rdmaxx: QP {:#x}: the flush marker after a batch refused partway: {} (the batch completes "
+                        "with its WRs' flush, if one comes)",
+                        qp.qp.qpn(), posted.error());
+    kill(qp, *qp.dead); // last: failing the waiting operations may destroy `qp` (kill())
+}
+
 void post(Op& op) {
     QpCore& qp = *op.qp;
     if (op.kind != Op::Kind::send) {
-        if (Result<void> posted = post_other(qp, op); !posted) [[unlikely]] {
-            fail(op, std::move(posted.error()));
+        std::size_t accepted = 0;
+        const ibv_send_wr* first = nullptr;
+        if (Result<void> posted = post_other(qp, op, accepted, first); !posted) [[unlikely]] {
+            if (accepted == 0)
+                fail(op, std::move(posted.error()));
+            else
+                refused_partway(qp, op, *first, std::move(posted.error()));
             return;
         }
         (op.kind == Op::Kind::recv ? qp.recv_credits : qp.send_credits) -= op.credits;
@@ -189,19 +221,23 @@ void retire(Op& op, const WorkCompletion& wc) {
 
 Error failure(const Op& op, const WorkCompletion& wc) {
     // the event that killed the QP says why, not the flush it caused
-    if (op.qp->dead_by_event)
+    if (op.qp->dead_by_event || op.refused_partway)
         return *op.qp->dead;
     if (op.cancelled)
         return Error::cancelled(op.call, "flushed after its cancellation: the QP is in the error state");
     return wc.error();
 }
 
-void kill(QpCore& qp, Error why) {
+void halt(QpCore& qp, Error why) {
     if (!qp.dead)
         qp.dead = std::move(why);
     if (qp.qp.state() != rdmaxx::QpState::error && qp.qp.state() != rdmaxx::QpState::reset)
         if (auto moved = qp.qp.to_error(); !moved)
             logger()->error("rdmaxx: moving QP {:#x} to the error state: {}", qp.qp.qpn(), moved.error());
+}
+
+void kill(QpCore& qp, Error why) {
+    halt(qp, std::move(why));
     // every operation waiting or held fails: taken off the QP first, failed once it is
     // touched no more. In the io_context's shutdown a failed operation's handler is
     // destroyed at once, and one that owned the QueuePair destroys it, and `qp`, as it goes.

@@ -1,6 +1,7 @@
 #include <rdmaxx/data/post.hpp>
 
 #include <array>
+#include <cstdlib>
 #include <cstring>
 
 namespace rdmaxx::detail {
@@ -79,6 +80,7 @@ int post_extended(ibv_qp_ex* qpx, const ibv_send_wr* wr) {
 
 Error post_error(bool extended, int rc, const ibv_send_wr& first, const ibv_send_wr* bad, std::size_t count,
                  std::size_t& accepted) {
+    rc = std::abs(rc); // rxe's provider returns -ENOMEM, -EINVAL
     accepted = 0;
     if (extended)
         return Error::from_errno("ibv_wr_complete", rc, fmt::format("{} WR(s), none posted", count));
@@ -91,6 +93,7 @@ Error post_error(bool extended, int rc, const ibv_send_wr& first, const ibv_send
 
 Error post_recv_error(const char* call, int rc, const ibv_recv_wr& first, const ibv_recv_wr* bad,
                       std::size_t count) {
+    rc = std::abs(rc);
     std::size_t posted = 0;
     for (const ibv_recv_wr* wr = &first; wr && wr != bad; wr = wr->next)
         ++posted;

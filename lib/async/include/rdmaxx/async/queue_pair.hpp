@@ -111,11 +111,15 @@ auto initiate(Token&& token, Claim claim) {
 }
 
 template <std::size_t N>
-Result<void> post_batch(void* batch, std::uint64_t wr_id, std::source_location where) {
+Result<void> post_batch(void* batch, std::uint64_t wr_id, std::size_t& accepted, const ibv_send_wr*& first,
+                        std::source_location where) {
     auto& b = *static_cast<SendBatch<N>*>(batch);
     for (std::size_t k = 0; k < b.size(); ++k)
         b.set_wr_id(k, wr_id, where).set_signaled(k, k + 1 == b.size(), where);
-    return b.post(where);
+    Result<void> posted = b.post(where);
+    accepted = posted ? b.size() : b.accepted();
+    first = &b.work_request(0, where);
+    return posted;
 }
 
 } // namespace detail
@@ -130,7 +134,8 @@ Result<void> post_batch(void* batch, std::uint64_t wr_id, std::source_location w
 /// if it was posted:
 ///  - the QP dead before it was posted (a failed completion, a cancellation after a
 ///    post, a device event): that Error, at once;
-///  - the device refusing the post (ibv_post_send's or ibv_post_recv's errno);
+///  - the device refusing the post (ibv_post_send's or ibv_post_recv's errno); a batch
+///    refused after its first WRs, once they are flushed (the QP dead);
 ///  - a failed work completion: kind completion (its ibv_wc_status); the event's
 ///    Error (a port down: ENETDOWN) once a device event killed the QP; kind cancelled
 ///    for the operation cancelled after its post;
@@ -289,15 +294,22 @@ public:
     /// last one alone signaled, and it completes with the last one's completion (or the
     /// first failure). It takes as many queue entries as it has WRs. The batch must
     /// stay alive and unchanged until the operation completes.
-    /// @errors @ref async_qp_errors "Those of every operation".
+    /// @errors @ref async_qp_errors "Those of every operation". A batch the device
+    /// refuses after taking its first WRs (ibv_post_send took those before the refused
+    /// one) kills the QP, and completes with the refusal only once they are flushed.
     /// @misuse A batch of another QP, an empty one, one larger than the queue; a
-    /// moved-from QueuePair; a QP not in RTS when the batch is posted.
+    /// moved-from QueuePair; a QP not in RTS when the batch is posted; a QP created
+    /// with QpOptions::signal_all (its first WR's completion would end the operation
+    /// while the others run).
     template <std::size_t N, class Token = DefaultToken>
     auto post(SendBatch<N>& batch, Token&& token = {}, std::source_location where = std::source_location::current()) {
         require(&batch.queue_pair() == &state(where).qp, where, "a SendBatch of QP {:#x} posted on QP {:#x}",
                 batch.queue_pair().qpn(), state_->qp.qpn());
         require(batch.size() > 0 && batch.size() <= state_->qp.caps().max_send_wr, where,
                 "a batch of {} WRs on a send queue of {}", batch.size(), state_->qp.caps().max_send_wr);
+        require(!state_->qp.signals_all(), where,
+                "a batch on QP {:#x}, created with signal_all: its first WR's completion would end it while the others "
+                "run", state_->qp.qpn());
         detail::Claim claim = send("post(batch)", where);
         detail::Op& op = claim.op();
         op.kind = detail::Op::Kind::batch;

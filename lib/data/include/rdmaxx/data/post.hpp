@@ -434,6 +434,13 @@ public:
     }
     /// How many WRs the last post() handed to the device.
     std::size_t accepted() const noexcept { return accepted_; }
+    /// WR `k` as post() hands it to the device (read-only): what code posting after the
+    /// batch must match, a UD batch's destination, say.
+    /// @misuse k not below size().
+    const ibv_send_wr& work_request(std::size_t k, std::source_location where = std::source_location::current()) const {
+        require(k < count_, where, "WR {} of a batch of {}", k, count_);
+        return wrs_[k].wr;
+    }
 
 private:
     detail::SendWr& next(std::source_location where) {

@@ -57,7 +57,10 @@ struct RecvWr {
 // and posts them all.
 struct BatchRef {
     void* batch;
-    Result<void> (*post)(void* batch, std::uint64_t wr_id, std::source_location where);
+    // posts it; `accepted` receives how many WRs the device took (all, or those before
+    // the one it refused); `first` its first WR (a flush marker's UD destination)
+    Result<void> (*post)(void* batch, std::uint64_t wr_id, std::size_t& accepted, const ibv_send_wr*& first,
+                         std::source_location where);
 };
 
 struct Op {
@@ -71,6 +74,7 @@ struct Op {
     State state = State::free;
     Kind kind = Kind::send;
     bool cancelled = false; // a terminal cancellation moved the QP to error for this op
+    bool refused_partway = false; // a batch the device refused after taking its first WRs
     std::uint32_t credits = 0; // queue entries this op holds (or waits for)
     QpCore* qp = nullptr;
     Op* prev = nullptr; // the free list (next only), a QP's credit queue or its held sends
@@ -104,6 +108,7 @@ public:
         free_ = op.next;
         op.next = op.prev = nullptr;
         op.cancelled = false;
+        op.refused_partway = false;
         ++in_use_;
         return op;
     }

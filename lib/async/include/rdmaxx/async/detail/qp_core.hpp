@@ -51,8 +51,10 @@ void ring(QpCore& qp);
 void retire(Op& op, const WorkCompletion& wc);
 // What an op whose completion `wc` failed completes with; judged before retire().
 Error failure(const Op& op, const WorkCompletion& wc);
-// Moves the QP to the error state (its posted operations then complete with flush
-// errors) and fails its waiting and held operations, deferred, with `why`.
+// The QP dead with `why` (unless it died before) and moved to the error state: its
+// posted operations then complete with flush errors. Fails nothing itself.
+void halt(QpCore& qp, Error why);
+// halt(), then fails its waiting and held operations, deferred, with `why`.
 void kill(QpCore& qp, Error why);
 // kill() for a device event (Completions' watch): unless the QP was already dead, its
 // posted operations then complete with `why`, not with their flush status.
