@@ -797,6 +797,19 @@ TEST_CASE("a batch the device refuses after its first WRs completes only once th
     CHECK(async::Completions::of(p.io).in_flight() == 0);
 }
 
+TEST_CASE("async QueuePair: a batch of another QP, or on a QP that signals every WR, aborts naming the caller") {
+    AsyncPair p(async::CompletionMode::event, eight);
+    SendBatch<2> batch(p.b.get());
+    batch.write(p.mem_a.slice(0, 8), p.mem_b.remote().slice(0, 8));
+    RDMAXX_CHECK_DEATH((void)p.a.post(batch, [](Result<WorkCompletion>) {}), "posted on QP");
+    auto raw = must(QueuePair::create(p.pd, {.send_cq = &p.cq_a.get(), .recv_cq = &p.cq_a.get(), .caps = eight,
+                                             .signal_all = true}));
+    async::QueuePair every = async::QueuePair::attach(std::move(raw), p.cq_a, p.cq_a);
+    SendBatch<2> two(every.get());
+    two.write(p.mem_a.slice(0, 8), p.mem_b.remote().slice(0, 8)).write(p.mem_a.slice(8, 8), p.mem_b.remote().slice(8, 8));
+    RDMAXX_CHECK_DEATH((void)every.post(two, [](Result<WorkCompletion>) {}), "created with signal_all");
+}
+
 TEST_CASE("a write whose peer is stopped times out through op || timer with a cancelled Error") {
     AsyncPair p(async::CompletionMode::busy, {.max_send_wr = 16, .max_recv_wr = 16}, slow_retries);
     stop_responder(p);
