@@ -66,13 +66,13 @@ def temporaries(directory):
 class Server:
     """rdmaxx-copy --serve DIR, up once it said so on stdout."""
 
-    def __init__(self, directory, *args):
+    def __init__(self, directory, *args, env=None):
         global next_port
         self.port, next_port = next_port, next_port + 1
         self.directory = directory
         self.log = open(os.path.join(work, f"server-{self.port}.log"), "w+")
         self.p = subprocess.Popen([tool, "--serve", directory, "-p", str(self.port), *args], stdout=subprocess.PIPE,
-                                  stderr=self.log, text=True)
+                                  stderr=self.log, text=True, env=env)
         line = self.p.stdout.readline()
         if "serving" not in line:
             raise RuntimeError(f"the server did not start: {line!r} {self.stderr()}")
@@ -177,6 +177,33 @@ def main_run():
           not os.path.exists("/tmp/x"))
     r = client(server, [one], "")
     check("the server serves the next client after refusals", r.returncode == 0 and server.p.poll() is None, r.stderr)
+
+    # a destination near the protocol's limit (3,765 B): stored, the result naming it
+    # whole, and the server lives on (a result's text was cut at 1 KiB: it aborted)
+    deep = os.path.join(dst, *(["d" * 250] * 15))
+    os.makedirs(deep)
+    r = client(server, [one], os.path.relpath(deep, dst) + "/")
+    check("a destination of 3,765 B: stored under its whole name", r.returncode == 0 and
+          same(one, os.path.join(deep, "one")) and server.p.poll() is None, r.stderr.strip()[-300:])
+    shutil.rmtree(os.path.join(dst, "d" * 250))
+
+    # a directory whose fsync fails (after the rename): the client is told, not "stored"
+    shim = os.path.join(work, "fsync-eio.so")
+    built = subprocess.run(["cc", "-shared", "-fPIC", "-o", shim, "-x", "c", "-", "-ldl"], capture_output=True,
+                           text=True, input="#define _GNU_SOURCE\n#include <dlfcn.h>\n#include <errno.h>\n"
+                           "#include <sys/stat.h>\nint fsync(int fd) {\n    struct stat st;\n"
+                           "    if (fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) { errno = EIO; return -1; }\n"
+                           "    return ((int (*)(int))dlsym(RTLD_NEXT, \"fsync\"))(fd);\n}\n")
+    check("the fsync shim builds", built.returncode == 0, built.stderr)
+    if built.returncode == 0:
+        # under ASan the shim comes before its runtime: allowed, as it intercepts nothing ASan does
+        asan = os.environ.get("ASAN_OPTIONS", "")
+        env = {**os.environ, "LD_PRELOAD": shim, "ASAN_OPTIONS": f"{asan}:verify_asan_link_order=0".lstrip(":")}
+        failing = Server(dst, "--once", env=env)
+        r = client(failing, [one], "sub/unsynced")
+        check("a directory fsync that fails: the client exits 1 and says so", r.returncode == 1 and
+              "fsync" in r.stderr and "in place" in r.stderr, r.stderr.strip()[-300:])
+        failing.stop()
 
     # a client killed mid-file: neither the file nor its temporary once the server noticed
     slow = os.path.join(src, "slow.bin")

@@ -40,6 +40,8 @@ std::vector<Message> samples() {
             Done{.checksum = 0x0123456789abcdef},
             FileResult{.code = 0, .text = "sub/a.bin"},
             FileResult{.code = EBADMSG, .text = std::string(max_text, 'x')},
+            // the longest name a stored file can have: its result's text
+            FileResult{.code = 0, .text = std::string(max_target + 1 + max_name, 'n')},
             SessionError{.code = ENOSPC, .text = "writing"}};
 }
 
@@ -252,6 +254,13 @@ TEST_CASE("copy options: client, server, sizes and what is refused") {
     CHECK(o.host == "fe80::1");
     CHECK(o.target.empty());
     CHECK(must(parse({"-h"})).help);
+    // a destination longer than the protocol carries is refused, never cut short
+    const std::string longest = "h:" + std::string(max_target, 'd');
+    CHECK(must(parse({"a", longest})).target.size() == max_target);
+    const std::string too_long = longest + "d";
+    const auto refused = parse({"a", too_long});
+    REQUIRE_FALSE(refused);
+    CHECK(refused.error().is_errno(EINVAL));
 
     for (const auto& bad : std::vector<std::vector<std::string_view>>{
              {"a"}, {"a", "nohost"}, {"a", ":path"}, {"--serve"}, {"--serve", "d", "file"}, {"--once", "a", "h:"},

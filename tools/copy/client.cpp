@@ -155,7 +155,7 @@ asio::awaitable<Result<void>> send_one(asio::any_io_executor executor, Client& c
     File announce{.size = file.size,
                   .mode = file.mode,
                   .flags = static_cast<std::uint8_t>(o.files.size() > 1 ? file_into_directory : 0),
-                  .target = o.target.substr(0, max_target),
+                  .target = o.target,
                   .name = base_name(file.path).substr(0, max_name)};
     const Message file_message = std::move(announce);
     if (auto ok = co_await sh.channel->say(file_message); !ok) {

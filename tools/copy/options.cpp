@@ -154,6 +154,9 @@ Result<Options> parse_options(std::span<const std::string_view> args) {
     const auto remote = parse_remote(positional.back());
     if (!remote)
         return std::unexpected(invalid(fmt::format("the last argument must be HOST:[PATH], not '{}'", positional.back())));
+    if (remote->path.size() > max_target)
+        return std::unexpected(invalid(fmt::format("a destination PATH of {} B: at most {}", remote->path.size(),
+                                                   max_target)));
     o.host = remote->host;
     o.target = remote->path;
     positional.pop_back();

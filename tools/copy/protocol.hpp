@@ -39,7 +39,10 @@ inline constexpr std::size_t header_bytes = 8;
 inline constexpr std::size_t max_message = 4096;  // the connections' max_message
 inline constexpr std::size_t max_target = 3800;   // bytes of a destination path
 inline constexpr std::size_t max_name = 255;      // a file name (NAME_MAX)
-inline constexpr std::size_t max_text = 1024;     // a result's or error's text
+// a result's or error's text: what a message holds after its header, code and length
+// (a stored file's name, up to max_target + 1 + max_name, is a result's text)
+inline constexpr std::size_t max_text = max_message - header_bytes - 6;
+static_assert(max_text >= max_target + 1 + max_name);
 
 // Limits on the transfer's shape, checked by both sides.
 inline constexpr std::uint32_t min_block = 4096;

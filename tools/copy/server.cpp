@@ -85,7 +85,11 @@ public:
         if (::renameat(dir, name_.c_str(), dir, destination_.name.c_str()) != 0)
             return std::unexpected(Error::from_last_errno("renameat", "'{}'", destination_.shown));
         committed_ = true;
-        (void)::fsync(dir); // the rename itself; a file system that cannot is not an error
+        // the rename itself; a file system that cannot (EINVAL, EROFS) is not an error
+        if (::fsync(dir) != 0 && errno != EINVAL && errno != EROFS)
+            return std::unexpected(Error::from_last_errno(
+                "fsync", "the directory of '{}' (the file is in place; its name may not survive a crash)",
+                destination_.shown));
         return {};
     }
     const std::string& shown() const noexcept { return destination_.shown; }
@@ -205,7 +209,8 @@ asio::awaitable<Result<void>> receive_file(async::Connection& c, Channel& channe
     if (theirs != checksum.digest()) {
         result = {.code = EBADMSG,
                   .text = fmt::format("checksum mismatch on '{}' (sent {:016x}, written {:016x}): not stored",
-                                      temp->shown(), theirs, checksum.digest())};
+                                      temp->shown(), theirs, checksum.digest())
+                              .substr(0, max_text)};
     } else if (auto committed = temp->commit(static_cast<mode_t>(file.mode & 0777 & ~s.server->umask)); !committed) {
         result = {.code = static_cast<std::uint32_t>(committed.error().code() != 0 ? committed.error().code() : EIO),
                   .text = describe(committed.error()).substr(0, max_text)};
@@ -245,9 +250,10 @@ asio::awaitable<Result<void>> run_session(async::Connection& c, Session& s) {
         (void)co_await channel.say(refused);
         co_return std::unexpected(fits.error());
     }
+    // zeroed: a pooled block may hold an earlier session's bytes, which a chunk its
+    // client did not write in full (the server cannot tell) would carry into a file
     const std::size_t staging_bytes = std::size_t{s.hello.block} * s.hello.depth;
-    const AllocateOptions uninitialised{.zeroed = false};
-    auto staging = c.alloc_local_mr(staging_bytes, Access::local_write | Access::remote_write, uninitialised);
+    auto staging = c.alloc_local_mr(staging_bytes, Access::local_write | Access::remote_write);
     if (!staging)
         co_return std::unexpected(staging.error());
     // One lease for the session, as long as the connection's own bound for moving all
