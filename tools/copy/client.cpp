@@ -84,9 +84,10 @@ Result<void> pread_all(int fd, std::byte* data, std::size_t length, std::uint64_
     return {};
 }
 
+// A file to send, as listed before the session (its descriptor is not kept: a copy of
+// more files than the descriptor limit must not run out).
 struct Local {
     std::string path;
-    Fd fd;
     std::uint64_t size = 0;
     std::uint32_t mode = 0;
     std::optional<Error> error; // could not be opened: not sent
@@ -100,7 +101,7 @@ Local open_local(const std::string& path) {
         l.error = Error::from_last_errno("open", "'{}'", path);
         return l;
     }
-    l.fd = Fd(fd);
+    const Fd listed(fd);
     struct stat st{};
     if (::fstat(fd, &st) != 0) {
         l.error = Error::from_last_errno("fstat", "'{}'", path);
@@ -147,6 +148,18 @@ asio::awaitable<Result<void>> send_one(asio::any_io_executor executor, Client& c
         report.seconds = std::chrono::duration<double>(Clock::now() - started).count();
     };
     report.bytes = file.size;
+    // opened again at its turn, and sent only as it was listed (the hello counted it)
+    const Fd fd(::open(file.path.c_str(), O_RDONLY | O_CLOEXEC));
+    struct stat st{};
+    if (fd.get() < 0 || ::fstat(fd.get(), &st) != 0) {
+        finish(false, describe(Error::from_last_errno("open", "'{}'", file.path)));
+        co_return Result<void>{};
+    }
+    if (static_cast<std::uint64_t>(st.st_size) != file.size) {
+        finish(false, fmt::format("'{}' changed size since the copy began ({} B, now {} B): not sent", file.path,
+                                  file.size, st.st_size));
+        co_return Result<void>{};
+    }
     const auto chunks = chunk_count(file.size, o.block);
     if (!chunks) {
         finish(false, describe(chunks.error()));
@@ -206,7 +219,7 @@ asio::awaitable<Result<void>> send_one(asio::any_io_executor executor, Client& c
         const std::uint64_t offset = std::uint64_t{i} * o.block;
         const std::size_t length = static_cast<std::size_t>(std::min<std::uint64_t>(o.block, file.size - offset));
         const std::size_t at = std::size_t{slot} * o.block;
-        if (auto read = pread_all(file.fd.get(), sh.staging->data() + at, length, offset); !read) {
+        if (auto read = pread_all(fd.get(), sh.staging->data() + at, length, offset); !read) {
             failed = Error::from_errno("rdmaxx-copy", read.error().code(),
                                        fmt::format("reading '{}': {}", file.path, describe(read.error())));
             break;
