@@ -32,6 +32,7 @@ if pair and not os.environ.get("RDMAXX_PAIR_A_DEV"):
 big_mib = int(os.environ.get("RDMAXX_COPY_BIG_MIB", "256"))
 failures = []
 cleanup = []
+servers = []  # killed at the end, however the test ends: copy-pair runs in the same VM
 next_port = 18620
 work = tempfile.mkdtemp(prefix="rdmaxx-copy-test.", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
 
@@ -73,6 +74,7 @@ class Server:
         self.log = open(os.path.join(work, f"server-{self.port}.log"), "w+")
         self.p = subprocess.Popen([tool, "--serve", directory, "-p", str(self.port), *args], stdout=subprocess.PIPE,
                                   stderr=self.log, text=True, env=env)
+        servers.append(self.p)
         line = self.p.stdout.readline()
         if "serving" not in line:
             raise RuntimeError(f"the server did not start: {line!r} {self.stderr()}")
@@ -202,6 +204,26 @@ def main_run():
     shutil.rmtree(many)
     shutil.rmtree(os.path.join(dst, "many"))
 
+    # one client more than --max-clients is told the server is busy; served once one left
+    busy = Server(dst, "--max-clients", "1")
+    slow_one = subprocess.Popen([tool, "-p", str(busy.port), "-b", "4K", "--depth", "1", os.path.join(src, "big.bin"),
+                                 "127.0.0.1:sub/slow-one"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not temporaries(dst) and time.monotonic() < deadline and slow_one.poll() is None:
+        time.sleep(0.05)
+    r = client(busy, [one], "sub/second")
+    check("--max-clients 1: a second client at once is refused (busy)", r.returncode == 1 and "busy" in r.stderr and
+          "clients at once" in r.stderr and not os.path.exists(os.path.join(dst, "sub", "second")), r.stderr.strip())
+    slow_one.send_signal(signal.SIGKILL)
+    slow_one.wait()
+    deadline = time.monotonic() + 30
+    while temporaries(dst) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    r = client(busy, [one], "sub/second")
+    check("--max-clients 1: served once the first left", r.returncode == 0 and
+          same(one, os.path.join(dst, "sub", "second")), r.stderr.strip())
+    busy.stop()
+
     # a directory whose fsync fails (after the rename): the client is told, not "stored"
     shim = os.path.join(work, "fsync-eio.so")
     built = subprocess.run(["cc", "-shared", "-fPIC", "-o", shim, "-x", "c", "-", "-ldl"], capture_output=True,
@@ -288,6 +310,10 @@ try:
 except Exception as e:  # a crash is a failure with its reason, not a traceback into the void
     check("the test ran to its end", False, repr(e))
 finally:
+    for p in servers:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
     for directory in [work, *cleanup]:
         shutil.rmtree(directory, ignore_errors=True)
 if failures:

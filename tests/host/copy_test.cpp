@@ -242,8 +242,10 @@ TEST_CASE("copy options: client, server, sizes and what is refused") {
     CHECK(o.host == "10.0.0.1");
     CHECK(o.target == "dir/");
     CHECK(o.port == default_port);
-    o = must(parse({"--serve", "/srv", "--once", "-R", "-p", "9000", "--timeout", "5", "-d", "rxe0"}));
+    o = must(parse({"--serve", "/srv", "--once", "-R", "-p", "9000", "--timeout", "5", "-d", "rxe0", "--max-clients",
+                    "3"}));
     CHECK(*o.serve == "/srv");
+    CHECK(o.max_clients == 3);
     CHECK(o.once);
     CHECK(o.rdma_cm);
     CHECK(o.port == 9000);
@@ -266,7 +268,7 @@ TEST_CASE("copy options: client, server, sizes and what is refused") {
              {"a"}, {"a", "nohost"}, {"a", ":path"}, {"--serve"}, {"--serve", "d", "file"}, {"--once", "a", "h:"},
              {"-b", "1K", "a", "h:"}, {"-b", "32M", "a", "h:"}, {"--depth", "0", "a", "h:"}, {"--depth", "65", "a", "h:"},
              {"-b", "16M", "--depth", "8", "a", "h:"}, {"-p", "0", "a", "h:"}, {"--timeout", "0", "a", "h:"},
-             {"--bogus", "a", "h:"}}) {
+             {"--bogus", "a", "h:"}, {"--serve", "d", "--max-clients", "0"}, {"--serve", "d", "--max-clients", "1025"}}) {
         const auto r = parse(bad);
         CHECK_MESSAGE(!r, fmt::format("{}", fmt::join(bad, " ")));
         if (!r)

@@ -24,7 +24,7 @@ std::optional<std::uint64_t> number(std::string_view text) {
 
 bool takes_value(std::string_view flag) {
     for (const std::string_view f : {"--serve", "--bind", "-d", "--ib-dev", "-x", "--gid-index", "-p", "--port", "-b",
-                                     "--block", "--depth", "--timeout"})
+                                     "--block", "--depth", "--timeout", "--max-clients"})
         if (flag == f)
             return true;
     return false;
@@ -128,6 +128,11 @@ Result<Options> parse_options(std::span<const std::string_view> args) {
             if (!n || *n < 1 || *n > max_depth)
                 return std::unexpected(invalid(fmt::format("{} takes 1..{}, not '{}'", arg, max_depth, *value)));
             o.depth = static_cast<std::uint32_t>(*n);
+        } else if (is("", "--max-clients")) {
+            const auto n = number(*value);
+            if (!n || *n < 1 || *n > 1024)
+                return std::unexpected(invalid(fmt::format("{} takes 1..1024, not '{}'", arg, *value)));
+            o.max_clients = static_cast<std::uint32_t>(*n);
         } else if (is("", "--timeout")) {
             const auto n = number(*value);
             if (!n || *n < 1 || *n > 86400)
@@ -174,8 +179,8 @@ NAME
     rdmaxx-copy - copy files between two hosts over RDMA
 
 SYNOPSIS
-    rdmaxx-copy --serve DIR [--once] [--bind ADDRESS] [-p PORT] [-R] [-d DEVICE]
-                [-x GID_INDEX] [--timeout SECONDS]
+    rdmaxx-copy --serve DIR [--once] [--max-clients N] [--bind ADDRESS] [-p PORT]
+                [-R] [-d DEVICE] [-x GID_INDEX] [--timeout SECONDS]
     rdmaxx-copy [-b BLOCK] [--depth N] [--json] [-p PORT] [-R] [-d DEVICE]
                 [-x GID_INDEX] [--timeout SECONDS] FILE... HOST:[PATH]
 
@@ -201,8 +206,9 @@ DESCRIPTION
     replaced), so nothing is written outside DIR.
 
     The server serves clients until it is killed (--once: one client, then exit),
-    several at once on one thread. A malformed or hostile client is logged and
-    dropped; the next one is served.
+    several at once on one thread (at most --max-clients; one more is told the
+    server is busy). A malformed or hostile client is logged and dropped; the next
+    one is served.
 
     Output: on a terminal, a progress line per file on stderr (percent, MiB/s,
     ETA); otherwise one line per file on stdout (name, bytes, seconds, MiB/s).
@@ -213,6 +219,8 @@ OPTIONS
         --serve DIR        serve, receiving files into DIR
         --once             serve one client, then exit (its status: 0 only if
                            every file it sent was stored)
+        --max-clients N    clients served at once (16; 1..1024): each pins up to
+                           64 MiB of staging; one more is refused (busy)
         --bind ADDRESS     the address to listen on (0.0.0.0; with -R, an address
                            of the RDMA device's netdev)
     -b, --block BYTES      block size of each RDMA WRITE (1M; 4K..16M, K and M

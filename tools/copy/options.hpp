@@ -21,6 +21,8 @@ struct Options {
     std::optional<std::string> serve; // DIR
     bool once = false;
     std::string bind = "0.0.0.0";
+    // sessions served at once: each pins up to max_staging of the server's memory
+    std::uint32_t max_clients = 16;
     // client
     std::vector<std::string> files;
     std::string host;

@@ -37,6 +37,7 @@ struct Server {
     Fd root;
     ConnectionOptions connection;
     bool once = false;
+    std::uint32_t max_clients = 16;
     mode_t umask = 022;
     std::uint64_t clients = 0;
     std::size_t sessions = 0; // running now
@@ -244,6 +245,14 @@ asio::awaitable<Result<void>> run_session(async::Connection& c, Session& s) {
     if (!std::holds_alternative<Hello>(*first))
         co_return std::unexpected(unexpected_message("hello", *first));
     s.hello = std::get<Hello>(*first);
+    if (s.server->sessions > s.server->max_clients) { // counted, this one too, at its accept
+        const SessionError busy{.code = EBUSY,
+                                .text = fmt::format("the server serves {} clients at once, its most: try again later",
+                                                    s.server->max_clients)};
+        const Message refused = busy;
+        (void)co_await channel.say(refused);
+        co_return std::unexpected(Error::from_errno("rdmaxx-copy", EBUSY, busy.text));
+    }
     if (auto fits = check_hello(s.hello); !fits) {
         const SessionError refusal{.code = EINVAL, .text = describe(fits.error()).substr(0, max_text)};
         const Message refused = refusal;
@@ -337,6 +346,7 @@ int serve(const Options& o) {
     }
     server.root = Fd(root);
     server.once = o.once;
+    server.max_clients = o.max_clients;
     server.umask = ::umask(022);
     ::umask(server.umask);
     server.connection.transport = o.rdma_cm ? Transport::rdma_cm : Transport::tcp;
