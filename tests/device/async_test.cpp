@@ -374,6 +374,47 @@ TEST_CASE("an operation cancelled while it waits for entries ends cleanly; the Q
     CHECK(ok == depth + 1);
 }
 
+namespace {
+
+int refuse_arm(ibv_cq*, int) { return EIO; }
+
+// `n` receives on b, each waiting a while for a's SEND: its CQ has nothing to find when
+// it goes to sleep (a loopback WRITE completes within its post).
+asio::awaitable<void> receive_in_turn(AsyncPair& p, int n, int& ok, bool& done) {
+    const auto executor = co_await asio::this_coro::executor;
+    asio::steady_timer timer(executor);
+    for (int i = 0; i < n; ++i) {
+        std::optional<Result<WorkCompletion>> got;
+        p.b.receive(p.mem_b.slice(0, 64), [&got](Result<WorkCompletion> r) { got = std::move(r); });
+        timer.expires_after(5ms);
+        co_await timer.async_wait(asio::use_awaitable);
+        const bool sent = (co_await p.a.send(p.mem_a.slice(0, 64))).has_value();
+        while (!got)
+            co_await asio::post(executor, asio::use_awaitable);
+        ok += sent && got->has_value() ? 1 : 0;
+    }
+    done = true;
+}
+
+} // namespace
+
+TEST_CASE("an event CQ whose arm fails is polled instead: every operation completes") {
+    AsyncPair p(async::CompletionMode::event);
+    // the device refuses every arm of this context's CQs (its provider's entry point)
+    ibv_context_ops& ops = p.context.get()->ops;
+    struct Restore {
+        ibv_context_ops& ops;
+        decltype(ops.req_notify_cq) saved = ops.req_notify_cq;
+        ~Restore() { ops.req_notify_cq = saved; }
+    } restore{ops};
+    ops.req_notify_cq = refuse_arm;
+    int ok = 0;
+    bool done = false;
+    asio::co_spawn(p.io, receive_in_turn(p, 20, ok, done), asio::detached);
+    p.run_until(done, 20s); // the receive's CQ waited on its channel for an event that never came
+    CHECK(ok == 20);
+}
+
 // --- doorbells: the sends a poll's handlers start go out together -------------------
 
 namespace {

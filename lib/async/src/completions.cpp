@@ -111,8 +111,11 @@ struct Completions::Wake {
     Turn pin;
     void operator()(const std::error_code& ec) {
         detail::CqCore& c = *pin.core;
-        if (ec || c.service->shut_down_) // cancelled: the handle is gone
+        if (ec == asio::error::operation_aborted || c.service->shut_down_) // the handle is gone
             return;
+        if (ec)
+            return c.service->poll_instead(c, Error::from_errno("epoll_wait", ec.value(), "a completion channel"));
+        c.events_failing = false;
         c.service->drive(c, [&c] {
             if (auto taken = c.cq.take_events(); !taken)
                 logger()->error("rdmaxx: completion channel: {}", taken.error());
@@ -269,16 +272,25 @@ void Completions::sleep(detail::CqCore& cq) {
         cq.driving = false;
         return;
     }
-    if (auto armed = cq.cq.arm(); !armed)
-        logger()->error("rdmaxx: arming a completion queue: {}", armed.error());
-    if (drain(cq, false, turn_budget) != 0) {
-        if (cq.drive.mode == CompletionMode::hybrid) // busy again
-            cq.last_completion = Clock::now();
-        next_turn(cq);
-        return;
-    }
+    const Result<void> armed = cq.cq.arm();
+    const std::size_t found = drain(cq, false, turn_budget);
+    if (found != 0 && cq.drive.mode == CompletionMode::hybrid) // busy again
+        cq.last_completion = Clock::now();
+    if (!armed)
+        return poll_instead(cq, armed.error());
+    if (found != 0)
+        return next_turn(cq);
     cq.channel->async_wait(asio::posix::stream_descriptor::wait_read,
                            detail::with_memory(handler_memory_, Wake{Turn(cq)}));
+}
+
+// A CQ whose event cannot come (its arm or its channel's wait failed) is polled in
+// turns, as a busy one is, until an arm and a wait work again: its completions are
+// found late rather than never (waiting on the channel, its operations hung for ever).
+void Completions::poll_instead(detail::CqCore& cq, const Error& why) {
+    if (!std::exchange(cq.events_failing, true))
+        logger()->warn("rdmaxx: {}: the completion queue is polled in turns instead", why);
+    next_turn(cq);
 }
 
 std::size_t Completions::drain(detail::CqCore& cq, bool defer, std::size_t limit) {

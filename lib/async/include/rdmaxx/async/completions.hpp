@@ -91,6 +91,8 @@ namespace rdmaxx::async {
 
 /// How a CQ's completions are taken (the modes in full: completions.hpp).
 ///  - `event`: the completion channel in the io_context's reactor; no CPU while idle.
+///    A CQ the device will not arm (or whose channel cannot be waited on) is polled in
+///    turns, as a busy one, until it can be again (a warning is logged).
 ///  - `busy`: a handler polls, and yields to the io_context's others between turns.
 ///  - `hybrid`: busy for DriveOptions::spin after the last completion, then event.
 ///  - `manual`: nothing is driven; the application calls poll().
@@ -154,6 +156,7 @@ struct CqCore {
     unsigned qps = 0;
     unsigned pins = 0;           // the handle and pending driver handlers
     bool driving = false;        // a poll turn or a channel wait is pending
+    bool events_failing = false; // an arm or a channel wait failed: polled in turns (logged once)
     std::chrono::steady_clock::time_point last_completion{};
     CompletionSink sink;         // take == nullptr: completions name operations
     DeviceWatch* device = nullptr; // its context's events (none for a sink CQ)
@@ -316,6 +319,7 @@ private:
     void sleep(detail::CqCore& cq);
     // Posts `cq`'s next Turn; a busy or hybrid CQ's is listed in spinning_ until it runs.
     void next_turn(detail::CqCore& cq);
+    void poll_instead(detail::CqCore& cq, const Error& why);
     // Polls once each spinning CQ but `turning` (whose turn runs); returns what it took.
     std::size_t poll_spinning(const detail::CqCore& turning);
     void erase(detail::CqCore& cq) noexcept;
