@@ -39,9 +39,11 @@ public:
 
     // Sends a connect request carrying `private_data` and a made-up QP number, another
     // per request: the kernel's CM itself rejects a QP number already connecting (stale
-    // connection), and the listener would never see the request.
+    // connection), and the listener would never see the request. Made up above every
+    // QP number rxe hands out (below 2^20; it counts up per device, across processes,
+    // so from 0x1000 a made-up number met a real QP's now and then in a long run).
     void connect(std::span<const std::byte> private_data) {
-        static std::atomic<std::uint32_t> next_qpn{0x1000};
+        static std::atomic<std::uint32_t> next_qpn{0xf00000};
         rdma_conn_param param{};
         param.private_data = private_data.data();
         param.private_data_len = static_cast<std::uint8_t>(private_data.size());
