@@ -294,6 +294,20 @@ TEST_CASE("misusing the data layer is a programming error naming the caller") {
     RDMAXX_CHECK_DEATH((void)wait_n(p.cq_a, one, 2), "wait_n for 2 completions into room for 1");
 }
 
+TEST_CASE("posting on a moved-from QP aborts naming the caller, on both post APIs") {
+    for (const PostApi api : {PostApi::classic, PostApi::extended}) {
+        CAPTURE(static_cast<int>(api));
+        test::RcPair p(api);
+        const QueuePair taken = std::move(p.a);
+        const RemoteMemory remote = p.mem_b.remote();
+        // the extended API's pointer moved with the QP: it posted on the new owner's
+        RDMAXX_CHECK_DEATH((void)post_write(p.a, p.mem_a.slice(0, 8), remote.slice(0, 8)), "moved-from");
+        RDMAXX_CHECK_DEATH((void)post_fetch_add(p.a, p.mem_a.slice(0, 8), remote.slice(0, 8), 1), "moved-from");
+        CHECK((taken.extended() != nullptr) == (api == PostApi::extended));
+        CHECK(p.a.extended() == nullptr);
+    }
+}
+
 TEST_CASE("poll() on a moved-from completion queue aborts naming the caller") {
     test::Rig rig;
     CompletionQueue moved = std::move(rig.cq);

@@ -188,7 +188,7 @@ Result<QueuePair> QueuePair::create(const ProtectionDomain& pd, const QpOptions&
     qp.device_ = device;
     qp.pd_ = pd_handle;
     // only a QP created with send_ops_flags has working ibv_wr_* entries
-    qp.extended_ = with_send_ops ? ibv_qp_to_qp_ex(raw) : nullptr;
+    qp.extended_ = detail::OwnedElsewhere<ibv_qp_ex>(with_send_ops ? ibv_qp_to_qp_ex(raw) : nullptr);
     qp.qp_ = detail::adopt(raw, "ibv_destroy_qp", &ibv_destroy_qp, pd_handle, std::move(send_cq),
                            std::move(recv_cq), std::move(srq));
     // ibv_create_qp writes the capabilities it granted back into init.cap

@@ -465,6 +465,7 @@ private:
     // it the window's; each invalidation, the window's key. Apart, so that the post
     // path of other batches checks one flag.
     Result<void> post_special(std::source_location where) {
+        qp_->get(where); // a moved-from QP has no device, so no atomics: the misuse first
         if ((special_ & has_atomics) != 0 && !qp_->supports_atomics())
             return std::unexpected(Error::unsupported("post", "atomics on a device without atomic support"));
         for (std::size_t i = 0; i < count_; ++i) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <utility>
 
 #include <rdmaxx/wrap/error.hpp>
 #include <rdmaxx/wrap/log.hpp>
@@ -21,5 +22,24 @@ std::shared_ptr<T> adopt(T* object, const char* destroy_call, int (*destroy)(T*)
             logger()->error("{}", Error::from_errno(destroy_call, rc > 0 ? rc : errno));
     });
 }
+
+// A pointer into an object that a shared_ptr beside it owns (an ibv_qp_ex of its
+// ibv_qp): a move leaves it null, as it leaves the owner, so that a moved-from wrapper
+// cannot reach the object through it.
+template <class T>
+class OwnedElsewhere {
+public:
+    OwnedElsewhere() = default;
+    explicit OwnedElsewhere(T* p) noexcept : p_(p) {}
+    OwnedElsewhere(OwnedElsewhere&& other) noexcept : p_(std::exchange(other.p_, nullptr)) {}
+    OwnedElsewhere& operator=(OwnedElsewhere&& other) noexcept {
+        p_ = std::exchange(other.p_, nullptr);
+        return *this;
+    }
+    T* get() const noexcept { return p_; }
+
+private:
+    T* p_ = nullptr;
+};
 
 } // namespace rdmaxx::detail

@@ -13,6 +13,7 @@
 #include <rdmaxx/wrap/cq.hpp>
 #include <rdmaxx/wrap/device.hpp>
 #include <rdmaxx/wrap/error.hpp>
+#include <rdmaxx/wrap/handle.hpp>
 #include <rdmaxx/wrap/mr.hpp>
 #include <rdmaxx/wrap/pd.hpp>
 #include <rdmaxx/wrap/srq.hpp>
@@ -138,7 +139,7 @@ public:
     /// Whether the device executes atomics (IBV_ATOMIC_HCA or _GLOB).
     bool supports_atomics() const noexcept { return device_ && device_->attributes.atomics; }
     /// The extended post interface, or nullptr when this QP uses ibv_post_send.
-    ibv_qp_ex* extended() const noexcept { return extended_; }
+    ibv_qp_ex* extended() const noexcept { return extended_.get(); }
 
     /// RC/UC: RESET -> INIT -> RTR -> RTS towards `peer`. A peer description that
     /// cannot be right (QPN or PSN above 24 bits, unknown MTU, no GID on RoCE, no LID
@@ -229,7 +230,7 @@ private:
     detail::DeviceHandle device_;
     std::shared_ptr<ibv_qp> qp_; // keeps PD, CQs and SRQ alive
     std::shared_ptr<ibv_pd> pd_;
-    ibv_qp_ex* extended_ = nullptr; // owned by qp_
+    detail::OwnedElsewhere<ibv_qp_ex> extended_; // qp_'s: null once moved from, as qp_
     Endpoint local_;
     GidEntry gid_;
     QpCaps caps_;
