@@ -2,11 +2,15 @@
 // warm-up, windows that grant exactly one block with exactly their rights, and
 // revocation that a late access cannot get past.
 #include <algorithm>
+#include <cstdlib>
+#include <memory>
 #include <cstring>
 #include <optional>
 #include <vector>
 
 #include <dlfcn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <malloc.h>
 
 #include <doctest/doctest.h>
@@ -282,6 +286,44 @@ TEST_CASE("a revoked window: a late WRITE, READ or atomic fails and the reused b
 // as the call ends): the key works only through the QP that bound it, and a message
 // posted after the bind on that QP reaches the peer after the bind took effect, so the
 // key may go out without waiting for the bind's completion.
+namespace {
+
+// A region destroyed while a window is bound to it, in a process of its own (its
+// device context's leaked objects go with it); returns a bit per failed check.
+int region_outlived_by_window() {
+    Probe p;
+    std::optional<MemoryRegion> region =
+        must(MemoryRegion::allocate(p.pair.pd, 4096, Access::local_write | Access::mw_bind));
+    const std::byte* const was = region->data();
+    const RemoteMemory remote = p.bind(*region, Access::remote_write);
+    region.reset(); // rxe refuses ibv_dereg_mr while the window is bound (EINVAL)
+    // the heap's next blocks of that size: the first was the freed memory
+    std::vector<std::unique_ptr<std::byte, decltype(&std::free)>> fresh;
+    for (int i = 0; i < 8; ++i) {
+        fresh.emplace_back(static_cast<std::byte*>(std::aligned_alloc(4096, 4096)), &std::free);
+        std::memset(fresh.back().get(), 0, 4096);
+    }
+    test::fill(p.pair.mem_a.bytes().subspan(0, 4096), 7);
+    int failed = p.write(remote, 4096) == IBV_WC_SUCCESS ? 0 : 1; // the window still reaches the memory
+    for (const auto& block : fresh)
+        failed |= (block.get() == was ? 2 : 0) | (all_equal(std::span(block.get(), 4096), std::byte{0}) ? 0 : 4);
+    return failed;
+}
+
+} // namespace
+
+TEST_CASE("a region destroyed while a window is bound to it: its memory is leaked, not handed to malloc again" *
+          doctest::skip(!windows)) {
+    const pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0)
+        ::_exit(region_outlived_by_window());
+    int status = 0;
+    REQUIRE(::waitpid(child, &status, 0) == child);
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0); // 2: malloc handed out the freed memory; 4: the window's WRITE landed in it
+}
+
 TEST_CASE("a type 2 key works through the QP that bound it, not through another of its PD" *
           doctest::skip(!windows)) {
     Probe p;

@@ -19,6 +19,12 @@ namespace rdmaxx {
 /// invalidating are posts (post_bind, post_invalidate in rdmaxx/data/post.hpp);
 /// destroying the window (ibv_dealloc_mw) invalidates it at once.
 ///
+/// Invalidate or destroy a window before the region it is bound to. A region with its
+/// own registration destroyed first cannot be deregistered (the device refuses): its
+/// registration and memory are leaked, still reachable by the key (logged as an error).
+/// A pooled region destroyed first gives its block back to the pool while the key still
+/// reaches it: a misuse the library cannot see (lib/ctrl's lending keeps this order).
+///
 /// @threadsafety Distinct objects: safe. Shared objects: unsafe; a window is bound and
 /// invalidated through one QP's posts.
 class MemoryWindow : detail::MoveOnly {
