@@ -2,6 +2,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <thread>
 #include <vector>
 
 #include <net/if.h>
@@ -15,6 +16,7 @@
 #include <rdmaxx/data/signaling.hpp>
 
 #include "../support/device.hpp"
+#include "../support/thread.hpp"
 
 using namespace rdmaxx;
 using namespace std::chrono_literals;
@@ -223,6 +225,23 @@ TEST_CASE("waits are bounded: busy polling and the completion channel") {
         must(post_send(p.a, p.mem_a.slice(0, 64), {.wr_id = i}));
         CHECK(must(wait_for(p.cq_b, 1000 + i, {.mode = WaitMode::event})).opcode() == WcOpcode::recv);
         must(wait_for(p.cq_a, i, {.mode = WaitMode::event}));
+    }
+}
+
+TEST_CASE("a wait of milliseconds::max() has no limit: it waits for the completion, in both modes") {
+    test::RcPair p;
+    for (const WaitMode mode : {WaitMode::busy_poll, WaitMode::event}) {
+        must(post_recv(p.b, p.mem_b.slice(0, 64), 77));
+        // the SEND comes 50 ms later (now + milliseconds::max() overflowed into a
+        // deadline already past: the wait timed out at once)
+        test::Thread sender([&] {
+            std::this_thread::sleep_for(50ms);
+            must(post_send(p.a, p.mem_a.slice(0, 64), {.wr_id = 78}));
+        });
+        const auto got = wait_for(p.cq_b, 77, {.timeout = std::chrono::milliseconds::max(), .mode = mode});
+        CHECK_MESSAGE(got.has_value(), (got ? "" : got.error().message()));
+        sender.join();
+        must(wait_for(p.cq_a, 78));
     }
 }
 

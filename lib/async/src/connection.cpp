@@ -10,6 +10,7 @@
 #include <asio/thread_pool.hpp>
 
 #include <rdmaxx/data/post.hpp>
+#include <rdmaxx/wrap/deadline.hpp>
 #include <rdmaxx/wrap/log.hpp>
 
 #include "../../ctrl/src/handshake.hpp"
@@ -67,7 +68,7 @@ using PeerPtr = std::shared_ptr<Peer>;
 
 asio::awaitable<Result<Connection>> connect_on(std::shared_ptr<LinkDriver> driver, std::string host, std::uint16_t port,
                                                ConnectionOptions options, Connection (*make)(PeerPtr)) {
-    const auto deadline = Clock::now() + options.timeout;
+    const auto deadline = deadline_after(options.timeout);
     auto link = Link::create(driver->group(), options);
     if (!link)
         co_return std::unexpected(std::move(link.error()));
@@ -133,7 +134,7 @@ asio::awaitable<std::invoke_result_t<Wait&>> on_cm_thread(Wait wait) {
 asio::awaitable<Result<Connection>> connect_cm_on(asio::any_io_executor executor, std::shared_ptr<LinkDriver> driver,
                                                   std::string host, std::uint16_t port, ConnectionOptions options,
                                                   Connection (*make)(PeerPtr)) {
-    const auto deadline = Clock::now() + options.timeout;
+    const auto deadline = deadline_after(options.timeout);
     std::shared_ptr<detail::Group> group; // not a ?: inside the co_await: g++ 12 miscompiles that
     if (driver)
         group = driver->group();
@@ -543,7 +544,7 @@ ListenerStats Listener::stats(std::source_location where) const {
 
 asio::awaitable<Result<Connection>> Listener::accept(std::chrono::milliseconds timeout, std::source_location where) {
     (void)rdmaxx::detail::live(state_, "async::Listener", where);
-    return accept_on(state_, Clock::now() + timeout, [](PeerPtr p) { return Connection(std::move(p)); });
+    return accept_on(state_, deadline_after(timeout), [](PeerPtr p) { return Connection(std::move(p)); });
 }
 
 } // namespace rdmaxx::async

@@ -43,6 +43,7 @@
 #include <fmt/format.h>
 
 #include <rdmaxx/data/events.hpp>
+#include <rdmaxx/wrap/deadline.hpp>
 
 #include "../../ctrl/src/link.hpp"
 #include "../../ctrl/src/listener_core.hpp"
@@ -246,7 +247,7 @@ asio::awaitable<Result<void>> LinkDriver::drain_flushed(Link& link, Done done, R
     // write into its memory
     co_await asio::this_coro::reset_cancellation_state(asio::disable_cancellation());
     auto drained = co_await until(done, nullptr, "draining a flushed work request",
-                                  Clock::now() + link.options().timeout);
+                                  deadline_after(link.options().timeout));
     // the caller's coroutine (the state is its own, awaited inline) may be cancelled again
     co_await asio::this_coro::reset_cancellation_state();
     if (!drained)

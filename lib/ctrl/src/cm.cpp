@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include <rdmaxx/wrap/deadline.hpp>
 #include <rdmaxx/wrap/log.hpp>
 
 #include "resolve.hpp"
@@ -101,7 +102,7 @@ Result<bool> CmConnection::established(std::source_location where) {
 
 Result<CmConnection> CmConnection::resolve(std::string_view host, std::uint16_t port,
                                            std::chrono::milliseconds timeout) {
-    const auto deadline = Clock::now() + timeout;
+    const auto deadline = deadline_after(timeout);
     auto address = detail::cm_address(std::string(host), port, false, deadline);
     if (!address)
         return std::unexpected(std::move(address.error()));
@@ -156,7 +157,7 @@ Result<EndpointMessage> CmConnection::connect(QueuePair& qp, std::span<const std
     Param param = conn_param(cm.id(), qp, metadata, options.retry_cnt, options.rnr_retry);
     if (rdma_connect(cm.id(), &param.raw) != 0)
         return std::unexpected(Error::from_last_errno("rdma_connect", "{}", cm.peer()));
-    auto response = cm.expect(RDMA_CM_EVENT_CONNECT_RESPONSE, Clock::now() + timeout);
+    auto response = cm.expect(RDMA_CM_EVENT_CONNECT_RESPONSE, deadline_after(timeout));
     if (!response)
         return std::unexpected(std::move(response.error()));
     auto peer = decode_private_data(response->private_data);
@@ -217,7 +218,7 @@ Result<CmConnection> CmRequest::accept(const QueuePair& qp, std::span<const std:
     auto answered = std::move(*this).answer(qp, metadata, where);
     if (!answered)
         return answered;
-    if (auto e = answered->session_->expect(RDMA_CM_EVENT_ESTABLISHED, Clock::now() + timeout); !e)
+    if (auto e = answered->session_->expect(RDMA_CM_EVENT_ESTABLISHED, deadline_after(timeout)); !e)
         return std::unexpected(std::move(e.error()));
     return answered;
 }
@@ -266,7 +267,7 @@ Result<CmListener> CmListener::listen(std::string_view host, std::uint16_t port,
 }
 
 Result<CmRequest> CmListener::next(std::chrono::milliseconds timeout, std::source_location where) {
-    auto event = session(where).next(Clock::now() + timeout);
+    auto event = session(where).next(deadline_after(timeout));
     if (!event)
         return std::unexpected(std::move(event.error()));
     if (event->type != RDMA_CM_EVENT_CONNECT_REQUEST)

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include <rdmaxx/wrap/deadline.hpp>
 #include <rdmaxx/wrap/log.hpp>
 
 #include "resolve.hpp"
@@ -83,7 +84,7 @@ Result<CmEvent> CmSession::next(Clock::time_point deadline) {
         if (left <= 0)
             return std::unexpected(Error::timeout("rdma_get_cm_event", fmt::format("no CM event from {} in time", peer_)));
         pollfd pfd{.fd = channel_->fd, .events = POLLIN, .revents = 0};
-        if (::poll(&pfd, 1, static_cast<int>(left)) < 0 && errno != EINTR)
+        if (::poll(&pfd, 1, poll_timeout(std::chrono::milliseconds(left))) < 0 && errno != EINTR)
             return std::unexpected(Error::from_last_errno("poll", "CM event channel"));
     }
 }

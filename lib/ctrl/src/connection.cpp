@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include <rdmaxx/data/post.hpp>
+#include <rdmaxx/wrap/deadline.hpp>
 #include <rdmaxx/wrap/log.hpp>
 
 #include "handshake.hpp"
@@ -59,7 +60,7 @@ detail::Link& Connection::link(std::source_location where) const { return *detai
 Result<Connection> Connection::connect(std::string_view host, std::uint16_t port, const ConnectionOptions& options,
                                        std::source_location where) {
     validate(options, where);
-    const auto deadline = Clock::now() + options.timeout;
+    const auto deadline = deadline_after(options.timeout);
     auto link = options.transport == Transport::rdma_cm ? detail::connect_cm(nullptr, host, port, options, deadline)
                                                         : detail::connect_tcp(nullptr, host, port, options, deadline);
     if (!link)
@@ -70,7 +71,7 @@ Result<Connection> Connection::connect(std::string_view host, std::uint16_t port
 Result<Connection> Connection::connect_another(std::string_view host, std::uint16_t port, std::source_location where) {
     detail::Link& l = link(where);
     const ConnectionOptions& options = l.options();
-    const auto deadline = Clock::now() + options.timeout;
+    const auto deadline = deadline_after(options.timeout);
     auto group = l.shared_group();
     auto another = options.transport == Transport::rdma_cm
                        ? detail::connect_cm(std::move(group), host, port, options, deadline)
@@ -211,7 +212,7 @@ struct Listener::State : detail::ListenerCore {
 // Takes every client that knocked, without waiting.
 void detail::ListenerCore::admit() {
     for (;;) {
-        const auto deadline = Clock::now() + options.timeout;
+        const auto deadline = deadline_after(options.timeout);
         std::optional<detail::ServerHandshake> handshake;
         if (tcp) {
             if (!accepting())
@@ -287,7 +288,7 @@ Result<void> Listener::State::sleep(Clock::time_point deadline) {
                             {.fd = group->cq.channel_fd(), .events = POLLIN, .revents = 0}};
     wanted(fds, wake);
     const auto left = std::chrono::ceil<std::chrono::milliseconds>(wake - Clock::now());
-    const int n = ::poll(fds.data(), fds.size(), static_cast<int>(std::clamp<long long>(left.count(), 0, 1 << 30)));
+    const int n = ::poll(fds.data(), fds.size(), poll_timeout(left));
     if (n < 0 && errno != EINTR)
         return std::unexpected(Error::from_last_errno("poll", "listener"));
     if (n > 0 && fds[1].revents != 0)
@@ -367,7 +368,7 @@ ListenerStats Listener::stats(std::source_location where) const {
 
 Result<Connection> Listener::accept(std::chrono::milliseconds timeout, std::source_location where) {
     State& s = *detail::live(state_, "Listener", where);
-    const auto deadline = Clock::now() + timeout;
+    const auto deadline = deadline_after(timeout);
     for (;;) {
         // serve the accepted connections, then the clients
         if (auto ok = s.group->pump(); !ok)

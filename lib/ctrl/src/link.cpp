@@ -17,6 +17,7 @@
 
 #include <rdmaxx/data/post.hpp>
 #include <rdmaxx/data/window_bounds.hpp>
+#include <rdmaxx/wrap/deadline.hpp>
 #include <rdmaxx/wrap/log.hpp>
 #include <rdmaxx/wrap/wire.hpp>
 
@@ -281,7 +282,7 @@ void Link::watch(CmConnection cm) { cm_.emplace(std::move(cm)); }
 
 Clock::time_point Link::deadline(std::optional<std::chrono::milliseconds> timeout, std::uint64_t bytes) const {
     if (timeout)
-        return Clock::now() + *timeout;
+        return deadline_after(*timeout);
     const auto per_byte = std::chrono::duration<double, std::milli>(options_.timeout_per_mib) / double(1 << 20);
     return Clock::now() + options_.timeout +
            std::chrono::ceil<std::chrono::milliseconds>(per_byte * static_cast<double>(bytes));

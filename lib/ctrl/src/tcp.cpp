@@ -16,14 +16,15 @@
 
 #include <fmt/format.h>
 
+#include <rdmaxx/wrap/deadline.hpp>
+
 #include "resolve.hpp"
 
 namespace rdmaxx {
 namespace {
 
 int remaining_ms(Clock::time_point deadline) {
-    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    return left <= 0 ? 0 : static_cast<int>(std::min<long long>(left, 1 << 30));
+    return poll_timeout(std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()));
 }
 
 // Waits until `fd` is ready for `events` or the deadline passes.
@@ -48,7 +49,7 @@ bool set_nonblocking(int fd) {
 } // namespace
 
 Result<TcpStream> TcpStream::connect(std::string_view host, std::uint16_t port, std::chrono::milliseconds timeout) {
-    const auto deadline = Clock::now() + timeout;
+    const auto deadline = deadline_after(timeout);
     const std::string peer = fmt::format("{}:{}", host, port);
     auto addresses = detail::resolve_host(host, port, AF_UNSPEC, false, deadline);
     if (!addresses)
@@ -143,7 +144,7 @@ Result<void> TcpStream::read_exact(std::span<std::byte> bytes, Clock::time_point
 
 Result<EndpointMessage> TcpStream::exchange(const EndpointMessage& mine, std::chrono::milliseconds timeout,
                                             std::source_location where) {
-    const auto deadline = Clock::now() + timeout;
+    const auto deadline = deadline_after(timeout);
     if (auto sent = write_all(endpoint_codec::encode(mine, where), deadline); !sent)
         return std::unexpected(std::move(sent.error()));
     std::vector<std::byte> message(endpoint_codec::header_size);
@@ -159,7 +160,7 @@ Result<EndpointMessage> TcpStream::exchange(const EndpointMessage& mine, std::ch
 }
 
 Result<void> TcpStream::confirm_ready(std::chrono::milliseconds timeout) {
-    const auto deadline = Clock::now() + timeout;
+    const auto deadline = deadline_after(timeout);
     if (auto sent = write_all(std::span(&ready_byte, 1), deadline); !sent)
         return sent;
     std::byte answer{};
@@ -224,7 +225,7 @@ TcpListener::~TcpListener() {
 }
 
 Result<TcpStream> TcpListener::accept(std::chrono::milliseconds timeout) {
-    const auto deadline = Clock::now() + timeout;
+    const auto deadline = deadline_after(timeout);
     for (;;) {
         sockaddr_storage from{};
         socklen_t len = sizeof from;

@@ -1,5 +1,6 @@
 #include <rdmaxx/data/completion.hpp>
 #include <rdmaxx/data/events.hpp>
+#include <rdmaxx/wrap/deadline.hpp>
 
 #include <fmt/format.h>
 
@@ -50,7 +51,7 @@ Result<void> WaitPause::operator()(CompletionQueue& cq, const WaitOptions& optio
             return ok;
     const auto now = std::chrono::steady_clock::now();
     if (!deadline_)
-        deadline_ = now + options.timeout;
+        deadline_ = deadline_after(now, options.timeout);
     if (now >= *deadline_)
         return std::unexpected(
             Error::timeout("wait", fmt::format("no completion within {} ms", options.timeout.count())));

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <rdmaxx/wrap/deadline.hpp>
 #include <rdmaxx/wrap/log.hpp>
 
 namespace rdmaxx {
@@ -143,7 +144,7 @@ Result<std::optional<AsyncEvent>> AsyncEvents::next(std::source_location where) 
 }
 
 Result<AsyncEvent> AsyncEvents::wait(std::chrono::milliseconds timeout, std::source_location where) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    const auto deadline = deadline_after(timeout);
     for (;;) {
         auto event = next(where);
         if (!event)
@@ -155,7 +156,7 @@ Result<AsyncEvent> AsyncEvents::wait(std::chrono::milliseconds timeout, std::sou
             return std::unexpected(
                 Error::timeout("AsyncEvents::wait", fmt::format("no event within {} ms", timeout.count())));
         pollfd pfd{.fd = fd(), .events = POLLIN, .revents = 0};
-        if (::poll(&pfd, 1, static_cast<int>(left.count())) < 0 && errno != EINTR)
+        if (::poll(&pfd, 1, poll_timeout(left)) < 0 && errno != EINTR)
             return std::unexpected(Error::from_last_errno("poll", "async event fd"));
     }
 }

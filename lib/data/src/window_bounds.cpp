@@ -2,6 +2,7 @@
 
 #include <rdmaxx/data/post.hpp>
 #include <rdmaxx/wrap/cq.hpp>
+#include <rdmaxx/wrap/deadline.hpp>
 #include <rdmaxx/wrap/mr.hpp>
 #include <rdmaxx/wrap/mw.hpp>
 #include <rdmaxx/wrap/qp.hpp>
@@ -27,7 +28,7 @@ Result<ibv_wc_status> next_status(CompletionQueue& cq, std::chrono::steady_clock
 
 Result<bool> window_bounds_enforced(const Context& context, const ProtectionDomain& pd, std::uint8_t port,
                                     std::optional<std::uint32_t> gid_index, std::chrono::milliseconds timeout) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    const auto deadline = deadline_after(timeout);
     auto cq = CompletionQueue::create(context, {.depth = 8});
     if (!cq)
         return std::unexpected(std::move(cq.error()));

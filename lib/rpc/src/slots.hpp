@@ -73,6 +73,7 @@
 #include <vector>
 
 #include <rdmaxx/rpc/congestion.hpp>
+#include <rdmaxx/wrap/deadline.hpp>
 
 #include "packet.hpp"
 #include "retransmit.hpp"
@@ -80,14 +81,6 @@
 namespace rdmaxx::rpc::detail {
 
 using Clock = std::chrono::steady_clock;
-
-// `now` + `span`, or the clock's end where that overflows: a span of
-// milliseconds::max() ("no limit") as a bound that never passes.
-constexpr Clock::time_point deadline_after(Clock::time_point now, std::chrono::milliseconds span) noexcept {
-    if (span > std::chrono::duration_cast<std::chrono::milliseconds>(Clock::time_point::max() - now))
-        return Clock::time_point::max();
-    return now + span;
-}
 
 // A session at both ends: packets to this window carry `local`, its packets `remote`.
 struct Route {

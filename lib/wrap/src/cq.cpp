@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include <rdmaxx/wrap/deadline.hpp>
 #include <rdmaxx/wrap/handle.hpp>
 
 namespace rdmaxx {
@@ -98,10 +99,10 @@ Result<void> CompletionQueue::wait_event(std::chrono::milliseconds timeout, int 
     pollfd fds[2] = {{.fd = events->fd, .events = POLLIN, .revents = 0},
                      {.fd = also_watch, .events = POLLIN, .revents = 0}};
     // a signal ends poll() early: wait out what is left, not the whole timeout again
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    const auto deadline = deadline_after(timeout);
     int ready;
     for (auto left = timeout;;) {
-        ready = ::poll(fds, also_watch < 0 ? 1 : 2, static_cast<int>(left.count()));
+        ready = ::poll(fds, also_watch < 0 ? 1 : 2, poll_timeout(left));
         if (ready >= 0 || errno != EINTR)
             break;
         left = std::max(std::chrono::milliseconds(0), std::chrono::ceil<std::chrono::milliseconds>(

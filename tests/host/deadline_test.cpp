@@ -1,0 +1,34 @@
+// Deadlines from timeouts (rdmaxx/wrap/deadline.hpp): saturating, and poll(2)'s
+// timeout argument.
+#include <chrono>
+#include <climits>
+
+#include <doctest/doctest.h>
+
+#include <rdmaxx/wrap/deadline.hpp>
+
+using rdmaxx::deadline_after;
+using rdmaxx::poll_timeout;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+TEST_CASE("a deadline is now plus its span, or the clock's end where that overflows") {
+    const Clock::time_point now = Clock::now();
+    CHECK(deadline_after(now, milliseconds(250)) == now + milliseconds(250));
+    CHECK(deadline_after(now, milliseconds(-5)) == now - milliseconds(5));
+    CHECK(deadline_after(now, milliseconds::max()) == Clock::time_point::max());
+    const auto room = std::chrono::duration_cast<milliseconds>(Clock::time_point::max() - now);
+    CHECK(deadline_after(now, room) == now + room);
+    CHECK(deadline_after(now, room + milliseconds(1)) == Clock::time_point::max());
+    // now + milliseconds::max() wraps to a deadline already past: what the waits did
+    CHECK(deadline_after(milliseconds::max()) > Clock::now() + std::chrono::hours(24 * 365 * 100));
+}
+
+TEST_CASE("poll's timeout: 0 when none is left, at most INT_MAX ms") {
+    CHECK(poll_timeout(milliseconds(-3)) == 0);
+    CHECK(poll_timeout(milliseconds(0)) == 0);
+    CHECK(poll_timeout(milliseconds(1500)) == 1500);
+    CHECK(poll_timeout(milliseconds(INT_MAX)) == INT_MAX);
+    CHECK(poll_timeout(milliseconds(std::int64_t{INT_MAX} + 1)) == INT_MAX); // cast to int, it was negative: no limit
+    CHECK(poll_timeout(milliseconds::max()) == INT_MAX);
+}
