@@ -43,7 +43,7 @@ Error WorkCompletion::error(std::source_location where) const {
 
 namespace detail {
 
-Error poll_error(int n) { return Error::from_errno("ibv_poll_cq", n == -1 ? EIO : -n); }
+Error poll_error(int n) { return Error::from_errno("ibv_poll_cq", EIO, fmt::format("the provider returned {}", n)); }
 
 Result<void> WaitPause::operator()(CompletionQueue& cq, const WaitOptions& options) {
     if (options.events)

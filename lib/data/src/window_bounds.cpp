@@ -1,5 +1,6 @@
 #include <rdmaxx/data/window_bounds.hpp>
 
+#include <rdmaxx/data/completion.hpp>
 #include <rdmaxx/data/post.hpp>
 #include <rdmaxx/wrap/cq.hpp>
 #include <rdmaxx/wrap/deadline.hpp>
@@ -16,7 +17,7 @@ Result<ibv_wc_status> next_status(CompletionQueue& cq, std::chrono::steady_clock
     for (;;) {
         const int polled = ibv_poll_cq(cq.get(), 1, &wc);
         if (polled < 0)
-            return std::unexpected(Error::from_errno("ibv_poll_cq", -polled, "probing window bounds"));
+            return std::unexpected(detail::poll_error(polled));
         if (polled == 1)
             return wc.status;
         if (std::chrono::steady_clock::now() > deadline)

@@ -34,7 +34,8 @@ enum class WcOpcode : std::uint8_t {
 std::string_view to_string(WcOpcode opcode) noexcept;
 
 namespace detail {
-// The Error of ibv_poll_cq's negative return `n` (providers return -1 or -errno).
+// The Error of ibv_poll_cq's negative return `n`: EIO, `n` in the detail (providers
+// return what they like, no errno: mlx5's is -2).
 [[gnu::cold]] Error poll_error(int n);
 } // namespace detail
 
