@@ -87,7 +87,7 @@ Result<DcTarget> DcTarget::create(const ProtectionDomain& pd, const DcTargetOpti
     init.srq = srq.get();
     mlx5dv_dc_init_attr dc{};
     dc.dc_type = MLX5DV_DCTYPE_DCT;
-    dc.dct_access_key = options.access_key.value_or(random_key());
+    dc.dct_access_key = options.access_key ? *options.access_key : random_key(); // value_or would draw one anyway
     auto created = create_dc_qp(*device, pd_handle.get(), cq.get(), options.port, options.gid_index, init, dc,
                                 "DC target");
     if (!created)

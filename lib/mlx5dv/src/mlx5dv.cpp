@@ -46,10 +46,10 @@ Result<ibv_device*> find(std::string_view name, DeviceList& list) {
 }
 #endif
 
-// The failure of a device-memory verb, from errno: a device (or provider) without
-// the feature is an unsupported Error saying `missing`, anything else a system one.
-Error device_memory_error(const char* call, std::string missing, std::string detail) {
-    const int error = errno;
+// The failure of a device-memory verb, from its errno (read before the messages are
+// made: formatting may change it): a device (or provider) without the feature is an
+// unsupported Error saying `missing`, anything else a system one.
+Error device_memory_error(const char* call, int error, std::string missing, std::string detail) {
     if (error == EOPNOTSUPP || error == ENOSYS)
         return Error::unsupported(call, std::move(missing));
     return Error::from_errno(call, error != 0 ? error : EIO, std::move(detail));
@@ -130,9 +130,12 @@ Result<DeviceMemory> DeviceMemory::allocate(const Context& context, std::size_t 
     require(size > 0, where, "DeviceMemory of 0 bytes");
     ibv_alloc_dm_attr attr{.length = size, .log_align_req = 0, .comp_mask = 0};
     ibv_dm* dm = ibv_alloc_dm(device->context, &attr);
-    if (!dm)
-        return std::unexpected(device_memory_error("ibv_alloc_dm", fmt::format("{} has no device memory", device->name),
+    if (!dm) {
+        const int error = errno;
+        return std::unexpected(device_memory_error("ibv_alloc_dm", error,
+                                                   fmt::format("{} has no device memory", device->name),
                                                    fmt::format("{} bytes on {}", size, device->name)));
+    }
     // the device stays open until the memory is freed
     return DeviceMemory(detail::adopt(dm, "ibv_free_dm", &ibv_free_dm, device), size);
 }
@@ -163,9 +166,11 @@ Result<DeviceMemoryRegion> DeviceMemoryRegion::register_memory(const ProtectionD
                                                       "different devices");
     const Access zero_based = access | Access::zero_based;
     ibv_mr* mr = ibv_reg_dm_mr(pd_handle.get(), dm.get(), 0, memory.size(), static_cast<unsigned>(zero_based));
-    if (!mr)
-        return std::unexpected(device_memory_error("ibv_reg_dm_mr", "the device cannot register device memory",
+    if (!mr) {
+        const int error = errno;
+        return std::unexpected(device_memory_error("ibv_reg_dm_mr", error, "the device cannot register device memory",
                                                    fmt::format("{} bytes of device memory", memory.size())));
+    }
     // deregistered before the device memory is freed and the PD deallocated
     return DeviceMemoryRegion(detail::adopt(mr, "ibv_dereg_mr", &ibv_dereg_mr, pd_handle, dm), memory.size(),
                               zero_based);
