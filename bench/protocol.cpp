@@ -90,7 +90,7 @@ CommandWire encode_command(const Command& c) {
     return w;
 }
 
-Result<Command> decode_command(std::span<const std::byte> b, Test test) {
+Result<Command> decode_command(std::span<const std::byte> b, Test test, std::uint32_t largest) {
     if (auto ok = check_size(b, command_size, "command"); !ok)
         return std::unexpected(ok.error());
     const auto kind = static_cast<std::uint8_t>(b[0]);
@@ -103,6 +103,8 @@ Result<Command> decode_command(std::span<const std::byte> b, Test test) {
     const bool size_ok = test.verb == Verb::atomic ? c.size == atomic_size : c.size >= min_size && c.size <= max_size;
     if (!size_ok || c.iters < 5 || c.iters > 100'000'000)
         return std::unexpected(malformed(fmt::format("a run of {} x {} B", c.iters, c.size)));
+    if (c.size > largest)
+        return std::unexpected(malformed(fmt::format("a run of {} B, above the {} B announced", c.size, largest)));
     return c;
 }
 

@@ -37,8 +37,9 @@ struct Command {
 inline constexpr std::size_t command_size = 12;
 using CommandWire = std::array<std::byte, command_size>;
 CommandWire encode_command(const Command& command);
-// Also checks size and iterations against the limits of a run of `test`.
-Result<Command> decode_command(std::span<const std::byte> bytes, Test test);
+// Also checks size and iterations against the limits of a run of `test`, and the size
+// against `largest`, the one the client announced (the server's memory holds no more).
+Result<Command> decode_command(std::span<const std::byte> bytes, Test test, std::uint32_t largest);
 
 enum class ReplyKind : std::uint8_t { accepted = 1, refused = 2, ready = 3, verified = 4, mismatch = 5 };
 struct Reply {

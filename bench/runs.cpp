@@ -438,7 +438,7 @@ Result<Command> receive_command(Side& side, Clock::time_point deadline) {
     protocol::CommandWire wire;
     if (auto ok = side.receive(wire, deadline); !ok)
         return std::unexpected(std::move(ok.error()));
-    return protocol::decode_command(wire, side.options().test);
+    return protocol::decode_command(wire, side.options().test, side.options().sizes.front()); // {largest} (a server)
 }
 
 Result<void> expect_reply(Side& side, ReplyKind wanted) {

@@ -253,18 +253,22 @@ TEST_CASE("perf protocol: a malformed or mismatched request is refused with the 
 TEST_CASE("perf protocol: commands and replies round-trip; malformed ones are errors") {
     const Test bw{Verb::write, Measure::bandwidth};
     const protocol::Command run{protocol::CommandKind::run, 4096, 1000};
-    CHECK(must(protocol::decode_command(protocol::encode_command(run), bw)) == run);
+    CHECK(must(protocol::decode_command(protocol::encode_command(run), bw, 8u << 20)) == run);
     const protocol::Command finish{protocol::CommandKind::finish, 0, 0};
-    CHECK(must(protocol::decode_command(protocol::encode_command(finish), bw)) == finish);
+    CHECK(must(protocol::decode_command(protocol::encode_command(finish), bw, 8u << 20)) == finish);
     auto wire = protocol::encode_command(run);
     wire[0] = std::byte{7};
-    CHECK(must_fail(protocol::decode_command(wire, bw)).kind() == Error::Kind::protocol);
-    CHECK(must_fail(protocol::decode_command(protocol::encode_command({protocol::CommandKind::run, 9u << 20, 10}), bw))
+    CHECK(must_fail(protocol::decode_command(wire, bw, 8u << 20)).kind() == Error::Kind::protocol);
+    CHECK(must_fail(protocol::decode_command(protocol::encode_command({protocol::CommandKind::run, 9u << 20, 10}), bw, 8u << 20))
               .kind() == Error::Kind::protocol);
-    CHECK(must_fail(protocol::decode_command(protocol::encode_command({protocol::CommandKind::run, 64, 4}), bw))
+    CHECK(must_fail(protocol::decode_command(protocol::encode_command({protocol::CommandKind::run, 64, 4}), bw, 8u << 20))
               .kind() == Error::Kind::protocol);
     const Test atomic{Verb::atomic, Measure::latency};
-    CHECK(must_fail(protocol::decode_command(protocol::encode_command(run), atomic)).kind() == Error::Kind::protocol);
+    CHECK(must_fail(protocol::decode_command(protocol::encode_command(run), atomic, 8)).kind() == Error::Kind::protocol);
+    // a run above the size the client announced (the server's memory holds no more: it aborted)
+    CHECK(must(protocol::decode_command(protocol::encode_command(run), bw, 4096)) == run);
+    CHECK(must_fail(protocol::decode_command(protocol::encode_command(run), bw, 4095)).message().find(
+              "above the 4095 B announced") != std::string::npos);
 
     const protocol::Reply mismatch{protocol::ReplyKind::mismatch, "QP 0: byte 3 of 64"};
     CHECK(must(protocol::decode_reply(protocol::encode_reply(mismatch))) == mismatch);
