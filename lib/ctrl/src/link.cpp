@@ -42,6 +42,19 @@ std::uint32_t receive_buffer_bytes(const ConnectionOptions& options) {
                                       std::max<std::size_t>(options.max_message, control::max_payload));
 }
 
+// What a grant of `size` bytes costs the owner, counted against its quota: the pool's
+// block (the power of two that holds it; above the largest class, its pages), and at
+// least a page: so the quota also bounds the keys, registrations or windows, that a peer
+// asking for a byte at a time makes us hold (quota_bytes / 4096).
+std::uint64_t charge_of(std::uint64_t size) {
+    constexpr std::uint64_t page = 4096;
+    if (size <= MemoryPool::max_block)
+        return std::max(std::bit_ceil(size), page);
+    if (size > std::numeric_limits<std::uint64_t>::max() - (page - 1)) // the peer's: any value
+        return std::numeric_limits<std::uint64_t>::max();
+    return (size + page - 1) / page * page;
+}
+
 // Whether windows on this device keep a peer inside them: probed once per device and
 // port in a process (window_bounds_enforced), since the probe costs two QPs.
 bool windows_bounded(const Context& context, const ProtectionDomain& pd, const ConnectionOptions& options) {
@@ -402,21 +415,6 @@ Result<void> Link::on_control(const control::Message& message) {
     }
     return {}; // Credit: its header said it all
 }
-
-// What a grant of `size` bytes costs the owner, counted against its quota: the pool's
-// block (the power of two that holds it; above the largest class, its pages), and at
-// least a page: so the quota also bounds the keys, registrations or windows, that a peer
-// asking for a byte at a time makes us hold (quota_bytes / 4096).
-namespace {
-std::uint64_t charge_of(std::uint64_t size) {
-    constexpr std::uint64_t page = 4096;
-    if (size <= MemoryPool::max_block)
-        return std::max(std::bit_ceil(size), page);
-    if (size > std::numeric_limits<std::uint64_t>::max() - (page - 1)) // the peer's: any value
-        return std::numeric_limits<std::uint64_t>::max();
-    return (size + page - 1) / page * page;
-}
-} // namespace
 
 // The owner's side of request_remote_mr: ceiling, quota, then a region from the pool.
 Result<void> Link::grant(const control::Request& request) {
