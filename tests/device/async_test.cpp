@@ -415,6 +415,29 @@ TEST_CASE("an event CQ whose arm fails is polled instead: every operation comple
     CHECK(ok == 20);
 }
 
+namespace {
+
+int poll_nothing(ibv_cq*, int, ibv_wc*) { return 0; }
+
+// A QP whose flush never comes (its device polls nothing once the write is posted),
+// destroyed, then its CQs: in a process of its own (the leaked QP goes with it).
+// Returns 0 when both went without aborting.
+int qp_leaked_then_cq_destroyed() {
+    auto p = std::make_unique<AsyncPair>(async::CompletionMode::manual);
+    p->a.write(p->mem_a.slice(0, 8), p->mem_b.remote().slice(0, 8), [](Result<WorkCompletion>) {});
+    p->context.get()->ops.poll_cq = poll_nothing;
+    { async::QueuePair gone = std::move(p->a); } // 10 s without a flush: leaked
+    { async::CompletionQueue cq = std::move(p->cq_a); } // it kept the CQ's count of QPs: this aborted
+    return 0;
+}
+
+} // namespace
+
+TEST_CASE("a QueuePair leaked for want of flushes lets its CQ be destroyed") {
+    test::check_in_child(qp_leaked_then_cq_destroyed); // it died of SIGABRT: "an async::CompletionQueue destroyed
+                                                       // before the QPs attached to it"
+}
+
 // --- doorbells: the sends a poll's handlers start go out together -------------------
 
 namespace {

@@ -9,8 +9,6 @@
 #include <vector>
 
 #include <dlfcn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 #include <malloc.h>
 
 #include <doctest/doctest.h>
@@ -314,14 +312,8 @@ int region_outlived_by_window() {
 
 TEST_CASE("a region destroyed while a window is bound to it: its memory is leaked, not handed to malloc again" *
           doctest::skip(!windows)) {
-    const pid_t child = ::fork();
-    REQUIRE(child >= 0);
-    if (child == 0)
-        ::_exit(region_outlived_by_window());
-    int status = 0;
-    REQUIRE(::waitpid(child, &status, 0) == child);
-    REQUIRE(WIFEXITED(status));
-    CHECK(WEXITSTATUS(status) == 0); // 2: malloc handed out the freed memory; 4: the window's WRITE landed in it
+    test::check_in_child(region_outlived_by_window); // 2: malloc handed out the freed memory; 4: the window's
+                                                     // WRITE landed in it
 }
 
 TEST_CASE("a type 2 key works through the QP that bound it, not through another of its PD" *

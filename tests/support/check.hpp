@@ -70,6 +70,22 @@ inline void check_death(const std::function<void()>& body, std::string_view expe
     CHECK(output.find(caller_file.substr(slash == std::string_view::npos ? 0 : slash + 1)) != std::string::npos);
 }
 
+// Runs `body` in a child process, whose device objects (and what a failure leaks) go
+// with it, and checks that it exits with 0: `body` returns a bit per failed check.
+inline void check_in_child(const std::function<int()>& body) {
+    std::fflush(nullptr);
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        std::signal(SIGABRT, SIG_DFL); // an abort is the parent's to report
+        ::_exit(body());
+    }
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    REQUIRE_MESSAGE(WIFEXITED(status), "the child died of signal ", WTERMSIG(status));
+    CHECK(WEXITSTATUS(status) == 0);
+}
+
 // Checks that `result` failed with an Error of kind protocol whose message says `what`.
 template <class T>
 void check_protocol_error(Result<T> result, std::string_view what) {

@@ -374,19 +374,20 @@ QueuePair::~QueuePair() {
         if (qp.posted != 0)
             std::this_thread::yield();
     }
-    if (qp.posted != 0) {
-        // the NIC may still write for it: leak the QP and its operations (their
-        // handlers and what they keep alive), detached from everything else
-        logger()->critical("rdmaxx: QP {:#x} gave no flush completions within 10 s: leaked, not destroyed under a DMA",
-                           qp.qp.qpn());
-        service.remove(qp);
-        return;
-    }
+    // detached from its CQs either way: their handles may go (a leaked QP keeps the
+    // verbs CQs it holds, not the async ones)
     qp.send_cq->reserved -= send;
     qp.recv_cq->reserved -= recv;
     --qp.send_cq->qps;
     --qp.recv_cq->qps;
     service.remove(qp);
+    if (qp.posted != 0) {
+        // the NIC may still write for it: leak the QP and its operations (their
+        // handlers and what they keep alive), detached from everything else
+        logger()->critical("rdmaxx: QP {:#x} gave no flush completions within 10 s: leaked, not destroyed under a DMA",
+                           qp.qp.qpn());
+        return;
+    }
     delete state_;
 }
 
