@@ -8,7 +8,7 @@
 #include <rdmaxx/wrap/deadline.hpp>
 
 using rdmaxx::deadline_after;
-using rdmaxx::poll_timeout;
+using rdmaxx::poll_timeout_until;
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
@@ -24,11 +24,14 @@ TEST_CASE("a deadline is now plus its span, or the clock's end where that overfl
     CHECK(deadline_after(milliseconds::max()) > Clock::now() + std::chrono::hours(24 * 365 * 100));
 }
 
-TEST_CASE("poll's timeout: 0 when none is left, at most INT_MAX ms") {
-    CHECK(poll_timeout(milliseconds(-3)) == 0);
-    CHECK(poll_timeout(milliseconds(0)) == 0);
-    CHECK(poll_timeout(milliseconds(1500)) == 1500);
-    CHECK(poll_timeout(milliseconds(INT_MAX)) == INT_MAX);
-    CHECK(poll_timeout(milliseconds(std::int64_t{INT_MAX} + 1)) == INT_MAX); // cast to int, it was negative: no limit
-    CHECK(poll_timeout(milliseconds::max()) == INT_MAX);
+TEST_CASE("poll's timeout until a deadline: 0 when none is left, at most INT_MAX ms, -1 at the clock's end") {
+    const Clock::time_point now = Clock::now();
+    CHECK(poll_timeout_until(now - milliseconds(3)) == 0);
+    CHECK(poll_timeout_until(now) == 0);
+    const int left = poll_timeout_until(Clock::now() + milliseconds(1500));
+    CHECK(left > 1400);
+    CHECK(left <= 1500);
+    const auto days_30 = std::chrono::hours(24 * 30); // above INT_MAX ms (24.8 days): cast to int, it was negative
+    CHECK(poll_timeout_until(now + days_30) == INT_MAX);
+    CHECK(poll_timeout_until(deadline_after(now, milliseconds::max())) == -1);
 }

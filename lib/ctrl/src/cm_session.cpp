@@ -80,11 +80,11 @@ Result<CmEvent> CmSession::next(Clock::time_point deadline) {
         }
         if (errno != EAGAIN)
             return std::unexpected(Error::from_last_errno("rdma_get_cm_event", "{}", peer_));
-        const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
-        if (left <= 0)
+        const int left_ms = poll_timeout_until(deadline);
+        if (left_ms == 0)
             return std::unexpected(Error::timeout("rdma_get_cm_event", fmt::format("no CM event from {} in time", peer_)));
         pollfd pfd{.fd = channel_->fd, .events = POLLIN, .revents = 0};
-        if (::poll(&pfd, 1, poll_timeout(std::chrono::milliseconds(left))) < 0 && errno != EINTR)
+        if (::poll(&pfd, 1, left_ms) < 0 && errno != EINTR)
             return std::unexpected(Error::from_last_errno("poll", "CM event channel"));
     }
 }

@@ -287,8 +287,7 @@ Result<void> Listener::State::sleep(Clock::time_point deadline) {
     std::vector<pollfd> fds{{.fd = accepting() ? knock_fd() : -1, .events = POLLIN, .revents = 0}, // -1: ignored
                             {.fd = group->cq.channel_fd(), .events = POLLIN, .revents = 0}};
     wanted(fds, wake);
-    const auto left = std::chrono::ceil<std::chrono::milliseconds>(wake - Clock::now());
-    const int n = ::poll(fds.data(), fds.size(), poll_timeout(left));
+    const int n = ::poll(fds.data(), fds.size(), poll_timeout_until(wake));
     if (n < 0 && errno != EINTR)
         return std::unexpected(Error::from_last_errno("poll", "listener"));
     if (n > 0 && fds[1].revents != 0)

@@ -23,18 +23,14 @@
 namespace rdmaxx {
 namespace {
 
-int remaining_ms(Clock::time_point deadline) {
-    return poll_timeout(std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()));
-}
-
 // Waits until `fd` is ready for `events` or the deadline passes.
 Result<void> wait_fd(int fd, short events, Clock::time_point deadline, const char* call, const std::string& peer) {
     for (;;) {
         pollfd pfd{.fd = fd, .events = events, .revents = 0};
-        const int n = ::poll(&pfd, 1, remaining_ms(deadline));
+        const int n = ::poll(&pfd, 1, poll_timeout_until(deadline));
         if (n > 0)
             return {};
-        if (n == 0)
+        if (n == 0 && Clock::now() >= deadline) // else poll's longest wait ended before it
             return std::unexpected(Error::timeout(call, fmt::format("peer {} did not answer in time", peer)));
         if (errno != EINTR)
             return std::unexpected(Error::from_last_errno("poll", "{}", peer));

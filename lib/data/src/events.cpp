@@ -151,12 +151,12 @@ Result<AsyncEvent> AsyncEvents::wait(std::chrono::milliseconds timeout, std::sou
             return std::unexpected(std::move(event.error()));
         if (*event)
             return **event;
-        const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-        if (left.count() <= 0)
+        const int left_ms = poll_timeout_until(deadline);
+        if (left_ms == 0)
             return std::unexpected(
                 Error::timeout("AsyncEvents::wait", fmt::format("no event within {} ms", timeout.count())));
         pollfd pfd{.fd = fd(), .events = POLLIN, .revents = 0};
-        if (::poll(&pfd, 1, poll_timeout(left)) < 0 && errno != EINTR)
+        if (::poll(&pfd, 1, left_ms) < 0 && errno != EINTR)
             return std::unexpected(Error::from_last_errno("poll", "async event fd"));
     }
 }

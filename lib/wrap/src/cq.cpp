@@ -98,16 +98,13 @@ Result<void> CompletionQueue::wait_event(std::chrono::milliseconds timeout, int 
     ibv_comp_channel* const events = channel("wait_event", where);
     pollfd fds[2] = {{.fd = events->fd, .events = POLLIN, .revents = 0},
                      {.fd = also_watch, .events = POLLIN, .revents = 0}};
-    // a signal ends poll() early: wait out what is left, not the whole timeout again
+    // a signal ends poll() early, as does its longest wait (INT_MAX ms): wait out what
+    // is left, not the whole timeout again
     const auto deadline = deadline_after(timeout);
     int ready;
-    for (auto left = timeout;;) {
-        ready = ::poll(fds, also_watch < 0 ? 1 : 2, poll_timeout(left));
-        if (ready >= 0 || errno != EINTR)
-            break;
-        left = std::max(std::chrono::milliseconds(0), std::chrono::ceil<std::chrono::milliseconds>(
-                                                            deadline - std::chrono::steady_clock::now()));
-    }
+    do
+        ready = ::poll(fds, also_watch < 0 ? 1 : 2, poll_timeout_until(deadline));
+    while ((ready < 0 && errno == EINTR) || (ready == 0 && std::chrono::steady_clock::now() < deadline));
     if (ready < 0)
         return std::unexpected(Error::from_last_errno("poll", "completion channel"));
     if (ready == 0)

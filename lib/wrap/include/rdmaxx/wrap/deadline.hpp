@@ -25,10 +25,16 @@ inline std::chrono::steady_clock::time_point deadline_after(std::chrono::millise
     return deadline_after(std::chrono::steady_clock::now(), span);
 }
 
-/// poll(2)'s timeout for `left`: 0 when none is left, at most INT_MAX ms (a longer
-/// wait is polled again).
-constexpr int poll_timeout(std::chrono::milliseconds left) noexcept {
-    return left.count() <= 0 ? 0 : left.count() >= INT_MAX ? INT_MAX : static_cast<int>(left.count());
+/// poll(2)'s timeout until `deadline`: -1 (no limit) at the clock's end; else what is
+/// left rounded up to whole milliseconds (a wait does not wake just before its deadline
+/// to poll once more for nothing), 0 when none is left, at most INT_MAX (a longer wait
+/// polls again).
+inline int poll_timeout_until(std::chrono::steady_clock::time_point deadline) noexcept {
+    using Clock = std::chrono::steady_clock;
+    if (deadline == Clock::time_point::max())
+        return -1;
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    return left <= 0 ? 0 : left >= INT_MAX ? INT_MAX : static_cast<int>(left);
 }
 
 } // namespace rdmaxx
