@@ -1056,6 +1056,39 @@ TEST_CASE("close(): the peer gets every message, then 'closed'; later calls fail
     }
 }
 
+TEST_CASE("timeouts of milliseconds::max() set no limit: a message 50 ms late is waited for, on both transports") {
+    for (Transport transport : {Transport::tcp, Transport::rdma_cm}) {
+        CAPTURE(static_cast<int>(transport));
+        // now + milliseconds::max() overflowed into a deadline already past: every wait
+        // (and RDMA CM's connect attempt) timed out at once
+        ConnectionOptions unbounded = quick(transport);
+        unbounded.timeout = std::chrono::milliseconds::max();
+        unbounded.timeout_per_mib = std::chrono::milliseconds::max();
+        const std::string host = host_for(transport);
+        Listener listener = must(Listener::listen(host, 0, unbounded));
+        test::Thread client([&] {
+            auto conn = Connection::connect(host, listener.port(), unbounded);
+            REQUIRE(conn);
+            auto mr = conn->alloc_local_mr(64);
+            REQUIRE(mr);
+            std::this_thread::sleep_for(50ms);
+            CHECK(conn->send(mr->slice(0, 8)));
+            std::array<std::byte, 8> answer{};
+            const auto got = conn->receive(answer);
+            REQUIRE(got);
+            CHECK(got->size == 8);
+            CHECK(conn->close());
+        });
+        Connection conn = must(listener.accept(5s));
+        std::array<std::byte, 8> buffer{};
+        CHECK(must(conn.receive(buffer)).size == 8);
+        std::this_thread::sleep_for(50ms);
+        auto mr = must(conn.alloc_local_mr(64));
+        CHECK(conn.send(mr.slice(0, 8)));
+        client.join();
+    }
+}
+
 TEST_CASE("the last call of a conversation succeeds when the other side leaves at once (under CPU load)") {
     std::atomic<bool> stop{false};
     test::Thread hog([&] {

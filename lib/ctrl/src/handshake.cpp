@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include <rdmaxx/wrap/deadline.hpp>
 #include <rdmaxx/wrap/log.hpp>
 
 namespace rdmaxx::detail {
@@ -96,12 +97,12 @@ Result<void> CmAttempts::make_link() {
 }
 
 Result<bool> CmAttempts::connect() {
-    const auto attempt_end = std::min(deadline_, Clock::now() + attempt_);
+    const auto attempt_end = std::min(deadline_, deadline_after(attempt_));
     auto peer = cm_->connect(link_->qp(), link_->describe().metadata, options_.qp, remaining(attempt_end));
     if (!peer) {
         if (peer.error().is_timeout() && Clock::now() < deadline_) {
             logger()->debug("Connection: no answer from {} within {} ms, asking again", cm_->peer(), attempt_.count());
-            attempt_ *= 2;
+            attempt_ = std::min(attempt_, std::chrono::milliseconds::max() / 2) * 2; // no limit stays none
             return false;
         }
         return std::unexpected(std::move(peer.error()));

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -296,9 +297,13 @@ void Link::watch(CmConnection cm) { cm_.emplace(std::move(cm)); }
 Clock::time_point Link::deadline(std::optional<std::chrono::milliseconds> timeout, std::uint64_t bytes) const {
     if (timeout)
         return deadline_after(*timeout);
-    const auto per_byte = std::chrono::duration<double, std::milli>(options_.timeout_per_mib) / double(1 << 20);
-    return Clock::now() + options_.timeout +
-           std::chrono::ceil<std::chrono::milliseconds>(per_byte * static_cast<double>(bytes));
+    // saturating: a timeout or an allowance of milliseconds::max() ("no limit") must
+    // not overflow the clock into a deadline already past
+    const double allowance_ms = double(options_.timeout_per_mib.count()) * double(bytes) / double(1 << 20);
+    const auto allowance = allowance_ms >= double(std::chrono::milliseconds::max().count())
+                               ? std::chrono::milliseconds::max()
+                               : std::chrono::milliseconds(static_cast<std::int64_t>(std::ceil(allowance_ms)));
+    return deadline_after(deadline_after(options_.timeout), allowance);
 }
 
 // --- Link: completions and what the peer sends --------------------------------------------

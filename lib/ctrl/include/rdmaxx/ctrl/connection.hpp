@@ -89,7 +89,7 @@ struct ConnectionOptions {
     /// The bound of a wait: timeout, plus timeout_per_mib for each MiB the call moves.
     /// At RoCE MTU 1024 and 5 % loss each lost packet costs an ACK timeout (67 ms at
     /// QpConnectOptions::ack_timeout 14): a 1 MiB operation took over 5 s there, and it
-    /// completes within these defaults.
+    /// completes within these defaults. milliseconds::max() in either sets no limit.
     std::chrono::milliseconds timeout{5000};
     /// Added to `timeout` for each MiB a call moves.
     std::chrono::milliseconds timeout_per_mib{30'000};
