@@ -188,6 +188,40 @@ TEST_CASE("SignaledSendQueue: WRs whose post failed are given back, and a signal
     RDMAXX_CHECK_DEATH(SignaledSendQueue(all, p.cq_a, 4), "created with signal_all");
 }
 
+TEST_CASE("SignaledSendQueue: a failed completion is its Error for good, whatever flushes follow") {
+    test::RcPair p;
+    SignaledSendQueue sq(p.a, p.cq_a, 4);
+    RemoteMemory bad = p.mem_b.remote();
+    bad.rkey ^= 0x5a5a;
+    // WR 0 (unsignaled) fails at the peer; 1 and 2 (unsignaled) and 3 (signaled) flush
+    for (std::uint64_t i = 0; i < 4; ++i)
+        must(post_write(p.a, p.mem_a.slice(0, 8), i == 0 ? bad : p.mem_b.remote().slice(0, 8),
+                        must(sq.next({.wr_id = i}))));
+    const Error failed = must_fail(sq.drain(5s));
+    CHECK(failed.code() == IBV_WC_REM_ACCESS_ERR);
+    // the flushes still in the CQ said nothing of which WRs left the queue: a drain
+    // that then found "nothing signaled" succeeded, and next() went on posting
+    CHECK(must_fail(sq.drain(5s)).code() == IBV_WC_REM_ACCESS_ERR);
+    CHECK(must_fail(sq.next({.wr_id = 4})).code() == IBV_WC_REM_ACCESS_ERR);
+}
+
+TEST_CASE("SignaledSendQueue: a receive completion in its CQ, or a moved-from queue, aborts naming the caller") {
+    test::RcPair p;
+    SignaledSendQueue sq(p.a, p.cq_a, 4);
+    must(post_recv(p.a, p.mem_a.slice(0, 64), 1));
+    must(post_send(p.b, p.mem_b.slice(0, 8), {.wr_id = 2}));
+    must(wait_for(p.cq_b, 2));
+    // counted as signaled, not posted: the one completion drain() finds is the receive,
+    // which it took for the SEND's retirement and lost
+    (void)must(sq.next({}, true));
+    RDMAXX_CHECK_DEATH((void)sq.drain(5s), "a receive completion of QP");
+    SignaledSendQueue taken = std::move(sq);
+    // a move empties its ring: next() wrote past it
+    RDMAXX_CHECK_DEATH((void)sq.next(), "a moved-from SignaledSendQueue");
+    RDMAXX_CHECK_DEATH(sq.unpost(0), "a moved-from SignaledSendQueue");
+    CHECK(taken.outstanding() == 1);
+}
+
 TEST_CASE("a wrong rkey surfaces as a remote access Error, the QP reports ERR and later WRs flush") {
     test::RcPair p;
     RemoteMemory bad = p.mem_b.remote();

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <source_location>
 #include <vector>
 
@@ -19,6 +20,10 @@ namespace rdmaxx {
 /// The send queue of one QP under selective signaling: next() hands out each WR's
 /// PostOptions, signaling one in `interval`, and reaps completions whenever the queue
 /// is full, so that a post never finds it overfilled.
+///
+/// A failed completion ends the count: the QP is in error and flushes every WR,
+/// signaled or not, so no later completion says which WRs left the queue. That Error
+/// is then what next() and drain() return, for good.
 ///
 /// @threadsafety Distinct objects: safe. Shared objects: unsafe.
 class SignaledSendQueue : detail::MoveOnly {
@@ -42,13 +47,17 @@ public:
     /// Waits, reaping completions, while the send queue is full. A post that then
     /// fails must be given back with unpost(). A failed completion is its Error; a completion of
     /// another QP in `send_cq` is a programming error.
-    /// @errors a failed completion reaped (kind completion); no completion within
-    /// `timeout` while the queue is full (kind timeout); ibv_poll_cq fails.
-    /// @misuse a completion of another QP in `send_cq`, or of a WR this object did not
-    /// signal; a moved-from CQ.
+    /// @errors a failed completion reaped, now or before (kind completion); no
+    /// completion within `timeout` while the queue is full (kind timeout); ibv_poll_cq
+    /// fails.
+    /// @misuse a completion of another QP in `send_cq`, a receive's, or one of a WR this
+    /// object did not signal; a moved-from CQ or SignaledSendQueue.
     Result<PostOptions> next(PostOptions options = {}, bool force_signal = false,
                              std::chrono::milliseconds timeout = std::chrono::seconds(5),
                              std::source_location where = std::source_location::current()) {
+        live(where);
+        if (failed_) [[unlikely]]
+            return std::unexpected(*failed_);
         if (posted_ - retired_ == depth_) [[unlikely]] {
             if (auto ok = reap(timeout, where); !ok)
                 return std::unexpected(std::move(ok.error()));
@@ -67,8 +76,9 @@ public:
     /// The last `count` WRs that next() counted were not posted: ibv_post_send failed
     /// at the first of them (SendBatch: count = its size - accepted()). Forgets them, so
     /// that drain() waits for no completion that cannot come.
-    /// @misuse more than are outstanding.
+    /// @misuse more than are outstanding; a moved-from SignaledSendQueue.
     void unpost(std::uint32_t count, std::source_location where = std::source_location::current()) {
+        live(where);
         require(count <= posted_ - retired_, where, "unpost({}) with {} WRs outstanding", count, posted_ - retired_);
         posted_ -= count;
         while (signaled_count_ != 0 && signaled_[(signaled_tail_ + depth_ - 1) % depth_] >= posted_) {
@@ -88,16 +98,25 @@ public:
     /// @misuse as next()'s.
     Result<void> drain(std::chrono::milliseconds timeout = std::chrono::seconds(5),
                        std::source_location where = std::source_location::current()) {
+        live(where);
+        if (failed_)
+            return std::unexpected(*failed_);
         while (signaled_count_ != 0)
             if (auto ok = reap(timeout, where); !ok)
                 return ok;
         return {};
     }
 
-    /// WRs posted and not yet known to have left the send queue.
+    /// WRs posted and not yet known to have left the send queue (after a failed
+    /// completion, those counted before it).
     std::uint64_t outstanding() const noexcept { return posted_ - retired_; }
 
 private:
+    // A move empties the ring: a moved-from object's next() would write past it.
+    void live(std::source_location where) const {
+        require(!signaled_.empty(), where, "a moved-from SignaledSendQueue");
+    }
+
     // Waits for the next signaled WR's completion, which retires it and every
     // unsignaled WR before it. One at a time: each retires a whole interval.
     Result<void> reap(std::chrono::milliseconds timeout, std::source_location where) {
@@ -105,6 +124,14 @@ private:
             require(wc.qp_num() == qp_->qpn(), where,
                     "a completion of QP {:#x} in the send CQ of a SignaledSendQueue for QP {:#x}", wc.qp_num(),
                     qp_->qpn());
+            if (!wc.ok()) { // maybe the flush of an unsignaled WR: it retires nothing we know of
+                failed_ = wc.error(where);
+                return true;
+            }
+            // a successful completion's opcode is defined: a receive's has this bit
+            require((wc.raw().opcode & IBV_WC_RECV) == 0, where,
+                    "a receive completion of QP {:#x} in the send CQ of its SignaledSendQueue (it would be lost)",
+                    wc.qp_num());
             require(signaled_count_ != 0, where, "a completion for a WR this SignaledSendQueue did not signal");
             retired_ = signaled_[signaled_head_] + 1;
             signaled_head_ = (signaled_head_ + 1) % depth_;
@@ -124,6 +151,7 @@ private:
     // sequence numbers of the signaled WRs in flight, oldest first (a ring)
     std::vector<std::uint64_t> signaled_;
     std::size_t signaled_head_ = 0, signaled_tail_ = 0, signaled_count_ = 0;
+    std::optional<Error> failed_; // the first failed completion: sticky
 };
 
 } // namespace rdmaxx
