@@ -401,13 +401,7 @@ asio::awaitable<void> receive_in_turn(AsyncPair& p, int n, int& ok, bool& done) 
 TEST_CASE("an event CQ whose arm fails is polled instead: every operation completes") {
     AsyncPair p(async::CompletionMode::event);
     // the device refuses every arm of this context's CQs (its provider's entry point)
-    ibv_context_ops& ops = p.context.get()->ops;
-    struct Restore {
-        ibv_context_ops& ops;
-        decltype(ops.req_notify_cq) saved = ops.req_notify_cq;
-        ~Restore() { ops.req_notify_cq = saved; }
-    } restore{ops};
-    ops.req_notify_cq = refuse_arm;
+    const test::ReplacedOp arm(p.context.get()->ops.req_notify_cq, refuse_arm);
     int ok = 0;
     bool done = false;
     asio::co_spawn(p.io, receive_in_turn(p, 20, ok, done), asio::detached);

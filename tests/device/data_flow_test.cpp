@@ -142,6 +142,24 @@ TEST_CASE("a failed batch post says which WR failed and why") {
     CHECK(wcs.back().wr_id() == batch.accepted() - 1);
 }
 
+namespace {
+int fail_silently(ibv_qp*, ibv_send_wr*, ibv_send_wr**) { return EINVAL; } // bad_wr left as it was
+} // namespace
+
+TEST_CASE("a failed post whose provider names no WR counts them all as posted, and says so") {
+    test::RcPair p(PostApi::classic);
+    const test::ReplacedOp post(p.context.get()->ops.post_send, fail_silently);
+    SendBatch<3> batch(p.a);
+    for (std::uint32_t i = 0; i < 3; ++i)
+        batch.write(p.mem_a.slice(0, 8), p.mem_b.remote().slice(0, 8), {.wr_id = 7 + i});
+    const Error e = must_fail(batch.post());
+    CHECK(e.is_errno(EINVAL));
+    // the safe side: a buffer of a WR the device may hold is not thought free
+    CHECK(batch.accepted() == 3);
+    // it read "WR 3 of 3 (wr_id 0) failed": a WR that does not exist
+    CHECK(e.message().find("the provider did not say which failed") != std::string::npos);
+}
+
 TEST_CASE("100,000 selectively signaled WRITEs never overflow the send queue") {
     test::RcPair p(PostApi::automatic, {.max_send_wr = 128, .max_recv_wr = 16});
     SignaledSendQueue sq(p.a, p.cq_a, 32);

@@ -34,6 +34,22 @@ struct Rig {
     }
 };
 
+// One of a context's provider entry points (ibv_context_ops: post_send, poll_cq,
+// req_notify_cq, ...) replaced for this object's life: the device made to fail as it
+// may, without faking verbs. `op` is e.g. context.get()->ops.post_send.
+template <class Op>
+class ReplacedOp {
+public:
+    ReplacedOp(Op& op, Op replacement) : op_(op), saved_(op) { op = replacement; }
+    ReplacedOp(const ReplacedOp&) = delete;
+    ReplacedOp& operator=(const ReplacedOp&) = delete;
+    ~ReplacedOp() { op_ = saved_; }
+
+private:
+    Op& op_;
+    Op saved_;
+};
+
 // Whether the device has type 2 memory windows: where it has none, the cases that need
 // them are skipped, not passed.
 inline bool device_has_windows() {

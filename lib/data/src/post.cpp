@@ -86,9 +86,13 @@ Error post_error(bool extended, int rc, const ibv_send_wr& first, const ibv_send
         return Error::from_errno("ibv_wr_complete", rc, fmt::format("{} WR(s), none posted", count));
     for (const ibv_send_wr* wr = &first; wr && wr != bad; wr = wr->next)
         ++accepted;
+    if (!bad)
+        return Error::from_errno("ibv_post_send", rc,
+                                 fmt::format("{} WR(s); the provider did not say which failed: all counted as posted",
+                                             count));
     return Error::from_errno("ibv_post_send", rc,
                              fmt::format("WR {} of {} (wr_id {}) failed; the WRs before it were posted", accepted,
-                                         count, bad ? bad->wr_id : 0));
+                                         count, bad->wr_id));
 }
 
 Error post_recv_error(const char* call, int rc, const ibv_recv_wr& first, const ibv_recv_wr* bad,

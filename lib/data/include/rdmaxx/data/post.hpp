@@ -161,8 +161,11 @@ inline void build_window(SendWr& s, const QueuePair& qp, ibv_wr_opcode opcode, c
 int post_extended(ibv_qp_ex* qpx, const ibv_send_wr* wr);
 
 // The Error of a failed post of `count` WRs from `first`; sets `accepted`. The
-// extended API posts all or nothing; ibv_post_send posts the WRs before `bad`. Out of
-// line: the post path carries no formatting code.
+// extended API posts all or nothing; ibv_post_send posts the WRs before `bad`. A
+// provider that fails without setting `bad` has told nothing: every WR counts as
+// accepted, as the safe side (a completion waited for in vain times out; a buffer
+// thought free while the device reads it would be worse). Out of line: the post path
+// carries no formatting code.
 [[gnu::cold]] Error post_error(bool extended, int rc, const ibv_send_wr& first, const ibv_send_wr* bad,
                                std::size_t count, std::size_t& accepted);
 
