@@ -105,6 +105,8 @@ TEST_CASE("the GID choice can be overridden, by argument or $RDMAXX_GID_INDEX") 
         CHECK(must(context.choose_gid(1)).index == other.index);
     }
     CHECK(must_fail(context.choose_gid(1, 9999)).is_errno(EINVAL));
+    // rxe's table has 1024 entries: one past 255 would reach a QP as its low 8 bits
+    CHECK(must_fail(context.choose_gid(1, 256)).message().find("sgid_index holds 8 bits") != std::string::npos);
     const ScopedEnv env(gid_index_env, "one");
     CHECK(must_fail(context.choose_gid(1)).message().find("RDMAXX_GID_INDEX") != std::string::npos);
 }

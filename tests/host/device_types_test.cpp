@@ -45,6 +45,11 @@ TEST_CASE("the preferred GID on RoCE is the IPv4-mapped RoCE v2 entry") {
     // zero GIDs are unusable
     CHECK_FALSE(preferred_gid(LinkLayer::ethernet, {{.gid = {}, .index = 0, .port = 1, .type = GidType::roce_v2}}));
     CHECK_FALSE(preferred_gid(LinkLayer::ethernet, {}));
+    // an entry beyond ibv_ah_attr's 8-bit sgid_index would be used as index 300 % 256
+    CHECK(preferred_gid(LinkLayer::ethernet, {table[1], {.gid = ipv4, .index = 300, .port = 1, .type = GidType::roce_v2}})
+              ->index == 1);
+    CHECK(preferred_gid(LinkLayer::ethernet, {{.gid = ipv4, .index = 255, .port = 1, .type = GidType::roce_v2}})
+              ->index == 255);
 }
 
 TEST_CASE("the preferred GID on InfiniBand is the port GID at index 0") {

@@ -169,6 +169,11 @@ Result<GidEntry> choose_gid(const DeviceState& device, std::uint8_t port, std::o
         return std::unexpected(table.error());
     std::erase_if(*table, [&](const GidEntry& e) { return e.port != port; });
     if (index) {
+        if (*index > max_usable_gid_index) // a QP would use the index's low 8 bits: another GID
+            return std::unexpected(Error::from_errno(
+                "choose_gid", EINVAL,
+                fmt::format("GID index {} is above {} (ibv_ah_attr's sgid_index holds 8 bits)", *index,
+                            max_usable_gid_index)));
         for (const GidEntry& e : *table)
             if (e.index == *index && !e.gid.is_zero())
                 return e;

@@ -114,7 +114,9 @@ Result<std::vector<DeviceInfo>> list_devices() {
 std::optional<GidEntry> preferred_gid(LinkLayer layer, const std::vector<GidEntry>& table) {
     const auto first = [&](auto&& wanted) -> std::optional<GidEntry> {
         const auto it = std::find_if(table.begin(), table.end(),
-                                     [&](const GidEntry& e) { return !e.gid.is_zero() && wanted(e); });
+                                     [&](const GidEntry& e) {
+                                         return !e.gid.is_zero() && e.index <= max_usable_gid_index && wanted(e);
+                                     });
         return it == table.end() ? std::nullopt : std::optional(*it);
     };
     if (layer == LinkLayer::infiniband)

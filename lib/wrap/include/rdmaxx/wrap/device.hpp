@@ -67,6 +67,10 @@ struct GidEntry {
     std::uint32_t netdev_ifindex = 0; ///< The network interface it belongs to; 0 on InfiniBand.
 };
 
+/// The highest GID index a QP or an address handle can use: ibv_ah_attr's sgid_index
+/// holds 8 bits. A table may be longer (rxe's has 1024 entries).
+inline constexpr std::uint32_t max_usable_gid_index = 255;
+
 /// A port, as ibv_query_port reports it (Context::query_port).
 struct PortAttributes {
     std::uint8_t number = 0;                   ///< The port, from 1.
@@ -110,7 +114,8 @@ Result<std::vector<DeviceInfo>> list_devices();
 /// The GID an application should use on a port: on RoCE (Ethernet) the RoCE v2 entry
 /// with an IPv4-mapped address (routable, the common deployment), else any RoCE v2
 /// entry, else the first RoCE v1 entry; on InfiniBand index 0, the port GID (paired
-/// with the LID). nullopt when the table has no usable entry.
+/// with the LID). Entries above max_usable_gid_index are passed over. nullopt when the
+/// table has no usable entry.
 std::optional<GidEntry> preferred_gid(LinkLayer layer, const std::vector<GidEntry>& table);
 
 } // namespace rdmaxx
