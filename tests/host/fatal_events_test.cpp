@@ -21,12 +21,15 @@ int cq_one = 0, cq_two = 0; // stand-ins for two ibv_cq addresses
 const auto* first_cq = reinterpret_cast<const ibv_cq*>(&cq_one);
 const auto* second_cq = reinterpret_cast<const ibv_cq*>(&cq_two);
 
-AsyncEvent qp_event(AsyncEventType type, std::uint32_t qp_num) { return {.type = type, .qp_num = qp_num}; }
+// a QP event of a QP whose send and receive CQs are first_cq
+AsyncEvent qp_event(AsyncEventType type, std::uint32_t qp_num) {
+    return {.type = type, .qp_num = qp_num, .qp_send_cq = first_cq, .qp_recv_cq = first_cq};
+}
 AsyncEvent port_event(AsyncEventType type, std::uint8_t port) { return {.type = type, .port = port}; }
 
 } // namespace
 
-TEST_CASE("a QP's fatal event ends waits on that QP only, and only on the QP it was read for") {
+TEST_CASE("a QP's fatal event ends waits on that QP only (or on its CQs), and only on the QP it was read for") {
     FatalEvents log;
     log.remember(qp_event(AsyncEventType::qp_fatal, 0x11), t0 + seconds(10));
     // the QP created before the event was read: the event is its own
@@ -38,6 +41,13 @@ TEST_CASE("a QP's fatal event ends waits on that QP only, and only on the QP it 
     // a wait on any QP of a CQ sees it, if it was read since the CQ was made
     CHECK(log.find({.cq = first_cq, .cq_created = t0 + seconds(1)}));
     CHECK_FALSE(log.find({.cq = first_cq, .cq_created = t0 + seconds(20)}));
+    // and if the QP completes into that CQ: another CQ's waits go on (they all failed)
+    CHECK_FALSE(log.find({.cq = second_cq, .cq_created = t0 + seconds(1)}));
+    FatalEvents receives;
+    receives.remember({.type = AsyncEventType::qp_fatal, .qp_num = 0x13, .qp_send_cq = first_cq,
+                       .qp_recv_cq = second_cq}, t0 + seconds(10));
+    CHECK(receives.find({.cq = second_cq, .cq_created = t0 + seconds(1)}));
+    CHECK(receives.find({.cq = first_cq, .cq_created = t0 + seconds(1)}));
     // events that do not kill (COMM_EST, SQ_DRAINED) end nothing
     FatalEvents mild;
     mild.remember(qp_event(AsyncEventType::comm_established, 0x11), t0 + seconds(10));

@@ -43,7 +43,11 @@ AsyncEvent from_verbs(const ibv_async_event& e) {
     case AsyncEventType::sq_drained:
     case AsyncEventType::path_migrated:
     case AsyncEventType::path_migration_error:
-    case AsyncEventType::qp_last_wqe_reached: event.qp_num = e.element.qp->qp_num; break;
+    case AsyncEventType::qp_last_wqe_reached:
+        event.qp_num = e.element.qp->qp_num;
+        event.qp_send_cq = e.element.qp->send_cq; // the QP lives until the event is acknowledged
+        event.qp_recv_cq = e.element.qp->recv_cq;
+        break;
     case AsyncEventType::port_active:
     case AsyncEventType::port_error:
     case AsyncEventType::lid_change:

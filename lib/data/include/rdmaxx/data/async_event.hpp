@@ -35,6 +35,10 @@ struct AsyncEvent {
     std::uint8_t port = 0;        ///< port events
     int raw = 0;                  ///< the ibv_event_type
     const ibv_cq* cq = nullptr;   ///< cq_error: the CQ (compare with CompletionQueue::get())
+    /// QP events: the QP's send and receive CQs when the event was read (for
+    /// comparison only: either may be gone since).
+    const ibv_cq* qp_send_cq = nullptr;
+    const ibv_cq* qp_recv_cq = nullptr; ///< see qp_send_cq
 
     /// Whether this event leaves QP `qp` (0: any QP) unable to complete work: a fatal,
     /// request or access error of that QP, or any CQ error, port error or fatal device error.

@@ -50,8 +50,9 @@ public:
 
     /// Reads the pending events (keeping them for next()) and returns an Error when
     /// one read since the objects were created left `qp` or `cq` unable to complete
-    /// work: a fatal event of `qp` (nullptr: of any QP, read since `cq` was created),
-    /// a CQ error of `cq`, `qp`'s port down (nullptr: any port), a fatal device error.
+    /// work: a fatal event of `qp` (nullptr: of any QP whose send or receive CQ is `cq`,
+    /// read since `cq` was created), a CQ error of `cq`, `qp`'s port down (nullptr: any
+    /// port), a fatal device error.
     /// Called by the waits of completion.hpp (WaitOptions::events).
     /// @errors such an event, as event_error() maps it (ENETDOWN for a port down, else
     /// EIO); ibv_get_async_event fails.

@@ -18,8 +18,8 @@
 namespace rdmaxx::detail {
 
 // The objects a wait depends on. Unset fields mean "any": a wait on a CQ shared by
-// many QPs ends on any QP's fatal event read since the CQ was created, and on any
-// port's error.
+// many QPs ends on the fatal event of any QP whose send or receive CQ it is, read since
+// the CQ was created, and on any port's error.
 struct EventScope {
     using Time = std::chrono::steady_clock::time_point;
     std::uint32_t qp_num = 0; // 0: any QP
@@ -68,7 +68,7 @@ public:
             if (e.event.type == AsyncEventType::cq_error) {
                 if (scope.cq != nullptr && e.event.cq == scope.cq && e.read_at >= scope.cq_created)
                     return e.event;
-            } else if (scope.qp_num == 0 ? e.read_at >= scope.cq_created
+            } else if (scope.qp_num == 0 ? e.read_at >= scope.cq_created && feeds(e.event, scope.cq)
                                           : e.event.qp_num == scope.qp_num && e.read_at >= scope.qp_created) {
                 return e.event;
             }
@@ -77,6 +77,12 @@ public:
     }
 
 private:
+    // Whether the QP of `event` completes into `cq` (nullptr: any CQ). A dead QP of
+    // another CQ leaves this one's completions coming.
+    static bool feeds(const AsyncEvent& event, const void* cq) noexcept {
+        return cq == nullptr || event.qp_send_cq == cq || event.qp_recv_cq == cq;
+    }
+
     struct Entry {
         AsyncEvent event;
         Time read_at;
