@@ -51,8 +51,9 @@ int client(const Options& options) {
                                           : latency_row(size, options.iters, *l));
         else {
             const auto& b = std::get<Bandwidth>(*figures);
+            // perftest's column counts one QP's iterations; the JSON every message
             const std::uint64_t messages = std::uint64_t{options.iters} * options.qps * options.sessions;
-            fmt::print("{}", options.json ? bandwidth_json(setup, size, messages, b) : bandwidth_row(size, messages, b));
+            fmt::print("{}", options.json ? bandwidth_json(setup, size, messages, b) : bandwidth_row(size, options.iters, b));
         }
         std::fflush(stdout);
     }

@@ -198,6 +198,10 @@ Comparison lending(int rounds) {
 
 int main(int argc, char** argv) {
     const int rounds = argc > 1 ? std::atoi(argv[1]) : 11;
+    if (argc > 2 || rounds < 1) { // a median of no rounds indexed an empty vector
+        std::fprintf(stderr, "usage: rdmaxx-memory [rounds, at least 1; default 11]\n");
+        return 2;
+    }
     Context context = must(Context::open(), "Context::open");
     ProtectionDomain pd = must(ProtectionDomain::create(context), "ProtectionDomain::create");
     fmt::print("rdmaxx-memory on {} (type 2 windows: {})\n", context.name(), context.attributes().type2_windows);

@@ -24,12 +24,15 @@ Latency summarize_latency(std::span<const Clock::time_point> stamps, double divi
     for (const double s : samples)
         sum += s;
     const double avg = sum / n;
+    // perftest's get_median: the mean of the two middle samples of an even count
+    const std::size_t middle = samples.size() / 2;
+    const double median = samples.size() % 2 ? samples[middle] : (samples[middle - 1] + samples[middle]) / 2;
     double squares = 0;
     for (const double s : samples)
         squares += (s - avg) * (s - avg);
     return {.t_min = samples.front(),
             .t_max = samples.back(),
-            .t_typical = samples[samples.size() / 2],
+            .t_typical = median,
             .t_avg = avg,
             .t_stdev = std::sqrt(squares / n),
             .p99 = at(0.99),

@@ -22,8 +22,8 @@ struct Latency {
 // the gap between consecutive posts, divided by `divisor` (2 for a ping-pong, whose
 // round trip is two one-way trips; 1 for READ and atomics, whose one operation is the
 // round trip). The two largest samples are dropped; t_typical is the median (the
-// element at n/2 of the sorted samples), p99 and p99.9 the element at ceil(n*p),
-// clamped to the last.
+// element at n/2 of the sorted samples, or the mean of the two middle ones of an even
+// count, as perftest's), p99 and p99.9 the element at ceil(n*p), clamped to the last.
 Latency summarize_latency(std::span<const Clock::time_point> stamps, double divisor);
 
 struct Bandwidth {
