@@ -2348,40 +2348,54 @@ TEST_CASE("rpc endpoint: connect() to a server that never answers ends at the co
 namespace {
 
 struct SilentClients {
-    bool one_more_closed_at_once = false;
-    std::uint64_t refused = 0; // the server's sessions_refused once it was closed
-    bool served_after = false; // a client, once the silent ones' setup_timeout passed
+    bool oldest_closed_at_once = false; // when one more came
+    std::uint64_t evicted = 0, refused = 0;
+    bool served = false; // a real client, while silent ones held every place
+    std::chrono::steady_clock::duration took{};
+    bool next_oldest_closed = false; // the real client's room
+    bool newest_kept = false;
 };
 
-// `silent` clients connect and say nothing; one more connects; then a real client.
+// `silent` clients connect and say nothing; one more connects and says nothing; then a
+// real client.
 asio::awaitable<void> silent_setups(Rig* rig, std::vector<asio::ip::tcp::socket>* silent,
                                     asio::ip::tcp::socket* one_more, SilentClients* out) {
     const asio::ip::tcp::endpoint server(asio::ip::make_address("127.0.0.1"), rig->port);
     for (auto& socket : *silent)
         co_await socket.async_connect(server, asio::use_awaitable);
     co_await one_more->async_connect(server, asio::use_awaitable);
-    out->one_more_closed_at_once = co_await closed_within(one_more, 1s); // not the 4 s setup_timeout
+    // not at the 20 s setup_timeout (the listener accepts in order: the first is oldest)
+    out->oldest_closed_at_once = co_await closed_within(&silent->front(), 5s);
+    out->evicted = rig->server->counters().setups_evicted;
     out->refused = rig->server->counters().sessions_refused;
     std::optional<rpc::Session> session;
-    co_await pause(4s);
-    co_await connect_into(rig, &session);
-    out->served_after = session.has_value();
+    const auto began = std::chrono::steady_clock::now();
+    co_await connect_into(rig, &session); // it was closed at once, till the silent ones' setup_timeout passed
+    out->took = std::chrono::steady_clock::now() - began;
+    out->served = session.has_value();
+    out->next_oldest_closed = co_await closed_within(&(*silent)[1], 5s);
+    out->newest_kept = !co_await closed_within(one_more, 200ms);
 }
 
 } // namespace
 
-TEST_CASE("rpc endpoint: a listener has at most max_sessions setups under way: silent clients hold no more, one "
-          "more is closed at once") {
-    Rig rig({.max_sessions = 4, .setup_timeout = 4s});
+TEST_CASE("rpc endpoint: a listener has at most max_sessions setups under way; one more takes the place of the "
+          "oldest silent client") {
+    Rig rig({.max_sessions = 4, .setup_timeout = 20s});
     std::vector<asio::ip::tcp::socket> silent;
     for (int i = 0; i < 4; ++i)
         silent.emplace_back(rig.io);
     asio::ip::tcp::socket one_more(rig.io);
     SilentClients out;
     run(rig.io, silent_setups(&rig, &silent, &one_more, &out), 60s);
-    CHECK(out.one_more_closed_at_once);
-    CHECK(out.refused == 1);
-    CHECK(out.served_after);
+    CHECK(out.oldest_closed_at_once);
+    CHECK(out.evicted == 1);
+    CHECK(out.refused == 0);
+    CHECK(out.served);
+    CHECK(out.took < 10s);
+    CHECK(out.next_oldest_closed);
+    CHECK(out.newest_kept);
+    CHECK(rig.server->counters().setups_evicted == 2);
 }
 
 namespace {

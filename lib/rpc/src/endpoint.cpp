@@ -565,8 +565,14 @@ struct EndpointCore {
     std::uint32_t handles = 0;     // Session handles alive
     // clients' setups under way at the listener (serve_setup, up to its reply): at most
     // max_sessions, so that silent clients hold a bounded number of descriptors (TCP)
-    // or QPs (RDMA CM) for their setup_timeout; one more is closed at once
+    // or QPs (RDMA CM); one more closes the oldest still waiting for its request, or
+    // is closed at once when none waits (accept_loop)
     std::uint32_t setups = 0;
+    // the control connections of the listener's setups still waiting for their
+    // client's request, oldest first (SetupUnderWay): a silent client's place goes to
+    // the next to arrive, so that one host reconnecting silently every setup_timeout
+    // cannot keep the others out
+    std::deque<ControlChannel*> awaiting_request;
     // the control connections of setups under way here, at the listener and in
     // connect() (SetupUnderWay): the endpoint's destruction closes them, and the setups
     // end at once, not at their setup_timeout (a silent client's socket or CM QP held
@@ -2344,21 +2350,29 @@ namespace {
 
 // A setup under way, until its reply is out (or it failed): its control connection in
 // `setting_up` (the endpoint's destruction closes it), and a listener's in `setups`
-// (counted by accept_loop).
+// (counted by accept_loop) and in `awaiting_request` until heard().
 class SetupUnderWay {
 public:
     SetupUnderWay(const Anchor& anchor, ControlChannel& channel, bool counted)
         : anchor_(anchor), channel_(&channel), counted_(counted) {
         (*anchor_)->setting_up.push_back(channel_);
+        if (counted_)
+            (*anchor_)->awaiting_request.push_back(channel_);
     }
     SetupUnderWay(const SetupUnderWay&) = delete;
     SetupUnderWay& operator=(const SetupUnderWay&) = delete;
     ~SetupUnderWay() { end(); }
+    // The client's request came (or the read failed): no longer a silent client's.
+    void heard() {
+        if (EndpointCore* core = *anchor_; core != nullptr && channel_ != nullptr && counted_)
+            std::erase(core->awaiting_request, channel_);
+    }
     // Before the connection moves on to the session's watcher.
     void end() {
         EndpointCore* core = *anchor_;
         if (core == nullptr || channel_ == nullptr)
             return;
+        heard();
         std::erase(core->setting_up, std::exchange(channel_, nullptr));
         if (counted_)
             --core->setups;
@@ -2383,8 +2397,16 @@ asio::awaitable<void> EndpointCore::accept_loop(Anchor anchor, std::shared_ptr<C
             continue;
         }
         if (core->setups >= core->options.max_sessions) {
-            ++core->counters.sessions_refused;
-            continue; // closed: as many setups as sessions are under way
+            if (core->awaiting_request.empty()) {
+                ++core->counters.sessions_refused;
+                continue; // closed: as many setups as sessions are under way, each past its request
+            }
+            // the oldest silent client makes room: its read ends cancelled, and its
+            // serve_setup gives the place back (meanwhile one more is counted)
+            ControlChannel* oldest = core->awaiting_request.front();
+            core->awaiting_request.pop_front();
+            oldest->close();
+            ++core->counters.setups_evicted;
         }
         ++core->setups; // here, not as serve_setup starts: the next accept sees it
         asio::co_spawn(core->executor, serve_setup(anchor, std::move(*channel)), RethrowOutOfRun{});
@@ -2399,6 +2421,7 @@ asio::awaitable<void> EndpointCore::serve_setup(Anchor anchor, ControlChannel ch
     const Deadline deadline = deadline_after(Clock::now(), (*anchor)->options.setup_timeout);
     std::uint16_t version = 0;
     const Result<std::vector<std::byte>> bytes = co_await read_message(channel, deadline, decode_request_prefix, &version);
+    under_way.heard();
     EndpointCore* core = *anchor;
     if (core == nullptr || !bytes)
         co_return; // closed: a silent or malformed client

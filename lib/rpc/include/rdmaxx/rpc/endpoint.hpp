@@ -193,8 +193,10 @@ struct EndpointOptions {
     std::uint32_t ring = 1024;       ///< receive buffers of the UD QP (40 + MTU bytes each), and 15 spares
     std::uint32_t send_depth = 256;  ///< send buffers
     /// Sessions at once, client and server; also the most clients' setups under way
-    /// at the listener at once (a silent client holds one for setup_timeout): one more
-    /// is closed at once, a refusal.
+    /// at the listener at once. One more takes the place of the oldest still waiting
+    /// for its client's request (a silent client, which would hold it for
+    /// setup_timeout; Counters::setups_evicted), or is closed at once, a refusal, when
+    /// every setup under way is past its request.
     std::uint32_t max_sessions = 256;
     /// @name Per-session limits
     /// Per session, at most (a server agrees to the smaller of its own and the client's):
@@ -321,6 +323,10 @@ struct Counters {
                                        ///< through windows): a call's binds go with one
                                        ///< doorbell, its revocations with another
     std::uint64_t sessions_refused = 0; ///< session setups refused: by this server, to this client
+    /// setups closed by this server's listener to make room for a newer client: when
+    /// max_sessions setups are under way, the oldest still waiting for its client's
+    /// request (a silent client) goes
+    std::uint64_t setups_evicted = 0;
     std::uint64_t rc_misuses = 0;      ///< sessions ended because their peer used its RC QP as
                                        ///< no honest peer does (see Endpoint: input)
     std::array<std::uint64_t, 24> drops = {}; ///< by reason: drop_reason_name(i)
