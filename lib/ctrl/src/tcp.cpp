@@ -30,8 +30,11 @@ Result<void> wait_fd(int fd, short events, Clock::time_point deadline, const cha
         const int n = ::poll(&pfd, 1, poll_timeout_until(deadline));
         if (n > 0)
             return {};
-        if (n == 0 && Clock::now() >= deadline) // else poll's longest wait ended before it
-            return std::unexpected(Error::timeout(call, fmt::format("peer {} did not answer in time", peer)));
+        if (n == 0) {
+            if (Clock::now() >= deadline)
+                return std::unexpected(Error::timeout(call, fmt::format("peer {} did not answer in time", peer)));
+            continue; // poll's longest wait (INT_MAX ms) ended before the deadline
+        }
         if (errno != EINTR)
             return std::unexpected(Error::from_last_errno("poll", "{}", peer));
     }
