@@ -1,6 +1,7 @@
 #include <rdmaxx/ctrl/cm.hpp>
 
 #include <algorithm>
+#include <climits>
 #include <cerrno>
 #include <cstdint>
 
@@ -136,8 +137,9 @@ Result<CmConnection> CmConnection::resolve(std::string_view host, std::uint16_t 
                 "rdma_resolve_addr", resolved->status < 0 ? -resolved->status : EHOSTUNREACH,
                 fmt::format("{}: {} (status {})", peer, rdma_event_str(resolved->type), resolved->status)));
         }
-        const int timeout_ms = static_cast<int>(
-            std::max<std::int64_t>(1, std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count()));
+        // in ms, an int: -1 (no limit) is the longest, and at least 1
+        const int left_ms = poll_timeout_until(deadline);
+        const int timeout_ms = left_ms < 0 ? INT_MAX : std::max(1, left_ms);
         if (rdma_resolve_route(cm.id(), timeout_ms) != 0)
             return std::unexpected(Error::from_last_errno("rdma_resolve_route", "{}", cm.peer()));
         if (auto e = cm.expect(RDMA_CM_EVENT_ROUTE_RESOLVED, deadline); !e)

@@ -24,6 +24,7 @@
 #include <rdmaxx/ctrl/tcp.hpp>
 #include <rdmaxx/data/completion.hpp>
 #include <rdmaxx/data/post.hpp>
+#include <rdmaxx/wrap/deadline.hpp>
 #include <rdmaxx/wrap/log.hpp>
 #include <rdmaxx/wrap/mr.hpp>
 #include <rdmaxx/wrap/qp.hpp>
@@ -362,7 +363,7 @@ Result<void> Link::wait(Done&& done, const char* what, Clock::time_point deadlin
 template <class Done>
 void Link::abandon_and_drain(const Error& why, Done&& done) {
     abandon(why);
-    const auto until = Clock::now() + options_.timeout;
+    const auto until = deadline_after(options_.timeout);
     while (!done() && Clock::now() < until)
         if (auto ok = group_->pump(); !ok)
             break;
