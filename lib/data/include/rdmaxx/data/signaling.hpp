@@ -29,9 +29,10 @@ namespace rdmaxx {
 class SignaledSendQueue : detail::MoveOnly {
 public:
     /// Signals every `interval`-th WR of `qp`, whose send completions go to `send_cq`
-    /// and to nowhere else: this object reaps them.
+    /// and to nowhere else: this object reaps them. `send_cq` takes no receive
+    /// completions either (this object would take one and lose it).
     /// @misuse interval 0 or above the QP's send queue depth, a QP that signals every
-    /// WR anyway.
+    /// WR anyway (a receive completion found in `send_cq` aborts next() or drain()).
     SignaledSendQueue(QueuePair& qp, CompletionQueue& send_cq, std::uint32_t interval,
                       std::source_location where = std::source_location::current())
         : qp_(&qp), cq_(&send_cq), depth_(qp.caps().max_send_wr), interval_(interval), signaled_(depth_) {
@@ -128,8 +129,8 @@ private:
                 failed_ = wc.error(where);
                 return true;
             }
-            // a successful completion's opcode is defined: a receive's has this bit
-            require((wc.raw().opcode & IBV_WC_RECV) == 0, where,
+            // a successful completion's opcode is defined
+            require(wc.raw().opcode != IBV_WC_RECV && wc.raw().opcode != IBV_WC_RECV_RDMA_WITH_IMM, where,
                     "a receive completion of QP {:#x} in the send CQ of its SignaledSendQueue (it would be lost)",
                     wc.qp_num());
             require(signaled_count_ != 0, where, "a completion for a WR this SignaledSendQueue did not signal");
