@@ -143,10 +143,12 @@ TEST_CASE("a failed batch post says which WR failed and why") {
 }
 
 namespace {
-int fail_silently(ibv_qp*, ibv_send_wr*, ibv_send_wr**) { return EINVAL; } // bad_wr left as it was
+// bad_wr left as it was
+int fail_silently(ibv_qp*, ibv_send_wr*, ibv_send_wr**) { return EINVAL; }
+int fail_receives_silently(ibv_qp*, ibv_recv_wr*, ibv_recv_wr**) { return EINVAL; }
 } // namespace
 
-TEST_CASE("a failed post whose provider names no WR counts them all as posted, and says so") {
+TEST_CASE("a failed post whose provider names no WR counts them all as posted, and says so (receives: says so)") {
     test::RcPair p(PostApi::classic);
     const test::ReplacedOp post(p.context.get()->ops.post_send, fail_silently);
     SendBatch<3> batch(p.a);
@@ -158,6 +160,12 @@ TEST_CASE("a failed post whose provider names no WR counts them all as posted, a
     CHECK(batch.accepted() == 3);
     // it read "WR 3 of 3 (wr_id 0) failed": a WR that does not exist
     CHECK(e.message().find("the provider did not say which failed") != std::string::npos);
+
+    const test::ReplacedOp receive(p.context.get()->ops.post_recv, fail_receives_silently);
+    RecvBatch<2> receives(p.b);
+    receives.add(p.mem_b.slice(0, 8), 1);
+    receives.add(p.mem_b.slice(8, 8), 2);
+    CHECK(must_fail(receives.post()).message().find("the provider did not say which failed") != std::string::npos);
 }
 
 TEST_CASE("100,000 selectively signaled WRITEs never overflow the send queue") {

@@ -98,12 +98,15 @@ Error post_error(bool extended, int rc, const ibv_send_wr& first, const ibv_send
 Error post_recv_error(const char* call, int rc, const ibv_recv_wr& first, const ibv_recv_wr* bad,
                       std::size_t count) {
     rc = std::abs(rc);
+    if (!bad)
+        return Error::from_errno(call, rc,
+                                 fmt::format("{} WR(s); the provider did not say which failed", count));
     std::size_t posted = 0;
-    for (const ibv_recv_wr* wr = &first; wr && wr != bad; wr = wr->next)
+    for (const ibv_recv_wr* wr = &first; wr != bad; wr = wr->next)
         ++posted;
     return Error::from_errno(call, rc,
                              fmt::format("WR {} of {} (wr_id {}) failed; the WRs before it were posted", posted, count,
-                                         bad ? bad->wr_id : 0));
+                                         bad->wr_id));
 }
 
 } // namespace rdmaxx::detail

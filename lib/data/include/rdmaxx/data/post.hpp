@@ -418,7 +418,8 @@ public:
 
     /// Posts every WR with one doorbell. On failure the Error says which WR failed and
     /// why, and accepted() how many WRs before it the device took (the classic API
-    /// posts those; the extended API posts all or nothing). Atomics on a device
+    /// posts those; the extended API posts all or nothing; all of them when the
+    /// provider did not say which failed, the safe side). Atomics on a device
     /// without atomic support are an Error before anything is posted.
     /// @errors ibv_post_send fails (ibv_wr_complete on a QP with the extended post
     /// API), e.g. ENOMEM for a full send queue; atomics on a device without them (kind
