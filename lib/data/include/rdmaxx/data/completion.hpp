@@ -116,7 +116,8 @@ struct WaitOptions {
     /// CQ error of the CQ waited on, `qp`'s port down, a fatal device error) end the
     /// wait with an Error instead of letting it run out its timeout.
     AsyncEvents* events = nullptr;
-    /// The QP waited for; nullptr: any QP, any port (AsyncEvents::check).
+    /// The QP waited for; nullptr: any QP completing into the CQ, any port
+    /// (AsyncEvents::check).
     const QueuePair* qp = nullptr;
 };
 
