@@ -180,7 +180,7 @@ Result<Options> parse_options(std::span<const std::string_view> args) {
         } else if (is("-i", "--ib-port")) {
             ok = take(o.ib_port, 1, 255);
         } else if (is("-x", "--gid-index")) {
-            ok = take(o.gid_index, 0, 1023);
+            ok = take(o.gid_index, 0, 255); // ibv_ah_attr's sgid_index: 8 bits
         } else if (is("-p", "--port")) {
             ok = take(o.port, 1, 65535);
         } else if (is("-s", "--size")) {

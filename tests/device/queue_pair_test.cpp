@@ -121,6 +121,12 @@ TEST_CASE("two UD QPs activate and exchange a datagram through an address handle
     no_address.gid = {};
     no_address.lid = 0;
     CHECK(must_fail(AddressHandle::create(a, no_address)).is_errno(EINVAL));
+    // a local GID beyond ibv_ah_attr's 8-bit sgid_index (rxe's table has 1024 entries)
+    GidEntry far = a.gid();
+    far.index = 300;
+    const Error beyond =
+        must_fail(AddressHandle::create(a.pd(), b.endpoint(), far, a.port(), a.link_layer()));
+    CHECK(beyond.message().find("sgid_index holds 8 bits") != std::string::npos);
 
     constexpr std::size_t grh = 40; // a UD receive starts with the global routing header
     MemoryRegion buf = must(MemoryRegion::allocate(rig.pd, 4096, Access::local_write));

@@ -35,7 +35,8 @@ public:
     /// `pd` (a ProtectionDomain's or QueuePair's handle). Of `peer` only the address
     /// (GID, LID) is used.
     ///
-    /// @errors As the first overload.
+    /// @errors As the first overload; on RoCE, `local` at an index above
+    /// max_usable_gid_index (EINVAL).
     /// @misuse A null `pd`.
     static Result<AddressHandle> create(const std::shared_ptr<ibv_pd>& pd, const Endpoint& peer, const GidEntry& local,
                                         std::uint8_t port, LinkLayer layer, const QpConnectOptions& options = {},
