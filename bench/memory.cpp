@@ -54,9 +54,11 @@ void must(Result<void> result, const char* what) {
     }
 }
 
+// Of an even count, the mean of the two middle values (as rdmaxx-perf's and perftest's).
 double median(std::vector<double> values) {
     std::sort(values.begin(), values.end());
-    return values[values.size() / 2];
+    const std::size_t middle = values.size() / 2;
+    return values.size() % 2 ? values[middle] : (values[middle - 1] + values[middle]) / 2;
 }
 
 // Nanoseconds per call of `op`, over `n` calls.

@@ -1,9 +1,10 @@
 /// @file
 /// Mellanox/NVIDIA mlx5 direct-verbs extras. The same declarations in every build and
-/// on every machine, never an abort or a link error: a build without mlx5dv, or a
-/// device that is not an mlx5 device, answers every mlx5dv call (query(), DC) with an
-/// Error of kind unsupported. DeviceMemory is plain verbs (ibv_alloc_dm): it works in
-/// any build, on any device that has device memory, and is unsupported elsewhere.
+/// on every machine, never an abort or a link error: a build without mlx5dv answers
+/// every mlx5dv call with an Error of kind unsupported, and so does a device that is
+/// not an mlx5 device (but is_supported(), which says false). DeviceMemory is plain
+/// verbs (ibv_alloc_dm): it works in any build, on any device that has device memory,
+/// and is unsupported elsewhere.
 #pragma once
 
 #include <cstddef>
