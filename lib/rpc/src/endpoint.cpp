@@ -564,9 +564,9 @@ struct EndpointCore {
     std::vector<SessionId> active; // client sessions with calls in flight or queued
     std::uint32_t handles = 0;     // Session handles alive
     // clients' setups under way at the listener (serve_setup, up to its reply): at most
-    // max_sessions, so that silent clients hold a bounded number of descriptors (TCP)
-    // or QPs (RDMA CM); one more closes the oldest still waiting for its request, or
-    // is closed at once when none waits (accept_loop)
+    // max_sessions (and the evicted ones winding down), so that silent clients hold a
+    // bounded number of descriptors (TCP) or QPs (RDMA CM); one more closes the oldest
+    // still waiting for its request, or is closed at once when none waits (accept_loop)
     std::uint32_t setups = 0;
     // the control connections of the listener's setups still waiting for their
     // client's request, oldest first (SetupUnderWay): a silent client's place goes to
@@ -2363,16 +2363,20 @@ public:
     SetupUnderWay& operator=(const SetupUnderWay&) = delete;
     ~SetupUnderWay() { end(); }
     // The client's request came (or the read failed): no longer a silent client's.
-    void heard() {
-        if (EndpointCore* core = *anchor_; core != nullptr && channel_ != nullptr && counted_)
-            std::erase(core->awaiting_request, channel_);
+    // False when the listener closed it meanwhile to make room (evicted: perhaps after
+    // the read completed, before its coroutine resumed), or the endpoint is gone.
+    bool heard() {
+        EndpointCore* core = *anchor_;
+        if (core == nullptr || channel_ == nullptr)
+            return false;
+        return !counted_ || std::erase(core->awaiting_request, channel_) == 1;
     }
     // Before the connection moves on to the session's watcher.
     void end() {
         EndpointCore* core = *anchor_;
         if (core == nullptr || channel_ == nullptr)
             return;
-        heard();
+        (void)heard();
         std::erase(core->setting_up, std::exchange(channel_, nullptr));
         if (counted_)
             --core->setups;
@@ -2421,10 +2425,10 @@ asio::awaitable<void> EndpointCore::serve_setup(Anchor anchor, ControlChannel ch
     const Deadline deadline = deadline_after(Clock::now(), (*anchor)->options.setup_timeout);
     std::uint16_t version = 0;
     const Result<std::vector<std::byte>> bytes = co_await read_message(channel, deadline, decode_request_prefix, &version);
-    under_way.heard();
+    const bool still_ours = under_way.heard();
     EndpointCore* core = *anchor;
-    if (core == nullptr || !bytes)
-        co_return; // closed: a silent or malformed client
+    if (core == nullptr || !bytes || !still_ours)
+        co_return; // closed: a silent, malformed or evicted client
     std::optional<Admitted> admitted;
     bool both_ways = false; // as admitted: an accept handler set while the reply goes changes nothing
     SessionReply reply = SessionReply::refused(Refusal::version_unsupported);
