@@ -1,8 +1,8 @@
 #include <rdmaxx/ctrl/cm.hpp>
 
 #include <algorithm>
-#include <climits>
 #include <cerrno>
+#include <climits>
 #include <cstdint>
 
 #include <netdb.h>

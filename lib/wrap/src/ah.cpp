@@ -1,7 +1,5 @@
 #include <rdmaxx/wrap/ah.hpp>
 
-#include <fmt/format.h>
-
 #include <rdmaxx/wrap/handle.hpp>
 #include "path.hpp"
 
@@ -21,11 +19,9 @@ Result<AddressHandle> AddressHandle::create(const std::shared_ptr<ibv_pd>& pd, c
     require(pd != nullptr, where, "an address handle in a null PD");
     if (auto ok = detail::check_address(peer, layer); !ok)
         return std::unexpected(std::move(ok.error()));
-    if (layer != LinkLayer::infiniband && local.index > max_usable_gid_index) // the GRH's source: its low byte, another GID
-        return std::unexpected(Error::from_errno(
-            "ibv_create_ah", EINVAL,
-            fmt::format("local GID index {} is above {} (ibv_ah_attr's sgid_index holds 8 bits)", local.index,
-                        max_usable_gid_index)));
+    if (layer != LinkLayer::infiniband) // the GRH's source
+        if (auto ok = detail::check_gid_index(local.index, "ibv_create_ah"); !ok)
+            return std::unexpected(std::move(ok.error()));
     ibv_ah_attr attr = detail::address_vector(peer, local, port, layer, options);
     ibv_ah* ah = ibv_create_ah(pd.get(), &attr);
     if (!ah)

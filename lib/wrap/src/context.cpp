@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include <rdmaxx/wrap/handle.hpp>
+#include "path.hpp"
 
 namespace rdmaxx {
 namespace detail {
@@ -149,6 +150,15 @@ Result<std::vector<GidEntry>> query_gids(const DeviceState& device) {
     return table;
 }
 
+Result<void> check_gid_index(std::uint32_t index, const char* operation) {
+    if (index > max_usable_gid_index)
+        return std::unexpected(Error::from_errno(
+            operation, EINVAL,
+            fmt::format("GID index {} is above {} (ibv_ah_attr's sgid_index holds 8 bits)", index,
+                        max_usable_gid_index)));
+    return {};
+}
+
 Result<GidEntry> choose_gid(const DeviceState& device, std::uint8_t port, std::optional<std::uint32_t> index) {
     if (!index) {
         const std::string_view env = getenv_view(gid_index_env);
@@ -169,11 +179,8 @@ Result<GidEntry> choose_gid(const DeviceState& device, std::uint8_t port, std::o
         return std::unexpected(table.error());
     std::erase_if(*table, [&](const GidEntry& e) { return e.port != port; });
     if (index) {
-        if (*index > max_usable_gid_index) // a QP would use the index's low 8 bits: another GID
-            return std::unexpected(Error::from_errno(
-                "choose_gid", EINVAL,
-                fmt::format("GID index {} is above {} (ibv_ah_attr's sgid_index holds 8 bits)", *index,
-                            max_usable_gid_index)));
+        if (auto ok = detail::check_gid_index(*index, "choose_gid"); !ok)
+            return std::unexpected(std::move(ok.error()));
         for (const GidEntry& e : *table)
             if (e.index == *index && !e.gid.is_zero())
                 return e;

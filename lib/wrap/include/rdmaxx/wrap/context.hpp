@@ -99,8 +99,8 @@ public:
     /// else `preferred_gid()`. An index that holds no valid GID is an Error.
     ///
     /// @errors $RDMAXX_GID_INDEX is not a number, or the index is above
-    /// max_usable_gid_index or holds no valid GID on `port` (EINVAL); no usable GID on `port` (ENOENT); ibv_query_port or
-    /// ibv_query_gid_table fails.
+    /// max_usable_gid_index or holds no valid GID on `port` (EINVAL); no usable GID on
+    /// `port` (ENOENT); ibv_query_port or ibv_query_gid_table fails.
     /// @misuse A moved-from Context.
     Result<GidEntry> choose_gid(std::uint8_t port = 1, std::optional<std::uint32_t> index = {},
                                 std::source_location where = std::source_location::current()) const;
