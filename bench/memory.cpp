@@ -33,9 +33,12 @@
 #include <rdmaxx/ctrl/connection.hpp>
 #include <rdmaxx/wrap.hpp>
 
+#include "stats.hpp"
+
 using namespace rdmaxx;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
+using rdmaxx::perf::median;
 
 namespace {
 
@@ -52,13 +55,6 @@ void must(Result<void> result, const char* what) {
         fmt::print(stderr, "rdmaxx-memory: {}: {}\n", what, result.error());
         std::exit(2);
     }
-}
-
-// Of an even count, the mean of the two middle values (as rdmaxx-perf's and perftest's).
-double median(std::vector<double> values) {
-    std::sort(values.begin(), values.end());
-    const std::size_t middle = values.size() / 2;
-    return values.size() % 2 ? values[middle] : (values[middle - 1] + values[middle]) / 2;
 }
 
 // Nanoseconds per call of `op`, over `n` calls.

@@ -7,6 +7,12 @@
 
 namespace rdmaxx::perf {
 
+double median(std::vector<double> values) {
+    std::sort(values.begin(), values.end());
+    const std::size_t middle = values.size() / 2;
+    return values.size() % 2 ? values[middle] : (values[middle - 1] + values[middle]) / 2;
+}
+
 Latency summarize_latency(std::span<const Clock::time_point> stamps, double divisor) {
     std::vector<double> samples;
     for (std::size_t i = 1; i < stamps.size(); ++i)
@@ -24,15 +30,12 @@ Latency summarize_latency(std::span<const Clock::time_point> stamps, double divi
     for (const double s : samples)
         sum += s;
     const double avg = sum / n;
-    // perftest's get_median: the mean of the two middle samples of an even count
-    const std::size_t middle = samples.size() / 2;
-    const double median = samples.size() % 2 ? samples[middle] : (samples[middle - 1] + samples[middle]) / 2;
     double squares = 0;
     for (const double s : samples)
         squares += (s - avg) * (s - avg);
     return {.t_min = samples.front(),
             .t_max = samples.back(),
-            .t_typical = median,
+            .t_typical = median(samples),
             .t_avg = avg,
             .t_stdev = std::sqrt(squares / n),
             .p99 = at(0.99),

@@ -18,6 +18,10 @@ struct Latency {
     std::uint64_t retransmissions = 0; // RPC tests: packets the client sent again
 };
 
+// The middle of `values`, or the mean of the two middle ones of an even count (as
+// perftest's get_median). `values` must not be empty.
+double median(std::vector<double> values);
+
 // From the initiator's timestamps, one per post plus one after the last: each sample is
 // the gap between consecutive posts, divided by `divisor` (2 for a ping-pong, whose
 // round trip is two one-way trips; 1 for READ and atomics, whose one operation is the

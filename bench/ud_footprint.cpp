@@ -29,7 +29,11 @@
 #include <utility>
 #include <vector>
 
+#include "stats.hpp"
+
 namespace {
+
+using rdmaxx::perf::median;
 
 using Clock = std::chrono::steady_clock;
 
@@ -179,11 +183,6 @@ void make_side(Side& s, ibv_context* context, ibv_pd* pd, const ibv_gid& gid, in
 }
 
 double us(Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
-
-double median(std::vector<double> v) {
-    std::ranges::sort(v);
-    return v[v.size() / 2];
-}
 
 // One round of `iterations` round trips with `kind` of work on both sides; the medians
 // of round trip, delivery there, delivery back and the ponger's turnaround.
