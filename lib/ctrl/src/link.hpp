@@ -351,11 +351,10 @@ Result<void> Link::wait(Done&& done, const char* what, Clock::time_point deadlin
             return ok;
         if (done())
             return {};
-        const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
-        if (left.count() <= 0)
+        if (Clock::now() >= deadline)
             return std::unexpected(Error::timeout(
                 "Connection", fmt::format("{}: nothing from peer {} in time", what, peer())));
-        if (auto woke = group_->cq.wait_event(left, watch_fd()); !woke && !woke.error().is_timeout())
+        if (auto woke = group_->cq.wait_event_until(deadline, watch_fd()); !woke && !woke.error().is_timeout())
             return woke;
     }
 }

@@ -56,8 +56,7 @@ Result<void> WaitPause::operator()(CompletionQueue& cq, const WaitOptions& optio
         return std::unexpected(
             Error::timeout("wait", fmt::format("no completion within {} ms", options.timeout.count())));
     if (options.mode == WaitMode::event) {
-        const auto left = std::chrono::ceil<std::chrono::milliseconds>(*deadline_ - now);
-        auto woke = cq.wait_event(left, options.events ? options.events->fd() : -1);
+        auto woke = cq.wait_event_until(*deadline_, options.events ? options.events->fd() : -1);
         if (!woke && !woke.error().is_timeout())
             return woke;
     }

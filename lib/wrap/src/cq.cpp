@@ -95,12 +95,16 @@ Result<void> CompletionQueue::arm(bool solicited_only, std::source_location wher
 
 Result<void> CompletionQueue::wait_event(std::chrono::milliseconds timeout, int also_watch,
                                          std::source_location where) {
+    return wait_event_until(deadline_after(timeout), also_watch, where);
+}
+
+Result<void> CompletionQueue::wait_event_until(std::chrono::steady_clock::time_point deadline, int also_watch,
+                                               std::source_location where) {
     ibv_comp_channel* const events = channel("wait_event", where);
     pollfd fds[2] = {{.fd = events->fd, .events = POLLIN, .revents = 0},
                      {.fd = also_watch, .events = POLLIN, .revents = 0}};
     // a signal ends poll() early, as does its longest wait (INT_MAX ms): wait out what
     // is left, not the whole timeout again
-    const auto deadline = deadline_after(timeout);
     int ready;
     do
         ready = ::poll(fds, also_watch < 0 ? 1 : 2, poll_timeout_until(deadline));
@@ -109,7 +113,7 @@ Result<void> CompletionQueue::wait_event(std::chrono::milliseconds timeout, int 
         return std::unexpected(Error::from_last_errno("poll", "completion channel"));
     if (ready == 0)
         return std::unexpected(
-            Error::timeout("wait_event", fmt::format("no completion event within {} ms", timeout.count())));
+            Error::timeout("wait_event", "no completion event before the deadline"));
     // every event pending now is for this CQ (the channel is its own)
     auto taken = take_events(where);
     if (!taken)

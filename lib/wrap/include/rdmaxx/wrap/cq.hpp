@@ -85,6 +85,13 @@ public:
     /// @misuse A moved-from CQ; a CQ created without a channel.
     Result<void> wait_event(std::chrono::milliseconds timeout, int also_watch = -1,
                             std::source_location where = std::source_location::current());
+    /// wait_event until `deadline` (steady_clock; its end: no limit), for a wait that
+    /// loops under one deadline.
+    ///
+    /// @errors As wait_event.
+    /// @misuse As wait_event.
+    Result<void> wait_event_until(std::chrono::steady_clock::time_point deadline, int also_watch = -1,
+                                  std::source_location where = std::source_location::current());
     /// Takes every event pending on the channel without waiting (an event loop calls
     /// this when channel_fd() is readable) and returns how many; acknowledges in batches
     /// as wait_event does.
