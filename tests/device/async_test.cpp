@@ -855,6 +855,113 @@ TEST_CASE("a batch the device refuses after its first WRs completes only once th
     CHECK(async::Completions::of(p.io).in_flight() == 0);
 }
 
+namespace {
+
+// A provider that fails the next `silent_failures` posts without naming the WR it
+// refused (bad_wr left null), having taken them if `silent_takes`; the real entry
+// points' otherwise.
+decltype(ibv_context_ops::post_send) real_post_send = nullptr;
+decltype(ibv_context_ops::post_recv) real_post_recv = nullptr;
+int silent_failures = 0;
+bool silent_takes = false;
+
+template <class Wr, auto& real>
+int post_silently_failing(ibv_qp* qp, Wr* wr, Wr** bad) {
+    if (silent_failures == 0)
+        return real(qp, wr, bad);
+    --silent_failures;
+    if (silent_takes)
+        (void)real(qp, wr, bad);
+    *bad = nullptr;
+    return ENOMEM;
+}
+
+// What an operation's handler saw: its result, and its QP's state then.
+struct PostOutcome {
+    std::optional<Result<WorkCompletion>> result;
+    QpState qp_state = QpState::unknown;
+};
+
+void check_refused_unnamed(const PostOutcome& ended) {
+    REQUIRE(ended.result.has_value());
+    REQUIRE_FALSE(ended.result->has_value());
+    INFO(ended.result->error().message());
+    CHECK(ended.result->error().is_errno(ENOMEM)); // the post's refusal, not the flush's status
+    CHECK(ended.result->error().message().find("did not say which failed") != std::string::npos);
+    CHECK(ended.qp_state == QpState::error); // completed by its flush, the NIC done with it
+}
+
+} // namespace
+
+TEST_CASE("a write or a receive whose provider fails its post without naming the WR, having taken it, completes "
+          "only once flushed, the QP dead") {
+    for (const bool receive : {false, true}) {
+        CAPTURE(receive);
+        AsyncPair p(async::CompletionMode::event, {.max_send_wr = 16, .max_recv_wr = 16}, slow_retries);
+        stop_responder(p); // the write stays in flight (retried slowly), the receive waits
+        ibv_context_ops& ops = p.context.get()->ops;
+        real_post_send = ops.post_send;
+        real_post_recv = ops.post_recv;
+        const test::ReplacedOp send_op(ops.post_send, post_silently_failing<ibv_send_wr, real_post_send>);
+        const test::ReplacedOp recv_op(ops.post_recv, post_silently_failing<ibv_recv_wr, real_post_recv>);
+        silent_failures = 1;
+        silent_takes = true;
+        PostOutcome ended;
+        auto end = [&](Result<WorkCompletion> r) {
+            ended.result = std::move(r);
+            ended.qp_state = p.a.get().state();
+        };
+        const auto start = std::chrono::steady_clock::now();
+        if (receive)
+            p.a.receive(p.mem_a.slice(0, 64), end);
+        else
+            p.a.write(p.mem_a.slice(0, 8), p.mem_b.remote().slice(0, 8), end);
+        p.io.run_for(30s);
+        // it failed at once, the write or the receive still the NIC's
+        check_refused_unnamed(ended);
+        CHECK(p.a.dead().has_value());
+        CHECK(std::chrono::steady_clock::now() - start < 5s); // the flush, not the write's retries
+        CHECK(async::Completions::of(p.io).in_flight() == 0);
+    }
+}
+
+TEST_CASE("held writes whose doorbell the provider refuses without naming a WR, having taken none, complete with "
+          "the refusal once flushed") {
+    AsyncPair p(async::CompletionMode::event, {.max_send_wr = 16, .max_recv_wr = 16});
+    ibv_context_ops& ops = p.context.get()->ops;
+    real_post_send = ops.post_send;
+    const test::ReplacedOp send_op(ops.post_send, post_silently_failing<ibv_send_wr, real_post_send>);
+    std::vector<PostOutcome> started(4);
+    std::optional<Result<WorkCompletion>> first;
+    // the writes a completion's handler starts: the first posted at once, the others
+    // held for one doorbell
+    p.a.write(p.mem_a.slice(0, 8), p.mem_b.remote().slice(0, 8), [&](Result<WorkCompletion> r) {
+        first = std::move(r);
+        for (PostOutcome& e : started)
+            p.a.write(p.mem_a.slice(0, 8), p.mem_b.remote().slice(8, 8), [&](Result<WorkCompletion> r) {
+                e.result = std::move(r);
+                e.qp_state = p.a.get().state();
+            });
+        silent_failures = 1; // the held ones' doorbell
+        silent_takes = false;
+    });
+    bool done = false;
+    const auto start = std::chrono::steady_clock::now();
+    while (!done && std::chrono::steady_clock::now() - start < 10s) {
+        p.io.restart();
+        p.io.run_for(10ms);
+        done = std::ranges::all_of(started, [](const PostOutcome& e) { return e.result.has_value(); });
+    }
+    REQUIRE(first.has_value());
+    CHECK(first->has_value());
+    // the held ones were counted as posted, and nothing could complete them
+    REQUIRE(done);
+    CHECK(started[0].result->has_value());
+    for (std::size_t k = 1; k < started.size(); ++k)
+        check_refused_unnamed(started[k]);
+    CHECK(async::Completions::of(p.io).in_flight() == 0);
+}
+
 TEST_CASE("async QueuePair: a batch of another QP, or on a QP that signals every WR, aborts naming the caller") {
     AsyncPair p(async::CompletionMode::event, eight);
     SendBatch<2> batch(p.b.get());

@@ -53,47 +53,72 @@ void drop_held(QpCore& qp, Op& op, Error why) {
     return wr;
 }
 
-// Posts a batch or a receive; `accepted`: the WRs the device took, `first` a batch's
-// first WR.
+// Posts a batch or a receive; `accepted`: the WRs the device took (or may have), `first`
+// a batch's first WR.
 Result<void> post_other(QpCore& qp, Op& op, std::size_t& accepted, const ibv_send_wr*& first) {
+    accepted = 0;
     if (op.kind == Op::Kind::batch) {
         ring(qp); // the sends held before it go first: a QP's sends keep their order
+        if (qp.dead) [[unlikely]] // their doorbell failed
+            return std::unexpected(*qp.dead);
         return op.wr.batch.post(op.wr.batch.batch, op.wr_id(), accepted, first, op.where);
     }
-    accepted = 0; // one WR: taken or not
     ibv_recv_wr& wr = op.wr.recv.wr;
     wr.wr_id = op.wr_id();
     wr.next = nullptr;
     wr.sg_list = op.wr.recv.sge.data();
     ibv_recv_wr* bad = nullptr;
-    if (const int rc = ibv_post_recv(qp.qp.get(op.where), &wr, &bad); rc != 0) [[unlikely]]
+    if (const int rc = ibv_post_recv(qp.qp.get(op.where), &wr, &bad); rc != 0) [[unlikely]] {
+        accepted = bad == nullptr ? 1 : 0; // a provider that names no WR may have taken it
         return std::unexpected(rdmaxx::detail::post_recv_error("ibv_post_recv", rc, wr, bad, 1));
+    }
     return {};
 }
 
-// A batch the device refused at a WR after its first: those before it were taken and
-// run, the last of them unsignaled (a batch signals its last WR only), so no completion
-// need come for them. The operation completes only once the NIC is done with them (its
-// memory is the caller's again then): the QP is killed, and a signaled empty SEND with
-// the operation's wr_id, posted once the QP is in the error state, is flushed behind
-// them. Its completion, or a flushed WR's before it, completes the operation with the
-// post's Error.
-[[gnu::cold]] void refused_partway(QpCore& qp, Op& op, const ibv_send_wr& first, Error why) {
-    qp.send_credits -= op.credits;
-    mark_posted(qp, op);
-    op.refused_partway = true;
-    halt(qp, std::move(why));
-    ibv_send_wr marker{};
-    marker.wr_id = op.wr_id();
-    marker.opcode = IBV_WR_SEND;
-    marker.send_flags = IBV_SEND_SIGNALED;
-    marker.wr.ud = first.wr.ud; // a UD QP's destination; the other types ignore it
-    std::size_t accepted = 0;
-    if (auto posted = rdmaxx::detail::submit(qp.qp, marker, 1, accepted, op.where); !posted)
-        logger()->error("rdmaxx: QP {:#x}: the flush marker after a batch refused partway: {} (the batch completes "
-                        "with its WRs' flush, if one comes)",
+// `op`'s flush marker (complete_by_flush): a signaled empty WR of its queue with its
+// wr_id; `first`: a send's WR (the marker's UD destination).
+[[gnu::cold]] void post_flush_marker(QpCore& qp, Op& op, const ibv_send_wr* first) {
+    Result<void> posted;
+    if (op.kind == Op::Kind::recv) {
+        ibv_recv_wr marker{};
+        marker.wr_id = op.wr_id();
+        ibv_recv_wr* bad = nullptr;
+        if (const int rc = ibv_post_recv(qp.qp.get(op.where), &marker, &bad); rc != 0)
+            posted = std::unexpected(rdmaxx::detail::post_recv_error("ibv_post_recv", rc, marker, bad, 1));
+    } else {
+        ibv_send_wr marker{};
+        marker.wr_id = op.wr_id();
+        marker.opcode = IBV_WR_SEND;
+        marker.send_flags = IBV_SEND_SIGNALED;
+        marker.wr.ud = first->wr.ud; // a UD QP's destination; the other types ignore it
+        std::size_t accepted = 0;
+        posted = rdmaxx::detail::submit(qp.qp, marker, 1, accepted, op.where);
+    }
+    if (!posted)
+        logger()->error("rdmaxx: QP {:#x}: the flush marker after a failed post: {} (the operation completes with "
+                        "its WRs' flush, if one comes)",
                         qp.qp.qpn(), posted.error());
-    kill(qp, *qp.dead); // last: failing the waiting operations may destroy `qp` (kill())
+}
+
+// A post that failed with WRs the device may have taken: a batch refused at a WR after
+// its first (those before it run, the last of them unsignaled: no completion need come
+// for them), or a post whose provider did not say which WR it refused (any may run).
+// The operation completes only once the NIC is done with them (its memory is the
+// caller's again then): the QP is moved to the error state, and a marker (a signaled
+// empty WR with the operation's wr_id) is flushed behind them. Its completion, or a
+// flushed WR's before it, completes the operation with the post's Error (a WR that ran
+// before the QP stopped completes it as it ran). A send's marker goes in once the QP is
+// in the error state (it would run before); a receive's while the QP still runs: whether
+// a receive posted in the error state is flushed is up to the provider. The caller kills
+// the QP when it may (kill() may destroy it).
+[[gnu::cold]] void complete_by_flush(QpCore& qp, Op& op, const ibv_send_wr* first, const Error& why) {
+    mark_posted(qp, op);
+    op.completes_by_flush = true;
+    if (op.kind == Op::Kind::recv)
+        post_flush_marker(qp, op, first);
+    halt(qp, why);
+    if (op.kind != Op::Kind::recv)
+        post_flush_marker(qp, op, first);
 }
 
 void post(Op& op) {
@@ -102,10 +127,13 @@ void post(Op& op) {
         std::size_t accepted = 0;
         const ibv_send_wr* first = nullptr;
         if (Result<void> posted = post_other(qp, op, accepted, first); !posted) [[unlikely]] {
-            if (accepted == 0)
+            if (accepted == 0) {
                 fail(op, std::move(posted.error()));
-            else
-                refused_partway(qp, op, *first, std::move(posted.error()));
+                return;
+            }
+            (op.kind == Op::Kind::recv ? qp.recv_credits : qp.send_credits) -= op.credits;
+            complete_by_flush(qp, op, first, posted.error());
+            kill(qp, *qp.dead); // last: failing the waiting operations may destroy `qp` (kill())
             return;
         }
         (op.kind == Op::Kind::recv ? qp.recv_credits : qp.send_credits) -= op.credits;
@@ -127,8 +155,15 @@ void post(Op& op) {
     if (posting == Completions::Posting::first_at_once)
         posting = Completions::Posting::held;
     std::size_t accepted = 0;
-    if (Result<void> posted = rdmaxx::detail::submit(qp.qp, prepare(op), 1, accepted, op.where); !posted) [[unlikely]] {
-        fail(op, std::move(posted.error()));
+    ibv_send_wr& wr = prepare(op);
+    if (Result<void> posted = rdmaxx::detail::submit(qp.qp, wr, 1, accepted, op.where); !posted) [[unlikely]] {
+        if (accepted == 0) {
+            fail(op, std::move(posted.error()));
+            return;
+        }
+        qp.send_credits -= op.credits;
+        complete_by_flush(qp, op, &wr, posted.error()); // the provider did not say it refused it
+        kill(qp, *qp.dead);
         return;
     }
     qp.send_credits -= op.credits;
@@ -172,6 +207,14 @@ void ring(QpCore& qp) {
     std::size_t accepted = 0;
     const Result<void> posted = rdmaxx::detail::submit(qp.qp, first.wr.send.wr, count, accepted, first.where);
     qp.service->rang(posted ? count : accepted);
+    if (!posted && accepted == count) [[unlikely]] { // the provider did not say which it refused
+        while (!held.empty()) {
+            Op& op = *held.front();
+            held.remove(op);
+            complete_by_flush(qp, op, &op.wr.send.wr, posted.error());
+        }
+        return; // not killed here (our caller goes on with `qp`): the markers' flushes fail the waiting ones
+    }
     for (std::size_t k = 0; !held.empty(); ++k) {
         Op& op = *held.front();
         if (posted || k < accepted) {
@@ -221,7 +264,7 @@ void retire(Op& op, const WorkCompletion& wc) {
 
 Error failure(const Op& op, const WorkCompletion& wc) {
     // the event that killed the QP says why, not the flush it caused
-    if (op.qp->dead_by_event || op.refused_partway)
+    if (op.qp->dead_by_event || op.completes_by_flush)
         return *op.qp->dead;
     if (op.cancelled)
         return Error::cancelled(op.call, "flushed after its cancellation: the QP is in the error state");

@@ -134,8 +134,10 @@ Result<void> post_batch(void* batch, std::uint64_t wr_id, std::size_t& accepted,
 /// if it was posted:
 ///  - the QP dead before it was posted (a failed completion, a cancellation after a
 ///    post, a device event): that Error, at once;
-///  - the device refusing the post (ibv_post_send's or ibv_post_recv's errno); a batch
-///    refused after its first WRs, once they are flushed (the QP dead);
+///  - the device refusing the post (ibv_post_send's or ibv_post_recv's errno). When
+///    the device may have taken some of its WRs (a batch refused after its first WRs;
+///    a provider failing a post without naming the WR it refused) the QP is killed and
+///    the operation completes only once they are flushed (a WR that ran before, as it ran);
 ///  - a failed work completion: kind completion (its ibv_wc_status); the event's
 ///    Error (a port down: ENETDOWN) once a device event killed the QP; kind cancelled
 ///    for the operation cancelled after its post;

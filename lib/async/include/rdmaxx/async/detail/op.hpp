@@ -74,7 +74,7 @@ struct Op {
     State state = State::free;
     Kind kind = Kind::send;
     bool cancelled = false; // a terminal cancellation moved the QP to error for this op
-    bool refused_partway = false; // a batch the device refused after taking its first WRs
+    bool completes_by_flush = false; // its post failed with WRs the device may have taken
     std::uint32_t credits = 0; // queue entries this op holds (or waits for)
     QpCore* qp = nullptr;
     Op* prev = nullptr; // the free list (next only), a QP's credit queue or its held sends
@@ -108,7 +108,7 @@ public:
         free_ = op.next;
         op.next = op.prev = nullptr;
         op.cancelled = false;
-        op.refused_partway = false;
+        op.completes_by_flush = false;
         ++in_use_;
         return op;
     }
