@@ -259,6 +259,44 @@ TEST_CASE("lease table: leases end exactly at their expiry, on a made-up clock, 
     CHECK_FALSE(table.next_expiry());
 }
 
+namespace {
+
+// A time point that counts its comparisons: what the table's bookkeeping costs.
+struct CountedTime {
+    std::int64_t us = 0;
+    static inline std::uint64_t comparisons = 0;
+    friend bool operator<(CountedTime a, CountedTime b) {
+        ++comparisons;
+        return a.us < b.us;
+    }
+    friend bool operator==(CountedTime, CountedTime) = default;
+};
+
+} // namespace
+
+TEST_CASE("lease table: the earliest end is kept, so that a pump with nothing ended costs one comparison") {
+    detail::LeaseTable<Block, CountedTime> table(1 << 20);
+    for (std::int64_t k = 0; k < 1000; ++k) // every lease ends at 1,000..1,999 us
+        table.add(static_cast<std::uint64_t>(k), Block{64}, CountedTime{1000 + (k * 7919) % 1000}, 0);
+    CountedTime::comparisons = 0;
+    for (std::int64_t now = 0; now < 1000; ++now)
+        CHECK(table.expire(CountedTime{now}) == 0);
+    CHECK(table.next_expiry() == CountedTime{1000});
+    CHECK(CountedTime::comparisons == 1000); // it was 1,000 a call: one per lease
+    // the earliest given back or ended: the next one is found
+    CHECK(table.give_back(0)); // token 0 ends at 1,000
+    CHECK(table.next_expiry() == CountedTime{1001});
+    CHECK(table.give_back(1)); // ends at 1,919: not the earliest
+    CHECK(table.next_expiry() == CountedTime{1001});
+    CHECK(table.expire(CountedTime{1001}) == 1);
+    CHECK(table.next_expiry() == CountedTime{1002});
+    table.add(5000, Block{64}, CountedTime{500}, 0); // an earlier end
+    CHECK(table.next_expiry() == CountedTime{500});
+    CHECK(table.expire(CountedTime{1999}) == 998);
+    CHECK_FALSE(table.next_expiry());
+    CHECK(table.live() == 0);
+}
+
 TEST_CASE("connection limits: the handshake's 8 bytes are bounded") {
     const auto good = detail::encode_limits({.max_message = 4096, .receive_depth = 32});
     const auto limits = must(detail::decode_limits(good));

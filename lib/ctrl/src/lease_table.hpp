@@ -13,7 +13,9 @@
 // the caller's to say: what the region really costs, more than the bytes asked for.
 //
 // Time comes in as an argument (no clock inside): lease expiry is tested on the host
-// with made-up time points. `Region` is Loan in the library (anything with
+// with made-up time points. The earliest lease end is kept: expire(), called on every
+// pump of the connection's CQ, and next_expiry() cost one comparison until a lease ends;
+// finding a token given back, and the ends after one, scan the leases. `Region` is Loan in the library (anything with
 // revoke() and move construction in tests). Not thread-safe (one Link's).
 #pragma once
 
@@ -38,6 +40,8 @@ public:
     // `token` until `expires`, counting `charge` bytes against the quota.
     void add(std::uint64_t token, Region region, TimePoint expires, std::uint64_t charge) {
         pinned_ += charge;
+        if (!earliest_ || expires < *earliest_)
+            earliest_ = expires;
         leases_.push_back({token, std::move(region), expires, charge});
     }
 
@@ -48,8 +52,11 @@ public:
         if (it == leases_.end())
             return false;
         it->region.revoke();
+        const bool was_earliest = !(*earliest_ < it->expires);
         returned_.push_back(std::move(*it));
         leases_.erase(it);
+        if (was_earliest)
+            find_earliest();
         return true;
     }
 
@@ -66,22 +73,20 @@ public:
 
     // Destroys the regions whose lease ended by `now`; returns how many.
     std::size_t expire(TimePoint now) {
-        return std::erase_if(leases_, [&](Lease& l) {
+        if (!earliest_ || now < *earliest_)
+            return 0;
+        const std::size_t ended = std::erase_if(leases_, [&](Lease& l) {
             if (now < l.expires)
                 return false;
             pinned_ -= l.charge;
             return true;
         });
+        find_earliest();
+        return ended;
     }
 
     // The earliest lease end, for a caller that sleeps until something happens.
-    std::optional<TimePoint> next_expiry() const {
-        std::optional<TimePoint> first;
-        for (const Lease& l : leases_)
-            if (!first || l.expires < *first)
-                first = l.expires;
-        return first;
-    }
+    std::optional<TimePoint> next_expiry() const { return earliest_; }
 
     // The charges of the regions granted on request and not yet taken back by the owner
     // (lent regions are the owner's own choice and are not counted).
@@ -95,9 +100,17 @@ private:
         TimePoint expires;
         std::uint64_t charge;
     };
+    void find_earliest() {
+        earliest_.reset();
+        for (const Lease& l : leases_)
+            if (!earliest_ || l.expires < *earliest_)
+                earliest_ = l.expires;
+    }
+
     std::uint64_t quota_;
     std::uint64_t pinned_ = 0;
     std::vector<Lease> leases_;
+    std::optional<TimePoint> earliest_; // of leases_
     std::deque<Lease> returned_;
 };
 
