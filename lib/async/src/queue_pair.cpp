@@ -53,6 +53,19 @@ void drop_held(QpCore& qp, Op& op, Error why) {
     return wr;
 }
 
+// Posts one receive WR; `accepted`: 1 when the device took it or may have (a provider
+// that fails without naming the WR it refused), else 0.
+[[gnu::always_inline]] inline Result<void> post_receive_wr(QpCore& qp, ibv_recv_wr& wr, std::size_t& accepted,
+                                                           std::source_location where) {
+    ibv_recv_wr* bad = nullptr;
+    if (const int rc = ibv_post_recv(qp.qp.get(where), &wr, &bad); rc != 0) [[unlikely]] {
+        accepted = bad == nullptr ? 1 : 0;
+        return std::unexpected(rdmaxx::detail::post_recv_error("ibv_post_recv", rc, wr, bad, 1));
+    }
+    accepted = 1;
+    return {};
+}
+
 // Posts a batch or a receive; `accepted`: the WRs the device took (or may have), `first`
 // a batch's first WR.
 Result<void> post_other(QpCore& qp, Op& op, std::size_t& accepted, const ibv_send_wr*& first) {
@@ -67,31 +80,24 @@ Result<void> post_other(QpCore& qp, Op& op, std::size_t& accepted, const ibv_sen
     wr.wr_id = op.wr_id();
     wr.next = nullptr;
     wr.sg_list = op.wr.recv.sge.data();
-    ibv_recv_wr* bad = nullptr;
-    if (const int rc = ibv_post_recv(qp.qp.get(op.where), &wr, &bad); rc != 0) [[unlikely]] {
-        accepted = bad == nullptr ? 1 : 0; // a provider that names no WR may have taken it
-        return std::unexpected(rdmaxx::detail::post_recv_error("ibv_post_recv", rc, wr, bad, 1));
-    }
-    return {};
+    return post_receive_wr(qp, wr, accepted, op.where);
 }
 
 // `op`'s flush marker (complete_by_flush): a signaled empty WR of its queue with its
 // wr_id; `first`: a send's WR (the marker's UD destination).
 [[gnu::cold]] void post_flush_marker(QpCore& qp, Op& op, const ibv_send_wr* first) {
     Result<void> posted;
+    std::size_t accepted = 0;
     if (op.kind == Op::Kind::recv) {
         ibv_recv_wr marker{};
         marker.wr_id = op.wr_id();
-        ibv_recv_wr* bad = nullptr;
-        if (const int rc = ibv_post_recv(qp.qp.get(op.where), &marker, &bad); rc != 0)
-            posted = std::unexpected(rdmaxx::detail::post_recv_error("ibv_post_recv", rc, marker, bad, 1));
+        posted = post_receive_wr(qp, marker, accepted, op.where);
     } else {
         ibv_send_wr marker{};
         marker.wr_id = op.wr_id();
         marker.opcode = IBV_WR_SEND;
         marker.send_flags = IBV_SEND_SIGNALED;
         marker.wr.ud = first->wr.ud; // a UD QP's destination; the other types ignore it
-        std::size_t accepted = 0;
         posted = rdmaxx::detail::submit(qp.qp, marker, 1, accepted, op.where);
     }
     if (!posted)
@@ -109,8 +115,10 @@ Result<void> post_other(QpCore& qp, Op& op, std::size_t& accepted, const ibv_sen
 // flushed WR's before it, completes the operation with the post's Error (a WR that ran
 // before the QP stopped completes it as it ran). A send's marker goes in once the QP is
 // in the error state (it would run before); a receive's while the QP still runs: whether
-// a receive posted in the error state is flushed is up to the provider. The caller kills
-// the QP when it may (kill() may destroy it).
+// a receive posted in the error state is flushed is up to the provider (and if the
+// receive was not taken, its marker may take a message first: a zero-length one
+// completes the operation successfully, a longer one with a length error). The caller
+// kills the QP when it may (kill() may destroy it).
 [[gnu::cold]] void complete_by_flush(QpCore& qp, Op& op, const ibv_send_wr* first, const Error& why) {
     mark_posted(qp, op);
     op.completes_by_flush = true;
@@ -121,19 +129,25 @@ Result<void> post_other(QpCore& qp, Op& op, std::size_t& accepted, const ibv_sen
         post_flush_marker(qp, op, first);
 }
 
+// A post of `op` that failed with `accepted` of its WRs taken (or maybe taken): none,
+// the operation fails at once; else it completes by their flush, the QP killed.
+[[gnu::cold]] void post_failed(QpCore& qp, Op& op, std::size_t accepted, const ibv_send_wr* first, Error why) {
+    if (accepted == 0) {
+        fail(op, std::move(why));
+        return;
+    }
+    (op.kind == Op::Kind::recv ? qp.recv_credits : qp.send_credits) -= op.credits;
+    complete_by_flush(qp, op, first, why);
+    kill(qp, *qp.dead); // last: failing the waiting operations may destroy `qp` (kill())
+}
+
 void post(Op& op) {
     QpCore& qp = *op.qp;
     if (op.kind != Op::Kind::send) {
         std::size_t accepted = 0;
         const ibv_send_wr* first = nullptr;
         if (Result<void> posted = post_other(qp, op, accepted, first); !posted) [[unlikely]] {
-            if (accepted == 0) {
-                fail(op, std::move(posted.error()));
-                return;
-            }
-            (op.kind == Op::Kind::recv ? qp.recv_credits : qp.send_credits) -= op.credits;
-            complete_by_flush(qp, op, first, posted.error());
-            kill(qp, *qp.dead); // last: failing the waiting operations may destroy `qp` (kill())
+            post_failed(qp, op, accepted, first, std::move(posted.error()));
             return;
         }
         (op.kind == Op::Kind::recv ? qp.recv_credits : qp.send_credits) -= op.credits;
@@ -157,13 +171,7 @@ void post(Op& op) {
     std::size_t accepted = 0;
     ibv_send_wr& wr = prepare(op);
     if (Result<void> posted = rdmaxx::detail::submit(qp.qp, wr, 1, accepted, op.where); !posted) [[unlikely]] {
-        if (accepted == 0) {
-            fail(op, std::move(posted.error()));
-            return;
-        }
-        qp.send_credits -= op.credits;
-        complete_by_flush(qp, op, &wr, posted.error()); // the provider did not say it refused it
-        kill(qp, *qp.dead);
+        post_failed(qp, op, accepted, &wr, std::move(posted.error()));
         return;
     }
     qp.send_credits -= op.credits;
@@ -213,7 +221,9 @@ void ring(QpCore& qp) {
             held.remove(op);
             complete_by_flush(qp, op, &op.wr.send.wr, posted.error());
         }
-        return; // not killed here (our caller goes on with `qp`): the markers' flushes fail the waiting ones
+        // halted, not killed: post_other goes on with `qp` (kill() may destroy it); the
+        // markers' flushes fail the waiting operations as they retire
+        return;
     }
     for (std::size_t k = 0; !held.empty(); ++k) {
         Op& op = *held.front();

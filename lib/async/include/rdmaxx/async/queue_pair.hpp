@@ -136,8 +136,10 @@ Result<void> post_batch(void* batch, std::uint64_t wr_id, std::size_t& accepted,
 ///    post, a device event): that Error, at once;
 ///  - the device refusing the post (ibv_post_send's or ibv_post_recv's errno). When
 ///    the device may have taken some of its WRs (a batch refused after its first WRs;
-///    a provider failing a post without naming the WR it refused) the QP is killed and
-///    the operation completes only once they are flushed (a WR that ran before, as it ran);
+///    a provider failing a post, or the doorbell of sends held together, without naming
+///    the WR it refused) the QP is moved to the error state and the operation completes
+///    only once they are flushed (a WR that ran before, as it ran); the QP's other
+///    operations then fail as on a dead QP;
 ///  - a failed work completion: kind completion (its ibv_wc_status); the event's
 ///    Error (a port down: ENETDOWN) once a device event killed the QP; kind cancelled
 ///    for the operation cancelled after its post;
