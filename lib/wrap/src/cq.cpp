@@ -95,7 +95,11 @@ Result<void> CompletionQueue::arm(bool solicited_only, std::source_location wher
 
 Result<void> CompletionQueue::wait_event(std::chrono::milliseconds timeout, int also_watch,
                                          std::source_location where) {
-    return wait_event_until(deadline_after(timeout), also_watch, where);
+    auto woke = wait_event_until(deadline_after(timeout), also_watch, where);
+    if (!woke && woke.error().is_timeout())
+        return std::unexpected(
+            Error::timeout("wait_event", fmt::format("no completion event within {} ms", timeout.count())));
+    return woke;
 }
 
 Result<void> CompletionQueue::wait_event_until(std::chrono::steady_clock::time_point deadline, int also_watch,
