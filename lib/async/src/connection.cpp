@@ -7,8 +7,8 @@
 
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
-#include <asio/thread_pool.hpp>
 
+#include <rdmaxx/async/blocking.hpp>
 #include <rdmaxx/data/post.hpp>
 #include <rdmaxx/wrap/deadline.hpp>
 #include <rdmaxx/wrap/log.hpp>
@@ -96,40 +96,11 @@ asio::awaitable<Result<Connection>> connect_on(std::shared_ptr<LinkDriver> drive
 }
 
 // RDMA CM's active side waits in librdmacm (address and route resolution, the connect
-// request's answer, getaddrinfo before them): like Asio's own resolver, those waits run
-// on a private thread, never on the io_context's. What touches the group (an attempt's
-// link: the CQ entries it holds, the CQ it may grow) runs on the io_context's thread,
-// which polls the group's CQ for its other links meanwhile. One such thread per
-// io_context, made at its first connect over RDMA CM: as with Asio's resolver, the
-// io_context's shutdown waits for the wait under way (at most a connect's timeout)
-// before it destroys the coroutine that wait would resume (a thread of the process's
-// own outlived the io_context and resumed into its freed memory).
-class CmThread : public asio::execution_context::service {
-public:
-    static inline asio::execution_context::id id;
-    explicit CmThread(asio::execution_context& context) : service(context) {}
-    asio::thread_pool& pool() noexcept { return pool_; }
-
-private:
-    void shutdown() override { pool_.join(); }
-    asio::thread_pool pool_{1};
-};
-
-// `wait()` (a step of detail::CmAttempts that waits) on the io_context's CM thread;
-// resumes on the caller's.
-template <class Wait>
-asio::awaitable<std::invoke_result_t<Wait&>> on_cm_thread(Wait wait) {
-    using R = std::invoke_result_t<Wait&>;
-    const auto executor = co_await asio::this_coro::executor;
-    asio::thread_pool& cm = asio::use_service<CmThread>(asio::query(executor, asio::execution::context)).pool();
-    auto [thrown, result] = co_await asio::co_spawn(
-        cm, [&wait]() -> asio::awaitable<R> { co_return wait(); },
-        asio::experimental::as_tuple(asio::use_awaitable));
-    if (thrown) // std::bad_alloc, say: the only exception that could come from there
-        co_return std::unexpected(Error::from_errno("async::Connection::connect", ENOMEM, "connecting over RDMA CM"));
-    co_return std::move(result);
-}
-
+// request's answer, getaddrinfo before them): those waits run on the io_context's
+// helper threads (blocking.hpp), never on its own. What touches the group (an
+// attempt's link: the CQ entries it holds, the CQ it may grow) runs on the io_context's
+// thread, which polls the group's CQ for its other links meanwhile.
+//
 // `driver` null: a new group, and its driver on `executor`.
 asio::awaitable<Result<Connection>> connect_cm_on(asio::any_io_executor executor, std::shared_ptr<LinkDriver> driver,
                                                   std::string host, std::uint16_t port, ConnectionOptions options,
@@ -139,12 +110,14 @@ asio::awaitable<Result<Connection>> connect_cm_on(asio::any_io_executor executor
     if (driver)
         group = driver->group();
     rdmaxx::detail::CmAttempts attempts(std::move(group), std::move(host), port, options, deadline);
+    auto resolve = [&attempts] { return attempts.resolve(); };
+    auto connect = [&attempts] { return attempts.connect(); };
     for (;;) {
-        if (auto ok = co_await on_cm_thread([&attempts] { return attempts.resolve(); }); !ok)
+        if (auto ok = co_await run_blocking(resolve, "async::Connection::connect"); !ok)
             co_return std::unexpected(std::move(ok.error()));
         if (auto ok = attempts.make_link(); !ok)
             co_return std::unexpected(std::move(ok.error()));
-        auto answered = co_await on_cm_thread([&attempts] { return attempts.connect(); });
+        auto answered = co_await run_blocking(connect, "async::Connection::connect");
         if (!answered)
             co_return std::unexpected(std::move(answered.error()));
         if (*answered)

@@ -1,4 +1,5 @@
 #include <rdmaxx/async/tcp.hpp>
+#include <rdmaxx/async/blocking.hpp>
 #include <rdmaxx/async/deadline.hpp>
 #include <rdmaxx/async/error_code.hpp>
 #include "exchange.hpp"
@@ -72,17 +73,26 @@ asio::awaitable<Result<EndpointMessage>> exchange(tcp::socket& socket, asio::ste
     if (theirs->qps.size() != qps.size())
         co_return std::unexpected(Error::protocol(
             call, fmt::format("peer {} offers {} QPs, we have {}", peer, theirs->qps.size(), qps.size())));
-    for (std::size_t i = 0; i < qps.size(); ++i) {
-        rdmaxx::QueuePair& qp = *qps[i];
-        if (theirs->qps[i].type != qp.type())
+    for (std::size_t i = 0; i < qps.size(); ++i)
+        if (theirs->qps[i].type != qps[i]->type())
             co_return std::unexpected(Error::protocol(call, fmt::format("QP {}: peer {}'s is {}, ours is {}", i, peer,
                                                                         to_string(theirs->qps[i].type),
-                                                                        to_string(qp.type()))));
-        auto connected =
-            qp.type() == QpType::ud ? qp.activate(where) : qp.connect(theirs->qps[i].endpoint, options.connect, where);
-        if (!connected)
-            co_return std::unexpected(std::move(connected.error()));
-    }
+                                                                        to_string(qps[i]->type()))));
+    // towards the peer's word: RTR resolves its GID's MAC, up to a second's wait
+    // (blocking.hpp); the QPs are the caller's, untouched by anything else meanwhile
+    auto connect_all = [&]() -> Result<void> {
+        for (std::size_t i = 0; i < qps.size(); ++i) {
+            rdmaxx::QueuePair& qp = *qps[i];
+            auto up = qp.type() == QpType::ud ? qp.activate(where)
+                                              : qp.connect(theirs->qps[i].endpoint, options.connect, where);
+            if (!up)
+                return up;
+        }
+        return {};
+    };
+    auto connected = co_await run_blocking(connect_all, call);
+    if (!connected)
+        co_return std::unexpected(std::move(connected.error()));
     co_return std::move(*theirs);
 }
 

@@ -2,7 +2,9 @@
 /// Connecting async QPs over TCP without blocking the io_context: the same versioned
 /// endpoint exchange as rdmaxx/ctrl/tcp.hpp (so an async side and a blocking side
 /// connect to each other), through Asio's sockets and resolver (whose getaddrinfo runs
-/// off the io_context's thread). Coroutines, since setup is not a hot path:
+/// off the io_context's thread, as do the QPs' connects: towards a RoCE GID the peer
+/// announced, RTR waits for its MAC, up to a second: rdmaxx/async/blocking.hpp).
+/// Coroutines, since setup is not a hot path:
 ///
 /// @code
 /// auto link = co_await rdmaxx::async::connect(io.get_executor(), "10.0.0.1", 7471, qps, {});

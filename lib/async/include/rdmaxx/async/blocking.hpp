@@ -1,0 +1,76 @@
+/// @file
+/// A call that waits in the kernel or in librdmacm, run off the io_context's thread.
+///
+/// Some verbs calls wait for the network. On RoCE an address handle towards a GID, and
+/// an RC QP's move to RTR towards one, resolve the GID's MAC address (ARP, neighbour
+/// discovery) inside the call: about a second when nobody answers (rxe: 1.02 s, every
+/// time, then an error), and as long the first time for a host that does answer.
+/// librdmacm's address and route resolution and its connect wait for the peer. On the
+/// io_context's thread such a wait stalls every operation and timer the io_context
+/// runs, and where the GID came from the network a peer can cause it at will.
+/// run_blocking() runs the call on helper threads of the io_context instead, and
+/// resumes the caller on its own executor.
+///
+/// The helpers: four threads per io_context (asio::execution_context), made at the
+/// first run_blocking() on it. A call waits for a free one: four calls waiting a second
+/// each delay the next by up to a second, never the io_context's own work. Like Asio's
+/// resolver, the io_context's shutdown (its destruction) waits for the calls under way
+/// before it destroys the coroutines they would resume.
+///
+/// @code
+/// // a GID a peer announced: no stall of the io_context if nobody answers for it
+/// auto make = [&] { return rdmaxx::AddressHandle::create(pd, announced, local_gid, port, layer); };
+/// auto ah = co_await rdmaxx::async::run_blocking(make, "my_setup");
+/// @endcode
+///
+/// @threadsafety run_blocking: as the io_context. `call` runs on a helper thread while
+/// its caller waits: it may touch what its caller owns (the caller's frame stays as it
+/// is until the call returns), but nothing that the io_context's other work uses
+/// meanwhile, unless that is thread-safe (verbs objects are, rdmaxx's wrappers as their
+/// headers say).
+#pragma once
+
+#include <cerrno>
+#include <type_traits>
+#include <utility>
+
+#include <asio/awaitable.hpp>
+#include <asio/co_spawn.hpp>
+#include <asio/execution_context.hpp>
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/thread_pool.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <rdmaxx/wrap/error.hpp>
+
+namespace rdmaxx::async {
+
+namespace detail {
+/// The helper threads of `context` (made at the first call).
+asio::thread_pool& blocking_threads(asio::execution_context& context);
+} // namespace detail
+
+/// `call()` (returning a Result) on a helper thread of the caller's io_context; what it
+/// returned, on the caller's executor. `call` is a named object, never a temporary:
+/// g++ 12 destroys a temporary with a destructor in a co_await's expression twice (a
+/// lambda holding a shared_ptr left its count one short).
+///
+/// @errors What `call` returns; ENOMEM (named `caller`) if the hand-over itself failed
+/// for want of memory.
+template <class Call>
+    requires requires(Call& c) { c().error(); }
+asio::awaitable<std::invoke_result_t<Call&>> run_blocking(Call& call, const char* caller) {
+    using R = std::invoke_result_t<Call&>;
+    const auto executor = co_await asio::this_coro::executor;
+    asio::thread_pool& helpers = detail::blocking_threads(asio::query(executor, asio::execution::context));
+    // what it is unless the call returns: the hand-over threw (std::bad_alloc, the only
+    // exception that could come from there)
+    R result = std::unexpected(Error::from_errno(caller, ENOMEM, "handing a call to a helper thread"));
+    co_await asio::co_spawn(
+        helpers, [&call, &result]() -> asio::awaitable<void> { result = call(); co_return; },
+        asio::experimental::as_tuple(asio::use_awaitable));
+    co_return result;
+}
+
+} // namespace rdmaxx::async
