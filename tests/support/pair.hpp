@@ -2,12 +2,17 @@
 // and rxeB (RDMAXX_PAIR_* name them); elsewhere such tests are skipped.
 #pragma once
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include <doctest/doctest.h>
 #include <fmt/format.h>
+
+#include <rdmaxx/ctrl/endpoint_codec.hpp>
+#include <rdmaxx/wrap/wire.hpp>
 
 namespace rdmaxx::test {
 
@@ -17,6 +22,29 @@ inline const char* env(const char* name) {
 }
 
 inline bool have_pair() { return *env("RDMAXX_PAIR_A_DEV") && *env("RDMAXX_PAIR_B_DEV"); }
+
+// 198.51.100.77 as a RoCE v2 GID: an address in the wire's subnet that nobody answers
+// for. Towards it an address handle, or an RC QP's move to RTR, waits for an ARP
+// answer (rxe: a second) and fails.
+inline Gid stranger_gid() {
+    Gid gid{};
+    gid.bytes[10] = gid.bytes[11] = 0xff;
+    gid.bytes[12] = 198;
+    gid.bytes[13] = 51;
+    gid.bytes[14] = 100;
+    gid.bytes[15] = 77;
+    return gid;
+}
+
+// A Connection's offer (one RC QP, limits of 4 KiB messages and 32 receives) from a
+// client whose QP is at `gid`.
+inline std::vector<std::byte> connection_offer_at(const Gid& gid) {
+    std::vector<std::byte> limits(8);
+    wire::put(limits.data(), 4096, 4);
+    wire::put(limits.data() + 4, 32, 4);
+    return endpoint_codec::encode(
+        {.qps = {{.endpoint = {.qpn = 1, .psn = 1, .gid = gid, .lid = 0, .mtu = Mtu::b1024}}}, .metadata = limits});
+}
 
 // A netem rule on an interface for the scope's duration: removed even when a check fails.
 class Netem {

@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <system_error>
 
+#include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <fmt/format.h>
 
@@ -177,12 +180,46 @@ const std::string& ServerHandshake::peer() const { return stream_ ? stream_->pee
 pollfd ServerHandshake::wanted() const {
     if (cm_)
         return {.fd = cm_->fd(), .events = POLLIN, .revents = 0};
+    if (connecting_)
+        return {.fd = connecting_->fd(), .events = POLLIN, .revents = 0};
     return {.fd = stream_->fd(), .events = static_cast<short>(state_ == State::write_answer ? POLLOUT : POLLIN),
             .revents = 0};
 }
 
-// The client's offer is complete: a QP for it, connected, with receives posted, and
-// our answer ready to go.
+Result<std::unique_ptr<ConnectOnThread>> ConnectOnThread::start(QueuePair& qp, const Endpoint& peer,
+                                                                const QpConnectOptions& options) {
+    std::unique_ptr<ConnectOnThread> on(new ConnectOnThread);
+    on->event_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (on->event_ < 0)
+        return std::unexpected(Error::from_last_errno("eventfd", "connecting a client's QP"));
+    try {
+        on->thread_ = std::thread([self = on.get(), &qp, peer, options] {
+            self->result_ = qp.connect(peer, options);
+            const std::uint64_t one = 1;
+            (void)!::write(self->event_, &one, sizeof one); // cannot fail: a counter far from its limit
+        });
+    } catch (const std::system_error& e) {
+        return std::unexpected(Error::from_errno("std::thread", e.code().value(), "connecting a client's QP"));
+    }
+    return on;
+}
+
+ConnectOnThread::~ConnectOnThread() {
+    if (thread_.joinable())
+        thread_.join();
+    if (event_ >= 0)
+        ::close(event_);
+}
+
+std::optional<Result<void>> ConnectOnThread::finished() {
+    std::uint64_t count = 0;
+    if (!thread_.joinable() || ::read(event_, &count, sizeof count) != sizeof count)
+        return std::nullopt;
+    thread_.join(); // it has written its last: at once, and result_ is the caller's to read
+    return std::move(result_);
+}
+
+// The client's offer is complete: a link for it, its QP connecting (on a thread).
 Result<void> ServerHandshake::take_offer(const std::shared_ptr<Group>& group, const ConnectionOptions& options) {
     auto offer = endpoint_codec::decode(in_);
     if (!offer)
@@ -195,13 +232,21 @@ Result<void> ServerHandshake::take_offer(const std::shared_ptr<Group>& group, co
     auto link = Link::create(group, options);
     if (!link)
         return std::unexpected(std::move(link.error()));
-    if (auto ok = (*link)->qp().connect(offer->qps[0].endpoint, options.qp); !ok)
-        return std::unexpected(std::move(ok.error()));
-    if (auto ok = (*link)->start(*offer); !ok)
-        return std::unexpected(std::move(ok.error()));
-    out_ = endpoint_codec::encode((*link)->describe());
-    out_.push_back(TcpStream::ready_byte);
+    auto connecting = ConnectOnThread::start((*link)->qp(), offer->qps[0].endpoint, options.qp);
+    if (!connecting)
+        return std::unexpected(std::move(connecting.error()));
     link_ = std::move(*link);
+    connecting_ = std::move(*connecting);
+    offer_ = std::move(*offer);
+    return {};
+}
+
+Result<void> ServerHandshake::answer_offer() {
+    if (auto ok = link_->start(*offer_); !ok)
+        return ok;
+    offer_.reset();
+    out_ = endpoint_codec::encode(link_->describe());
+    out_.push_back(TcpStream::ready_byte);
     return {};
 }
 
@@ -235,6 +280,18 @@ Result<std::unique_ptr<Link>> ServerHandshake::advance(const std::shared_ptr<Gro
             if (in_.size() < offer_bytes)
                 continue; // maybe more is there already
             if (auto ok = take_offer(group, options); !ok)
+                return std::unexpected(std::move(ok.error()));
+            state_ = State::connecting;
+            continue;
+        }
+        case State::connecting: {
+            auto connected = connecting_->finished();
+            if (!connected)
+                return nullptr;
+            connecting_.reset();
+            if (!*connected)
+                return std::unexpected(std::move(connected->error()));
+            if (auto ok = answer_offer(); !ok)
                 return std::unexpected(std::move(ok.error()));
             state_ = State::write_answer;
             continue;

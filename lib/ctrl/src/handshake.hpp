@@ -7,8 +7,8 @@
 //               ready byte out, ready byte in.
 //   TCP server: the client's endpoint message in (exactly one RC QP and the 8 bytes of
 //               limits: anything else is refused before a QP exists), QP created and
-//               connected, receives posted, our message and ready byte out, the
-//               client's ready byte in.
+//               connected (on a thread: ConnectOnThread), receives posted, our message
+//               and ready byte out, the client's ready byte in.
 //   RDMA CM:    connect request with the client's endpoint as private data, the
 //               server's in the answer, then establish (connection.hpp).
 #pragma once
@@ -19,6 +19,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include <poll.h>
@@ -93,6 +94,33 @@ ConnectionOptions on_device_of(const Cm& cm, ConnectionOptions options) {
     return options;
 }
 
+// A QP's connect on a thread of its own (the TCP server side's). Towards a RoCE GID the
+// client announced, RTR resolves the GID's MAC and waits for it: up to a second when
+// nobody answers (rxe: 1.02 s, then ETIMEDOUT), as long as a client likes to make it.
+// Meanwhile the listener's thread serves its other clients: fd() becomes readable when
+// the connect is done. The destructor waits for the thread (at most that second).
+class ConnectOnThread {
+public:
+    // Connects `qp` towards `peer` (QueuePair::connect); `qp` stays untouched by
+    // anyone else until finished() gave the result or this is destroyed.
+    // Errors: no eventfd or no thread (their errno).
+    static Result<std::unique_ptr<ConnectOnThread>> start(QueuePair& qp, const Endpoint& peer,
+                                                          const QpConnectOptions& options);
+    ConnectOnThread(const ConnectOnThread&) = delete;
+    ConnectOnThread& operator=(const ConnectOnThread&) = delete;
+    ~ConnectOnThread();
+
+    int fd() const noexcept { return event_; }
+    // The connect's result once it is done (fd() readable), else nullopt; once only.
+    std::optional<Result<void>> finished();
+
+private:
+    ConnectOnThread() = default;
+    int event_ = -1;
+    Result<void> result_{};
+    std::thread thread_;
+};
+
 // Server side: one client's handshake in progress.
 class ServerHandshake {
 public:
@@ -109,19 +137,25 @@ public:
     Result<std::unique_ptr<Link>> advance(const std::shared_ptr<Group>& group, const ConnectionOptions& options);
     // What to poll for.
     pollfd wanted() const;
-    Clock::time_point deadline() const noexcept { return deadline_; }
+    // None while its QP connects (ConnectOnThread): dropping it would wait for that.
+    Clock::time_point deadline() const noexcept { return connecting_ ? Clock::time_point::max() : deadline_; }
     const std::string& peer() const;
 
 private:
-    enum class State : std::uint8_t { read_offer, write_answer, read_ready, cm_establish };
+    enum class State : std::uint8_t { read_offer, connecting, write_answer, read_ready, cm_establish };
     explicit ServerHandshake(Clock::time_point deadline) : deadline_(deadline) {}
+    // The offer read: checked, a link for it, its QP connecting.
     Result<void> take_offer(const std::shared_ptr<Group>& group, const ConnectionOptions& options);
+    // The QP connected: receives posted, our answer ready to go.
+    Result<void> answer_offer();
 
     State state_ = State::read_offer;
     Clock::time_point deadline_;
     std::optional<TcpStream> stream_;
     std::optional<CmConnection> cm_;
     std::unique_ptr<Link> link_;
+    std::unique_ptr<ConnectOnThread> connecting_; // after link_: gone first, its thread with it
+    std::optional<EndpointMessage> offer_;        // the client's, while its QP connects
     std::vector<std::byte> in_;  // the offer, read so far
     std::vector<std::byte> out_; // our answer and ready byte
     std::size_t sent_ = 0;
