@@ -553,7 +553,7 @@ TEST_CASE("rpc endpoint: a client sending garbage and forged packets disturbs no
     asio::ip::tcp::socket socket(rig.io);
     run(rig.io, hostile_setup(&rig, &attacker, &socket), 30s);
     REQUIRE(!attacker.reply.refusal);
-    attacker.to_server.emplace(must(attacker.ud->handle_to(attacker.reply.server)));
+    attacker.to_server.emplace(must(attacker.ud->handles().to(attacker.reply.server)));
     std::optional<rpc::Session> session;
     int wrong = 0;
     run(rig.io, honest_calls(&rig, &session, &attacker, &wrong), 120s);
@@ -684,7 +684,7 @@ asio::awaitable<void> attack_rc(Rig* rig, Attacker* attacker, asio::ip::tcp::soc
 
     co_await hostile_setup(rig, attacker, socket);
     REQUIRE(!attacker->reply.refusal);
-    attacker->to_server.emplace(must(attacker->ud->handle_to(attacker->reply.server)));
+    attacker->to_server.emplace(must(attacker->ud->handles().to(attacker->reply.server)));
     HostileRc rc;
     co_await offer_rc(attacker, socket, &rc);
 

@@ -7,10 +7,12 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include <asio/co_spawn.hpp>
@@ -23,6 +25,7 @@
 
 #include <doctest/doctest.h>
 
+#include <rdmaxx/async/deadline.hpp>
 #include <rdmaxx/rpc/endpoint.hpp>
 
 #include "../support/device.hpp"
@@ -30,6 +33,7 @@
 #include "../support/pair.hpp"
 #include "../support/rpc_attacker.hpp"
 #include "../support/rpc_rig.hpp"
+#include "rc_codec.hpp"
 
 // g++ 12 sees Asio's coroutine-frame operator delete as mismatched with its operator
 // new once it inlines both into a coroutine (a false positive: the frame's allocator
@@ -291,7 +295,7 @@ asio::awaitable<void> spoof_from_another_address(rpc_test::Rig* rig, Attacker* a
     claimed.endpoint.gid = *server_gid; // rxeA's: the server's own device
     co_await rpc_test::hostile_setup(rig, attacker, spoofing, 7, claimed);
     REQUIRE(!attacker->reply.refusal);
-    attacker->to_server.emplace(must(attacker->ud->handle_to(attacker->reply.server)));
+    attacker->to_server.emplace(must(attacker->ud->handles().to(attacker->reply.server)));
     send_requests(*attacker, 8);
     co_await rpc_test::until([&] { return counters.dropped() >= 8 || counters.handled >= 8; });
     co_await rpc_test::pause(200ms); // anything more that would come
@@ -300,7 +304,7 @@ asio::awaitable<void> spoof_from_another_address(rpc_test::Rig* rig, Attacker* a
 
     co_await rpc_test::hostile_setup(rig, attacker, honest, 8);
     REQUIRE(!attacker->reply.refusal);
-    attacker->to_server.emplace(must(attacker->ud->handle_to(attacker->reply.server)));
+    attacker->to_server.emplace(must(attacker->ud->handles().to(attacker->reply.server)));
     send_requests(*attacker, 8);
     co_await rpc_test::until([attacker] { return attacker->answers >= 8; });
     out->honest_answers = attacker->answers;
@@ -460,4 +464,102 @@ TEST_CASE("rpc across the wire: a cable cut ends an idle session at both ends wi
         // over RDMA CM the last still-here came at most peer_silence before the cut
         CHECK(*out.ended_after < 15s);
     }
+}
+
+// ---------------------------------------------------------------------------------
+// A client that announces an address nobody answers for (test::stranger_gid()). The
+// server makes a session's address handle off its thread, and refuses an RC QP at
+// another address than the session's UD QP: the calls of another session on the same
+// io_context go on.
+
+namespace {
+
+struct Unanswered {
+    int setups_closed = 0;          // hostile setups the server closed without a reply
+    bool closed_by_rc_offer = false; // the session whose RC offer named the stranger
+    int calls = 0;                  // the honest session's, meanwhile
+    int failed_calls = 0;
+    std::chrono::milliseconds longest{}; // of those calls
+};
+
+// Echo calls on `session` until `*stop`, timed.
+asio::awaitable<void> timed_calls(rpc::Session* session, const bool* stop, Unanswered* out) {
+    const auto request = message(1, 64, 1);
+    std::vector<std::byte> response(64);
+    while (!*stop) {
+        const auto began = std::chrono::steady_clock::now();
+        const auto got = co_await session->call(work, request, response, {.timeout = 10s});
+        const auto took = std::chrono::steady_clock::now() - began;
+        out->longest = std::max(out->longest, std::chrono::duration_cast<std::chrono::milliseconds>(took));
+        ++out->calls;
+        out->failed_calls += got ? 0 : 1;
+    }
+}
+
+asio::awaitable<void> announce_a_stranger(WirePair* wire, std::uint16_t port, Attacker* attacker, Unanswered* out) {
+    namespace d = rpc::detail;
+    auto session = co_await wire->client->connect(env("RDMAXX_PAIR_A_ADDR"), port);
+    REQUIRE_MESSAGE(session.has_value(), (session ? "" : session.error().message()));
+    const auto executor = co_await asio::this_coro::executor;
+    bool stop = false, calls_ended = false;
+    asio::co_spawn(executor, timed_calls(&*session, &stop, out), [&calls_ended](std::exception_ptr e) {
+        calls_ended = true;
+        if (e)
+            std::rethrow_exception(e);
+    });
+    co_await rpc_test::pause(200ms);
+
+    const asio::ip::tcp::endpoint server(asio::ip::make_address(env("RDMAXX_PAIR_A_ADDR")), port);
+    const Gid stranger = test::stranger_gid();
+    d::UdAddress claimed = attacker->ud->address();
+    claimed.endpoint.gid = stranger;
+    for (std::uint16_t n = 0; n < 3; ++n) {
+        asio::ip::tcp::socket socket(executor);
+        try {
+            co_await rpc_test::hostile_setup_at(server, attacker, &socket, static_cast<std::uint16_t>(7 + n), claimed);
+        } catch (const std::system_error&) {
+            ++out->setups_closed; // no reply: the address handle failed
+        }
+    }
+
+    // a session under its own address, whose RC offer names the stranger
+    asio::ip::tcp::socket offering(executor);
+    co_await rpc_test::hostile_setup_at(server, attacker, &offering, 10, std::nullopt);
+    REQUIRE(!attacker->reply.refusal);
+    d::RcMessage offer{.kind = d::RcMessage::Kind::offer, .available = true, .qp = attacker->ud->address().endpoint};
+    offer.qp.gid = stranger;
+    const auto bytes = d::encode(offer);
+    co_await asio::async_write(offering, asio::buffer(bytes), asio::use_awaitable);
+    std::array<std::byte, 1> one{};
+    const auto [ec, n] = co_await offering.async_read_some(asio::buffer(one), async::no_throw);
+    out->closed_by_rc_offer = ec && n == 0; // no answer: the session ended
+
+    co_await rpc_test::pause(200ms);
+    stop = true;
+    while (!calls_ended)
+        co_await rpc_test::pause(5ms);
+}
+
+} // namespace
+
+TEST_CASE("rpc across the wire: a client announcing an address nobody answers for (its UD address, its RC QP's) "
+          "delays no other session's calls" * doctest::skip(!have_pair())) {
+    constexpr std::uint16_t port = 31995;
+    WirePair wire(port);
+    Attacker attacker;
+    attacker.ud = must(rpc::detail::UdTransport::create(
+        wire.io,
+        {.device = env("RDMAXX_PAIR_B_DEV"),
+         .gid_index = static_cast<std::uint32_t>(std::atoi(env("RDMAXX_PAIR_GID_INDEX"))),
+         .ring = 64,
+         .send_depth = 64},
+        &Attacker::deliver, &attacker));
+    Unanswered out;
+    rpc_test::run(wire.io, announce_a_stranger(&wire, port, &attacker, &out), 60s);
+    CHECK(out.setups_closed == 3);
+    CHECK(out.closed_by_rc_offer);
+    CHECK(out.failed_calls == 0);
+    CHECK(out.calls >= 20);
+    MESSAGE(out.calls, " calls, the longest ", out.longest.count(), " ms");
+    CHECK(out.longest < 500ms); // each wait for the stranger's MAC was a second
 }

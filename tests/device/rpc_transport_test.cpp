@@ -79,7 +79,7 @@ TEST_CASE("UD transport: 5,000 packets of every length, 20x the receive ring, in
         receiver.expected_qpn = a->address().endpoint.qpn;
         constexpr std::uint32_t total = 5000;
         receiver.seen.assign(total, 0);
-        const AddressHandle to_b = must(a->handle_to(b->address()));
+        const AddressHandle to_b = must(a->handles().to(b->address()));
         // send as fast as send buffers allow; pace to the receiver's ring (UD drops
         // what finds no receive posted): at most 128 ahead of what arrived
         std::uint32_t next = 0, with_payload = 0;
@@ -119,7 +119,7 @@ TEST_CASE("UD transport: payloads gathered from held memory arrive whole; the me
     receiver.expected_qpn = a->address().endpoint.qpn;
     constexpr std::uint32_t total = 24;
     receiver.seen.assign(total, 0);
-    const AddressHandle to_b = must(a->handle_to(b->address()));
+    const AddressHandle to_b = must(a->handles().to(b->address()));
     // the payloads of all 24 packets side by side in one registered block
     std::vector<std::vector<std::byte>> packets;
     std::size_t bytes = 0;
@@ -222,7 +222,7 @@ TEST_CASE("UD transport: a packet longer than the ring's buffers fails its recei
     REQUIRE(a->mtu() == 4096);
     receiver.mtu = b->mtu();
     receiver.expected_qpn = a->address().endpoint.qpn;
-    const AddressHandle to_b = must(a->handle_to(b->address()));
+    const AddressHandle to_b = must(a->handles().to(b->address()));
     const auto send = [&](std::span<const std::byte> bytes) {
         while (!must(a->send(to_b, b->address(), bytes.first(4), bytes.subspan(4))))
             io.run_for(1ms); // a send buffer back

@@ -33,12 +33,13 @@ struct Attacker {
     }
 };
 
-// Sets a session up for the attacker, with its own UD address or, given one, `claimed`.
-asio::awaitable<void> hostile_setup(Rig* rig, Attacker* attacker, asio::ip::tcp::socket* socket,
-                                    std::uint16_t number = 7,
-                                    std::optional<rpc::detail::UdAddress> claimed = {}) {
+// Sets a session up for the attacker with the server listening at `server`, with its
+// own UD address or, given one, `claimed`. Throws std::system_error if the server
+// closes the connection instead of replying.
+inline asio::awaitable<void> hostile_setup_at(asio::ip::tcp::endpoint server, Attacker* attacker,
+                                       asio::ip::tcp::socket* socket, std::uint16_t number,
+                                       std::optional<rpc::detail::UdAddress> claimed) {
     namespace d = rpc::detail;
-    const asio::ip::tcp::endpoint server(asio::ip::make_address("127.0.0.1"), rig->port);
     co_await socket->async_connect(server, asio::use_awaitable);
     const std::uint32_t payload = attacker->ud->mtu() - static_cast<std::uint32_t>(d::header_bytes);
     const d::SessionRequest request{.client = claimed.value_or(attacker->ud->address()),
@@ -50,6 +51,13 @@ asio::awaitable<void> hostile_setup(Rig* rig, Attacker* attacker, asio::ip::tcp:
     std::array<std::byte, d::session_reply_bytes> in{};
     co_await asio::async_read(*socket, asio::buffer(in), asio::use_awaitable);
     attacker->reply = must(d::decode_reply(in));
+}
+
+// The same with the Rig's server.
+inline asio::awaitable<void> hostile_setup(Rig* rig, Attacker* attacker, asio::ip::tcp::socket* socket,
+                                           std::uint16_t number = 7,
+                                           std::optional<rpc::detail::UdAddress> claimed = {}) {
+    return hostile_setup_at({asio::ip::make_address("127.0.0.1"), rig->port}, attacker, socket, number, claimed);
 }
 
 } // namespace rdmaxx::rpc_test

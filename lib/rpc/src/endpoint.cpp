@@ -19,6 +19,7 @@
 
 #include <fmt/format.h>
 
+#include <rdmaxx/async/blocking.hpp>
 #include <rdmaxx/async/deadline.hpp>
 #include <rdmaxx/wrap/log.hpp>
 #include <rdmaxx/wrap/mw.hpp>
@@ -56,6 +57,7 @@ std::string_view drop_reason_name(std::size_t i) noexcept {
 namespace detail {
 
 using async::no_throw;
+using async::run_blocking;
 
 namespace {
 
@@ -1584,6 +1586,12 @@ Result<std::optional<std::array<std::byte, rc_message_bytes>>> EndpointCore::tak
     const bool both_ways = s.client && s.server;
     const SessionId id = s.local; // rc_ready may end the session (a failed post, a handler)
     std::optional<std::array<std::byte, rc_message_bytes>> reply;
+    // an honest peer's RC QPs use its UD QP's port and GID, whose MAC the session's
+    // address handle resolved: another address would make this thread wait for one
+    // (blocking.hpp), up to a second each time a peer likes
+    const bool has_qp = message.kind == RcMessage::Kind::offer || message.available;
+    if (has_qp && (message.qp.gid != s.peer.endpoint.gid || message.qp.lid != s.peer.endpoint.lid))
+        return std::unexpected(Error::protocol(call, "an RC QP at another address than the session's UD QP"));
     if (message.kind == RcMessage::Kind::offer) {
         if (s.initiator && !both_ways)
             return std::unexpected(Error::protocol(call, "an RC offer from a server"));
@@ -2440,12 +2448,21 @@ asio::awaitable<void> EndpointCore::serve_setup(Anchor anchor, ControlChannel ch
         const auto admission = core->shutting_down
                                    ? std::expected<Admitted, Refusal>(std::unexpected(Refusal::shutting_down))
                                    : core->table.admit(*request, core->most(), both_ways);
+        // the client's word: a wait for its MAC (blocking.hpp), off this thread
+        auto handle_to_client = [handles = core->transport->handles(), client = request->client] {
+            return handles.to(client);
+        };
         if (!admission) {
             reply = SessionReply::refused(admission.error());
-        } else if (auto ah = core->transport->handle_to(request->client); !ah) {
+        } else if (auto ah = co_await run_blocking(handle_to_client, "rpc::Endpoint"); (core = *anchor) == nullptr) {
+            co_return; // the endpoint is gone, its table with the admission
+        } else if (!ah) {
             core->table.release(admission->session);
             logger()->warn("rdmaxx rpc: a session's address handle: {}", ah.error());
             co_return;
+        } else if (core->shutting_down) { // since the admission: its shutdown() has passed the live sessions
+            core->table.release(admission->session);
+            reply = SessionReply::refused(Refusal::shutting_down);
         } else {
             admitted = *admission;
             core->attach(admission->session, request->session, request->client, std::move(*ah), admission->limits,
@@ -2539,7 +2556,13 @@ asio::awaitable<Result<Session>> EndpointCore::connect(Anchor anchor, std::strin
     }
     if (auto honest = check_reply(request, *reply); !honest)
         co_return std::unexpected(honest.error());
-    auto ah = core->transport->handle_to(reply->server);
+    auto handle_to_server = [handles = core->transport->handles(), server = reply->server] {
+        return handles.to(server);
+    };
+    auto ah = co_await run_blocking(handle_to_server, call);
+    core = *anchor;
+    if (core == nullptr)
+        co_return std::unexpected(Error::cancelled(call, "the endpoint was destroyed"));
     if (!ah)
         co_return std::unexpected(ah.error());
     core->table.reduce_credits(id, reply->both_ways ? 2 * reply->limits.credits : reply->limits.credits);

@@ -139,8 +139,8 @@ Result<void> UdTransport::post_receives(std::span<const std::uint32_t> buffers) 
     return {};
 }
 
-Result<AddressHandle> UdTransport::handle_to(const UdAddress& peer) const {
-    return AddressHandle::create(*qp_, peer.endpoint);
+Result<AddressHandle> UdTransport::Handles::to(const UdAddress& peer) const {
+    return AddressHandle::create(pd, peer.endpoint, local, port, layer);
 }
 
 PeerSource UdTransport::source_of(const UdAddress& peer) const noexcept {

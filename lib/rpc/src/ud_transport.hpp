@@ -125,8 +125,18 @@ public:
     // What peers need to send here, and the largest packet (header included) they may.
     UdAddress address() const noexcept { return {qp_->endpoint(), qp_->qkey()}; }
     std::uint32_t mtu() const noexcept { return mtu_; }
-    // A handle towards a peer's address, for send().
-    Result<AddressHandle> handle_to(const UdAddress& peer) const;
+    // What makes the handles towards peers' addresses, for send(): a copy, apart from
+    // the transport (the PD it keeps alive), for a helper thread. On RoCE a handle waits
+    // for the peer's MAC (blocking.hpp: up to a second), so the endpoint makes it with
+    // run_blocking, and the endpoint may be destroyed meanwhile.
+    struct Handles {
+        std::shared_ptr<ibv_pd> pd;
+        GidEntry local;
+        std::uint8_t port;
+        LinkLayer layer;
+        Result<AddressHandle> to(const UdAddress& peer) const;
+    };
+    Handles handles() const { return {qp_->pd(), qp_->gid(), qp_->port(), qp_->link_layer()}; }
     // What the peer's packets carry, to check each one by.
     PeerSource source_of(const UdAddress& peer) const noexcept;
 
