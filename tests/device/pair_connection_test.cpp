@@ -5,8 +5,10 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <doctest/doctest.h>
 #include <fmt/format.h>
@@ -17,6 +19,7 @@
 
 #include "../support/device.hpp"
 #include "../support/pair.hpp"
+#include "../support/raw_cm.hpp"
 #include "../support/thread.hpp"
 
 using namespace rdmaxx;
@@ -146,36 +149,49 @@ TEST_CASE("default bounds: 1 MiB WRITEs and READs complete under 5 % loss each w
     }
 }
 
-TEST_CASE("a client offering a QP at an address nobody answers for holds up no other client's accept (TCP)" *
-          doctest::skip(!have_pair())) {
+TEST_CASE("a client offering a QP at an address nobody answers for holds up no other client's accept, on both "
+          "transports" * doctest::skip(!have_pair())) {
     // its QP's move to RTR waits a second for an ARP answer: on a thread of its own
-    ConnectionOptions options;
-    options.device = env("RDMAXX_PAIR_A_DEV");
-    options.gid_index = static_cast<std::uint32_t>(std::atoi(env("RDMAXX_PAIR_GID_INDEX")));
-    Listener listener = must(Listener::listen(env("RDMAXX_PAIR_A_ADDR"), 0, options));
-    const auto honest_accept = [&] {
-        test::Thread client([&] { CHECK(Connection::connect(env("RDMAXX_PAIR_A_ADDR"), listener.port(), options)); });
-        const auto start = Clock::now();
-        const auto accepted = listener.accept(10s);
-        const auto took = Clock::now() - start;
-        client.join();
-        CHECK(accepted);
-        return std::chrono::duration_cast<std::chrono::milliseconds>(took);
-    };
-    (void)honest_accept(); // whatever the first connection costs
-    for (unsigned round = 0; round < 3; ++round) {
-        CAPTURE(round);
-        TcpStream stranger = must(TcpStream::connect(env("RDMAXX_PAIR_A_ADDR"), listener.port(), 1s));
-        must(stranger.write_all(test::connection_offer_at(test::stranger_gid()), Clock::now() + 1s));
-        // the listener takes the stranger's offer as it serves the next accept, first
-        const auto took = honest_accept();
-        MESSAGE("an accept beside the stranger's handshake: ", took.count(), " ms");
-        CHECK(took < 500ms);
+    for (const Transport transport : {Transport::tcp, Transport::rdma_cm}) {
+        const std::string over = transport == Transport::tcp ? "TCP" : "RDMA CM";
+        CAPTURE(over);
+        ConnectionOptions options;
+        options.transport = transport;
+        options.device = env("RDMAXX_PAIR_A_DEV");
+        options.gid_index = static_cast<std::uint32_t>(std::atoi(env("RDMAXX_PAIR_GID_INDEX")));
+        Listener listener = must(Listener::listen(env("RDMAXX_PAIR_A_ADDR"), 0, options));
+        const auto honest_accept = [&] {
+            test::Thread client(
+                [&] { CHECK(Connection::connect(env("RDMAXX_PAIR_A_ADDR"), listener.port(), options)); });
+            const auto start = Clock::now();
+            const auto accepted = listener.accept(10s);
+            const auto took = Clock::now() - start;
+            client.join();
+            CHECK(accepted);
+            return std::chrono::duration_cast<std::chrono::milliseconds>(took);
+        };
+        (void)honest_accept(); // whatever the first connection costs
+        const auto offer = test::connection_offer_at(test::stranger_gid());
+        std::vector<std::unique_ptr<test::RawCmClient>> cm_strangers; // until their requests are served
+        for (unsigned round = 0; round < 3; ++round) {
+            CAPTURE(round);
+            if (transport == Transport::tcp) {
+                TcpStream stranger = must(TcpStream::connect(env("RDMAXX_PAIR_A_ADDR"), listener.port(), 1s));
+                must(stranger.write_all(offer, Clock::now() + 1s));
+            } else {
+                cm_strangers.push_back(std::make_unique<test::RawCmClient>(env("RDMAXX_PAIR_A_ADDR"), listener.port()));
+                cm_strangers.back()->connect(offer); // the offer as its private data, as a Connection's
+            }
+            // the listener takes the stranger's offer as it serves the next accept, first
+            const auto took = honest_accept();
+            MESSAGE("an accept beside the stranger's handshake: ", took.count(), " ms");
+            CHECK(took < 500ms);
+        }
+        // each stranger's handshake fails once its connect does (ETIMEDOUT)
+        const auto deadline = Clock::now() + 10s;
+        while (listener.stats().failed < 3 && Clock::now() < deadline)
+            (void)listener.accept(50ms);
+        CHECK(listener.stats().failed == 3);
+        CHECK(listener.stats().accepted == 4);
     }
-    // each stranger's handshake fails once its connect does (ETIMEDOUT)
-    const auto deadline = Clock::now() + 10s;
-    while (listener.stats().failed < 3 && Clock::now() < deadline)
-        (void)listener.accept(50ms);
-    CHECK(listener.stats().failed == 3);
-    CHECK(listener.stats().accepted == 4);
 }

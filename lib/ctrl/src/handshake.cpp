@@ -161,21 +161,35 @@ Result<ServerHandshake> ServerHandshake::answer(std::shared_ptr<Group> group, Cm
     auto link = Link::create(std::move(group), options);
     if (!link)
         return std::unexpected(std::move(link.error()));
-    if (auto ok = request.connect((*link)->qp(), options.qp); !ok)
-        return std::unexpected(std::move(ok.error()));
-    if (auto ok = (*link)->start(request.offer()); !ok)
-        return std::unexpected(std::move(ok.error()));
-    auto cm = std::move(request).answer((*link)->qp(), (*link)->describe().metadata);
-    if (!cm)
-        return std::unexpected(std::move(cm.error()));
     ServerHandshake handshake(deadline);
-    handshake.state_ = State::cm_establish;
-    handshake.cm_.emplace(std::move(*cm));
+    handshake.request_ = std::make_unique<CmRequest>(std::move(request));
     handshake.link_ = std::move(*link);
+    auto connecting = ConnectOnThread::start(
+        [request = handshake.request_.get(), qp = &handshake.link_->qp(), qp_options = options.qp] {
+            return request->connect(*qp, qp_options);
+        });
+    if (!connecting)
+        return std::unexpected(std::move(connecting.error()));
+    handshake.connecting_ = std::move(*connecting);
+    handshake.state_ = State::connecting;
     return handshake;
 }
 
-const std::string& ServerHandshake::peer() const { return stream_ ? stream_->peer() : cm_->peer(); }
+Result<void> ServerHandshake::answer_request() {
+    if (auto ok = link_->start(request_->offer()); !ok)
+        return ok;
+    auto cm = std::move(*request_).answer(link_->qp(), link_->describe().metadata);
+    request_.reset();
+    if (!cm)
+        return std::unexpected(std::move(cm.error()));
+    cm_.emplace(std::move(*cm));
+    state_ = State::cm_establish;
+    return {};
+}
+
+const std::string& ServerHandshake::peer() const {
+    return stream_ ? stream_->peer() : cm_ ? cm_->peer() : request_->peer();
+}
 
 pollfd ServerHandshake::wanted() const {
     if (cm_)
@@ -186,15 +200,14 @@ pollfd ServerHandshake::wanted() const {
             .revents = 0};
 }
 
-Result<std::unique_ptr<ConnectOnThread>> ConnectOnThread::start(QueuePair& qp, const Endpoint& peer,
-                                                                const QpConnectOptions& options) {
+Result<std::unique_ptr<ConnectOnThread>> ConnectOnThread::start(std::function<Result<void>()> connect) {
     std::unique_ptr<ConnectOnThread> on(new ConnectOnThread);
     on->event_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (on->event_ < 0)
         return std::unexpected(Error::from_last_errno("eventfd", "connecting a client's QP"));
     try {
-        on->thread_ = std::thread([self = on.get(), &qp, peer, options] {
-            self->result_ = qp.connect(peer, options);
+        on->thread_ = std::thread([self = on.get(), connect = std::move(connect)] {
+            self->result_ = connect();
             const std::uint64_t one = 1;
             (void)!::write(self->event_, &one, sizeof one); // cannot fail: a counter far from its limit
         });
@@ -232,7 +245,10 @@ Result<void> ServerHandshake::take_offer(const std::shared_ptr<Group>& group, co
     auto link = Link::create(group, options);
     if (!link)
         return std::unexpected(std::move(link.error()));
-    auto connecting = ConnectOnThread::start((*link)->qp(), offer->qps[0].endpoint, options.qp);
+    auto connecting = ConnectOnThread::start(
+        [qp = &(*link)->qp(), peer = offer->qps[0].endpoint, qp_options = options.qp] {
+            return qp->connect(peer, qp_options);
+        });
     if (!connecting)
         return std::unexpected(std::move(connecting.error()));
     link_ = std::move(*link);
@@ -247,6 +263,7 @@ Result<void> ServerHandshake::answer_offer() {
     offer_.reset();
     out_ = endpoint_codec::encode(link_->describe());
     out_.push_back(TcpStream::ready_byte);
+    state_ = State::write_answer;
     return {};
 }
 
@@ -291,9 +308,8 @@ Result<std::unique_ptr<Link>> ServerHandshake::advance(const std::shared_ptr<Gro
             connecting_.reset();
             if (!*connected)
                 return std::unexpected(std::move(connected->error()));
-            if (auto ok = answer_offer(); !ok)
+            if (auto ok = request_ ? answer_request() : answer_offer(); !ok)
                 return std::unexpected(std::move(ok.error()));
-            state_ = State::write_answer;
             continue;
         }
         case State::write_answer: {

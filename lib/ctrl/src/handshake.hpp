@@ -9,12 +9,14 @@
 //               limits: anything else is refused before a QP exists), QP created and
 //               connected (on a thread: ConnectOnThread), receives posted, our message
 //               and ready byte out, the client's ready byte in.
-//   RDMA CM:    connect request with the client's endpoint as private data, the
-//               server's in the answer, then establish (connection.hpp).
+//   RDMA CM:    connect request with the client's endpoint as private data, QP created
+//               and connected (on a thread), the server's endpoint in the answer,
+//               then establish (connection.hpp).
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -94,18 +96,18 @@ ConnectionOptions on_device_of(const Cm& cm, ConnectionOptions options) {
     return options;
 }
 
-// A QP's connect on a thread of its own (the TCP server side's). Towards a RoCE GID the
-// client announced, RTR resolves the GID's MAC and waits for it: up to a second when
-// nobody answers (rxe: 1.02 s, then ETIMEDOUT), as long as a client likes to make it.
-// Meanwhile the listener's thread serves its other clients: fd() becomes readable when
-// the connect is done. The destructor waits for the thread (at most that second).
+// A QP's connect on a thread of its own (the server side's). Towards a RoCE GID the
+// client announced (in its TCP offer or its CM request's private data), RTR resolves
+// the GID's MAC and waits for it: up to a second when nobody answers (rxe: 1.02 s,
+// then ETIMEDOUT), as often as a client likes to make it. Meanwhile the listener's
+// thread serves its other clients: fd() becomes readable when the connect is done. The
+// destructor waits for the thread (at most that second).
 class ConnectOnThread {
 public:
-    // Connects `qp` towards `peer` (QueuePair::connect); `qp` stays untouched by
-    // anyone else until finished() gave the result or this is destroyed.
+    // Runs `connect` (a QueuePair::connect, or a CmRequest's); what it touches stays
+    // untouched by anyone else until finished() gave the result or this is destroyed.
     // Errors: no eventfd or no thread (their errno).
-    static Result<std::unique_ptr<ConnectOnThread>> start(QueuePair& qp, const Endpoint& peer,
-                                                          const QpConnectOptions& options);
+    static Result<std::unique_ptr<ConnectOnThread>> start(std::function<Result<void>()> connect);
     ConnectOnThread(const ConnectOnThread&) = delete;
     ConnectOnThread& operator=(const ConnectOnThread&) = delete;
     ~ConnectOnThread();
@@ -126,8 +128,8 @@ class ServerHandshake {
 public:
     // A TCP client just accepted.
     ServerHandshake(TcpStream stream, Clock::time_point deadline);
-    // An RDMA CM connect request: answered at once (QP created, connected, receives
-    // posted, accepted); what is left is waiting for the client's establish.
+    // An RDMA CM connect request: a QP for it, connecting (ConnectOnThread); then
+    // receives posted and the request accepted; then the client's establish.
     static Result<ServerHandshake> answer(std::shared_ptr<Group> group, CmRequest request,
                                           const ConnectionOptions& options, Clock::time_point deadline);
 
@@ -146,16 +148,19 @@ private:
     explicit ServerHandshake(Clock::time_point deadline) : deadline_(deadline) {}
     // The offer read: checked, a link for it, its QP connecting.
     Result<void> take_offer(const std::shared_ptr<Group>& group, const ConnectionOptions& options);
-    // The QP connected: receives posted, our answer ready to go.
+    // The QP connected: receives posted, our answer ready to go (TCP) or the request
+    // accepted (RDMA CM).
     Result<void> answer_offer();
+    Result<void> answer_request();
 
     State state_ = State::read_offer;
     Clock::time_point deadline_;
     std::optional<TcpStream> stream_;
     std::optional<CmConnection> cm_;
     std::unique_ptr<Link> link_;
-    std::unique_ptr<ConnectOnThread> connecting_; // after link_: gone first, its thread with it
-    std::optional<EndpointMessage> offer_;        // the client's, while its QP connects
+    std::unique_ptr<CmRequest> request_;          // RDMA CM: the client's, while its QP connects
+    std::unique_ptr<ConnectOnThread> connecting_; // after link_ and request_: gone first, its thread with it
+    std::optional<EndpointMessage> offer_;        // TCP: the client's, while its QP connects
     std::vector<std::byte> in_;  // the offer, read so far
     std::vector<std::byte> out_; // our answer and ready byte
     std::size_t sent_ = 0;
