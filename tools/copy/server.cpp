@@ -18,6 +18,8 @@
 #include <asio/signal_set.hpp>
 #include <fmt/format.h>
 
+#include <rdmaxx/async/blocking.hpp>
+
 #include "channel.hpp"
 #include "checksum.hpp"
 #include "paths.hpp"
@@ -207,12 +209,16 @@ asio::awaitable<Result<void>> receive_file(async::Connection& c, Channel& channe
         co_return std::unexpected(unexpected_message("done", *done));
     const std::uint64_t theirs = std::get<Done>(*done).checksum;
     FileResult result;
+    // the fsyncs may take long: on a helper thread, while the io_context serves the others
+    auto commit = [&temp, mode = static_cast<mode_t>(file.mode & 0777 & ~s.server->umask)] {
+        return temp->commit(mode);
+    };
     if (theirs != checksum.digest()) {
         result = {.code = EBADMSG,
                   .text = fmt::format("checksum mismatch on '{}' (sent {:016x}, written {:016x}): not stored",
                                       temp->shown(), theirs, checksum.digest())
                               .substr(0, max_text)};
-    } else if (auto committed = temp->commit(static_cast<mode_t>(file.mode & 0777 & ~s.server->umask)); !committed) {
+    } else if (auto committed = co_await async::run_blocking(commit, "rdmaxx-copy"); !committed) {
         result = {.code = static_cast<std::uint32_t>(committed.error().code() != 0 ? committed.error().code() : EIO),
                   .text = describe(committed.error()).substr(0, max_text)};
     } else {
