@@ -35,6 +35,7 @@
 #include "../support/raw_cm.hpp"
 #include "../support/starved.hpp"
 #include "../support/thread.hpp"
+#include "../support/watchdog.hpp"
 #include "control_codec.hpp"
 #include "link.hpp"
 
@@ -1065,6 +1066,7 @@ TEST_CASE("timeouts of milliseconds::max() set no limit: a message 50 ms late is
         unbounded.timeout = std::chrono::milliseconds::max();
         unbounded.timeout_per_mib = std::chrono::milliseconds::max();
         const std::string host = host_for(transport);
+        const test::Watchdog bound(60s, "a conversation with no time limits");
         Listener listener = must(Listener::listen(host, 0, unbounded));
         test::Thread client([&] {
             auto conn = Connection::connect(host, listener.port(), unbounded);

@@ -10,6 +10,7 @@
 
 #include "../support/device.hpp"
 #include "../support/thread.hpp"
+#include "../support/watchdog.hpp"
 
 using namespace rdmaxx;
 using namespace std::chrono_literals;
@@ -270,6 +271,7 @@ TEST_CASE("completion queues: depth limits, channels and bounded waits") {
     must(a.connect(b.endpoint()));
     must(b.connect(a.endpoint()));
     MemoryRegion mr = must(MemoryRegion::allocate(rig.pd, 64, access_all));
+    const test::Watchdog bound(60s, "waiting for CQ events, half of them with no limit");
     for (int round = 0; round < 40; ++round) { // past the ack batch
         must(cq.arm());
         post(a, IBV_WR_RDMA_WRITE, mr.slice(0, 8), mr.remote().slice(32, 8));
