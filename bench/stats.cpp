@@ -7,10 +7,14 @@
 
 namespace rdmaxx::perf {
 
+double median_of_sorted(std::span<const double> sorted) {
+    const std::size_t middle = sorted.size() / 2;
+    return sorted.size() % 2 ? sorted[middle] : (sorted[middle - 1] + sorted[middle]) / 2;
+}
+
 double median(std::vector<double> values) {
     std::sort(values.begin(), values.end());
-    const std::size_t middle = values.size() / 2;
-    return values.size() % 2 ? values[middle] : (values[middle - 1] + values[middle]) / 2;
+    return median_of_sorted(values);
 }
 
 Latency summarize_latency(std::span<const Clock::time_point> stamps, double divisor) {
@@ -35,7 +39,7 @@ Latency summarize_latency(std::span<const Clock::time_point> stamps, double divi
         squares += (s - avg) * (s - avg);
     return {.t_min = samples.front(),
             .t_max = samples.back(),
-            .t_typical = median(samples),
+            .t_typical = median_of_sorted(samples),
             .t_avg = avg,
             .t_stdev = std::sqrt(squares / n),
             .p99 = at(0.99),

@@ -21,6 +21,8 @@ struct Latency {
 // The middle of `values`, or the mean of the two middle ones of an even count (as
 // perftest's get_median). `values` must not be empty.
 double median(std::vector<double> values);
+// The same of values sorted already.
+double median_of_sorted(std::span<const double> sorted);
 
 // From the initiator's timestamps, one per post plus one after the last: each sample is
 // the gap between consecutive posts, divided by `divisor` (2 for a ping-pong, whose

@@ -14,9 +14,10 @@
 //
 // Time comes in as an argument (no clock inside): lease expiry is tested on the host
 // with made-up time points. The earliest lease end is kept: expire(), called on every
-// pump of the connection's CQ, and next_expiry() cost one comparison until a lease ends;
-// finding a token given back, and the ends after one, scan the leases. `Region` is Loan in the library (anything with
-// revoke() and move construction in tests). Not thread-safe (one Link's).
+// pump of the connection's CQ, and next_expiry() cost one comparison until a lease
+// ends; finding a token given back, and the ends after one, scan the leases. `Region`
+// is Loan in the library (anything with revoke() and move construction in tests). Not
+// thread-safe (one Link's).
 #pragma once
 
 #include <algorithm>
