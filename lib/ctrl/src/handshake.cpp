@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <new>
 #include <system_error>
 
 #include <sys/eventfd.h>
@@ -211,8 +212,10 @@ Result<std::unique_ptr<ConnectOnThread>> ConnectOnThread::start(std::function<Re
             const std::uint64_t one = 1;
             (void)!::write(self->event_, &one, sizeof one); // cannot fail: a counter far from its limit
         });
-    } catch (const std::system_error& e) {
+    } catch (const std::system_error& e) { // EAGAIN: out of threads
         return std::unexpected(Error::from_errno("std::thread", e.code().value(), "connecting a client's QP"));
+    } catch (const std::bad_alloc&) {
+        return std::unexpected(Error::from_errno("std::thread", ENOMEM, "connecting a client's QP"));
     }
     return on;
 }

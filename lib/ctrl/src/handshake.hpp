@@ -128,6 +128,9 @@ class ServerHandshake {
 public:
     // A TCP client just accepted.
     ServerHandshake(TcpStream stream, Clock::time_point deadline);
+    ServerHandshake(ServerHandshake&&) noexcept = default;
+    // Assigning would destroy link_ and request_ before the old connect's thread ends.
+    ServerHandshake& operator=(ServerHandshake&&) = delete;
     // An RDMA CM connect request: a QP for it, connecting (ConnectOnThread); then
     // receives posted and the request accepted; then the client's establish.
     static Result<ServerHandshake> answer(std::shared_ptr<Group> group, CmRequest request,

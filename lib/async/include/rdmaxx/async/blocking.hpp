@@ -12,10 +12,13 @@
 /// resumes the caller on its own executor.
 ///
 /// The helpers: four threads per io_context (asio::execution_context), made at the
-/// first run_blocking() on it. A call waits for a free one: four calls waiting a second
-/// each delay the next by up to a second, never the io_context's own work. Like Asio's
-/// resolver, the io_context's shutdown (its destruction) waits for the calls under way
-/// before it destroys the coroutines they would resume.
+/// first run_blocking() on it, shared by every call on it, in order. A call waits for a
+/// free one: four calls waiting a second each delay the next by up to a second, never
+/// the io_context's own work. So peers who announce addresses nobody answers for can
+/// slow the setups behind theirs (N of them about N/4 seconds), not the io_context's
+/// sessions and timers. A call cannot be cancelled: its caller resumes when it returns.
+/// Like Asio's resolver, the io_context's shutdown (its destruction) waits for the
+/// calls under way before it destroys the coroutines they would resume.
 ///
 /// @code
 /// // a GID a peer announced: no stall of the io_context if nobody answers for it
@@ -56,17 +59,16 @@ asio::thread_pool& blocking_threads(asio::execution_context& context);
 /// g++ 12 destroys a temporary with a destructor in a co_await's expression twice (a
 /// lambda holding a shared_ptr left its count one short).
 ///
-/// @errors What `call` returns; ENOMEM (named `caller`) if the hand-over itself failed
-/// for want of memory.
+/// @errors What `call` returns; ENOMEM (named `caller`) if the hand-over or the call
+/// threw (std::bad_alloc: rdmaxx throws nothing else).
 template <class Call>
     requires requires(Call& c) { c().error(); }
 asio::awaitable<std::invoke_result_t<Call&>> run_blocking(Call& call, const char* caller) {
     using R = std::invoke_result_t<Call&>;
     const auto executor = co_await asio::this_coro::executor;
     asio::thread_pool& helpers = detail::blocking_threads(asio::query(executor, asio::execution::context));
-    // what it is unless the call returns: the hand-over threw (std::bad_alloc, the only
-    // exception that could come from there)
-    R result = std::unexpected(Error::from_errno(caller, ENOMEM, "handing a call to a helper thread"));
+    // what it is unless the call returns: the hand-over or the call threw
+    R result = std::unexpected(Error::from_errno(caller, ENOMEM, "a call on a helper thread threw"));
     co_await asio::co_spawn(
         helpers, [&call, &result]() -> asio::awaitable<void> { result = call(); co_return; },
         asio::experimental::as_tuple(asio::use_awaitable));

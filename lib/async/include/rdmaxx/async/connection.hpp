@@ -280,7 +280,10 @@ private:
 /// PD and CQ. Handshakes run concurrently on the io_context, each bounded by
 /// ConnectionOptions::timeout: a client that says nothing, sends garbage or dies holds
 /// up no one, and is only counted (stats()) and logged. Unlike the blocking Listener,
-/// handshakes advance whether or not anyone is in accept(). Move-only.
+/// handshakes advance whether or not anyone is in accept(). Each client's QP connects
+/// on a thread of its own, as the blocking Listener's do (up to a second towards an
+/// address nobody answers for): destroying the Listener waits for those under way.
+/// Move-only.
 /// @threadsafety None; as the io_context, which one thread runs. A Listener and the
 /// connections it accepted are one object in this respect.
 class Listener {

@@ -16,7 +16,9 @@
 /// checked by the endpoint codec (a malformed or hostile peer is an Error of kind
 /// protocol, a silent one of kind timeout), and nothing here throws.
 ///
-/// @threadsafety As the io_context (rdmaxx/async/completions.hpp).
+/// @threadsafety As the io_context (rdmaxx/async/completions.hpp). The QPs given to
+/// connect() and accept() connect on a helper thread: nothing else may use them until
+/// the call returns.
 #pragma once
 
 #include <chrono>

@@ -22,7 +22,8 @@ public:
     /// An address handle towards `peer` for sends on the UD QP `via` (its PD, port and
     /// GID). Of `peer` only the address is used and checked (a GID on RoCE, a LID on
     /// InfiniBand): its QPN goes with each send, and its PSN and MTU mean nothing to
-    /// UD. `options` supplies service level, traffic class and hop limit.
+    /// UD. `options` supplies service level, traffic class and hop limit. On RoCE it
+    /// waits for the GID's MAC address, as QueuePair::connect does (up to a second).
     ///
     /// @errors An address that cannot be right (a zero GID on RoCE, LID 0 on
     /// InfiniBand: EINVAL); ibv_create_ah fails (no route to the GID, out of resources).

@@ -145,6 +145,12 @@ public:
     /// cannot be right (QPN or PSN above 24 bits, unknown MTU, no GID on RoCE, no LID
     /// on InfiniBand) is an Error, as is anything the device refuses.
     ///
+    /// On RoCE the move to RTR resolves the GID's MAC address (ARP, neighbour
+    /// discovery) and waits for it: about a second when nobody answers for the GID
+    /// (then ETIMEDOUT), and as long the first time for a host that does. Where the GID
+    /// came from the network, a thread that serves others calls this elsewhere
+    /// (rdmaxx/async/blocking.hpp).
+    ///
     /// @errors A bad peer description, before any step (EINVAL); a path MTU above the
     /// port's active MTU (EINVAL); ibv_modify_qp refuses a step. The QP is back in RESET
     /// afterwards, ready for another connect() (a device that refuses that too: both
