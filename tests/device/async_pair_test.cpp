@@ -19,6 +19,7 @@
 #include <rdmaxx/ctrl/tcp.hpp>
 
 #include "../support/device.hpp"
+#include "../support/offer.hpp"
 #include "../support/pair.hpp"
 #include "../support/run_until.hpp"
 
@@ -110,31 +111,33 @@ TEST_CASE("async Connection: the port going down ends the pending calls with its
 
 namespace {
 
-// The io_context's longest pause between two ticks of 5 ms, until `stop`.
-asio::awaitable<void> ticks(const bool& stop, std::chrono::milliseconds& longest) {
+struct BesideStranger {
+    bool connected = false;
+    bool stop_ticking = false, ticking = false;
+    std::chrono::milliseconds longest{}; // between two ticks
+};
+
+// The io_context's longest pause between two ticks of 5 ms, until told to stop.
+asio::awaitable<void> ticks(BesideStranger& out) {
+    out.ticking = true;
     asio::steady_timer timer(co_await asio::this_coro::executor);
     auto last = std::chrono::steady_clock::now();
-    while (!stop) {
+    while (!out.stop_ticking) {
         timer.expires_after(5ms);
         co_await timer.async_wait(asio::use_awaitable);
         const auto now = std::chrono::steady_clock::now();
-        longest = std::max(longest, std::chrono::duration_cast<std::chrono::milliseconds>(now - last));
+        out.longest = std::max(out.longest, std::chrono::duration_cast<std::chrono::milliseconds>(now - last));
         last = now;
     }
+    out.ticking = false;
 }
-
-struct BesideStranger {
-    bool connected = false;
-    std::chrono::milliseconds longest{};
-};
 
 asio::awaitable<void> connect_beside_a_stranger(async::Listener& listener, ConnectionOptions options,
                                                 BesideStranger& out, bool& done) {
     const auto ex = co_await asio::this_coro::executor;
-    bool stop = false;
-    asio::co_spawn(ex, ticks(stop, out.longest), asio::detached);
+    asio::co_spawn(ex, ticks(out), asio::detached);
     TcpStream stranger = must(TcpStream::connect(env("RDMAXX_PAIR_A_ADDR"), listener.port(), 1s));
-    must(stranger.write_all(test::connection_offer_at(test::stranger_gid()), Clock::now() + 1s));
+    must(stranger.write_all(test::connection_offer(4096, 32, test::stranger_gid()), Clock::now() + 1s));
     auto c = co_await async::Connection::connect(ex, env("RDMAXX_PAIR_A_ADDR"), listener.port(), options);
     auto s = co_await listener.accept(10s);
     out.connected = c && s;
@@ -144,7 +147,11 @@ asio::awaitable<void> connect_beside_a_stranger(async::Listener& listener, Conne
         timer.expires_after(5ms);
         co_await timer.async_wait(asio::use_awaitable);
     }
-    stop = true;
+    out.stop_ticking = true;
+    while (out.ticking) {
+        timer.expires_after(5ms);
+        co_await timer.async_wait(asio::use_awaitable);
+    }
     done = true;
 }
 
@@ -156,7 +163,7 @@ TEST_CASE("async Listener: a client offering a QP at an address nobody answers f
     asio::io_context io;
     ConnectionOptions options;
     options.device = env("RDMAXX_PAIR_A_DEV");
-    options.gid_index = static_cast<std::uint32_t>(std::atoi(env("RDMAXX_PAIR_GID_INDEX")));
+    options.gid_index = test::pair_gid_index();
     auto listener = must(async::Listener::listen(io.get_executor(), env("RDMAXX_PAIR_A_ADDR"), 0, options));
     BesideStranger out;
     bool done = false;

@@ -32,6 +32,7 @@
 #include <rdmaxx/wrap/wire.hpp>
 
 #include "../support/device.hpp"
+#include "../support/offer.hpp"
 #include "../support/raw_cm.hpp"
 #include "../support/starved.hpp"
 #include "../support/thread.hpp"
@@ -144,11 +145,7 @@ TEST_CASE("random bytes and truncated handshakes: the listener counts each and s
 TEST_CASE("a client that lies about its limits is refused before a QP exists, and the next one is served") {
     Listener listener = must(Listener::listen("127.0.0.1", 0, quick()));
     const auto offer = [](std::uint32_t max_message, std::uint32_t depth) {
-        std::vector<std::byte> limits(8);
-        wire::put(limits.data(), max_message, 4);
-        wire::put(limits.data() + 4, depth, 4);
-        return endpoint_codec::encode(
-            {.qps = {{.endpoint = {.qpn = 1, .psn = 1, .gid = {}, .lid = 0, .mtu = Mtu::b1024}}}, .metadata = limits});
+        return test::connection_offer(max_message, depth);
     };
     for (const auto& lie : {offer(0xffffffff, 32), offer(4096, 0xffffffff), offer(4096, 3), offer(0, 32)}) {
         TcpStream liar = must(TcpStream::connect("127.0.0.1", listener.port(), 1s));

@@ -18,6 +18,7 @@
 #include <rdmaxx/ctrl/tcp.hpp>
 
 #include "../support/device.hpp"
+#include "../support/offer.hpp"
 #include "../support/pair.hpp"
 #include "../support/raw_cm.hpp"
 #include "../support/thread.hpp"
@@ -158,7 +159,7 @@ TEST_CASE("a client offering a QP at an address nobody answers for holds up no o
         ConnectionOptions options;
         options.transport = transport;
         options.device = env("RDMAXX_PAIR_A_DEV");
-        options.gid_index = static_cast<std::uint32_t>(std::atoi(env("RDMAXX_PAIR_GID_INDEX")));
+        options.gid_index = test::pair_gid_index();
         Listener listener = must(Listener::listen(env("RDMAXX_PAIR_A_ADDR"), 0, options));
         const auto honest_accept = [&] {
             test::Thread client(
@@ -171,7 +172,7 @@ TEST_CASE("a client offering a QP at an address nobody answers for holds up no o
             return std::chrono::duration_cast<std::chrono::milliseconds>(took);
         };
         (void)honest_accept(); // whatever the first connection costs
-        const auto offer = test::connection_offer_at(test::stranger_gid());
+        const auto offer = test::connection_offer(4096, 32, test::stranger_gid());
         std::vector<std::unique_ptr<test::RawCmClient>> cm_strangers; // until their requests are served
         for (unsigned round = 0; round < 3; ++round) {
             CAPTURE(round);

@@ -66,7 +66,7 @@ asio::awaitable<void> link_lost(Rig* rig, LinkLost* out) {
 rpc::EndpointOptions over_cm_on(const char* device) {
     rpc::EndpointOptions options;
     options.device = device;
-    options.gid_index = static_cast<std::uint32_t>(std::atoi(env("RDMAXX_PAIR_GID_INDEX")));
+    options.gid_index = test::pair_gid_index();
     options.session_transport = Transport::rdma_cm;
     return options;
 }

@@ -6,13 +6,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
-#include <vector>
 
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
-#include <rdmaxx/ctrl/endpoint_codec.hpp>
-#include <rdmaxx/wrap/wire.hpp>
+#include <rdmaxx/wrap/device.hpp>
 
 namespace rdmaxx::test {
 
@@ -22,6 +20,9 @@ inline const char* env(const char* name) {
 }
 
 inline bool have_pair() { return *env("RDMAXX_PAIR_A_DEV") && *env("RDMAXX_PAIR_B_DEV"); }
+
+// The index of rxeA's and rxeB's IPv4 RoCE v2 GID.
+inline std::uint32_t pair_gid_index() { return static_cast<std::uint32_t>(std::atoi(env("RDMAXX_PAIR_GID_INDEX"))); }
 
 // 198.51.100.77 as a RoCE v2 GID: an address in the wire's subnet that nobody answers
 // for. Towards it an address handle, or an RC QP's move to RTR, waits for an ARP
@@ -34,16 +35,6 @@ inline Gid stranger_gid() {
     gid.bytes[14] = 100;
     gid.bytes[15] = 77;
     return gid;
-}
-
-// A Connection's offer (one RC QP, limits of 4 KiB messages and 32 receives) from a
-// client whose QP is at `gid`.
-inline std::vector<std::byte> connection_offer_at(const Gid& gid) {
-    std::vector<std::byte> limits(8);
-    wire::put(limits.data(), 4096, 4);
-    wire::put(limits.data() + 4, 32, 4);
-    return endpoint_codec::encode(
-        {.qps = {{.endpoint = {.qpn = 1, .psn = 1, .gid = gid, .lid = 0, .mtu = Mtu::b1024}}}, .metadata = limits});
 }
 
 // A netem rule on an interface for the scope's duration: removed even when a check fails.
