@@ -37,8 +37,8 @@ struct Attacker {
 // own UD address or, given one, `claimed`. Throws std::system_error if the server
 // closes the connection instead of replying.
 inline asio::awaitable<void> hostile_setup_at(asio::ip::tcp::endpoint server, Attacker* attacker,
-                                       asio::ip::tcp::socket* socket, std::uint16_t number,
-                                       std::optional<rpc::detail::UdAddress> claimed) {
+                                              asio::ip::tcp::socket* socket, std::uint16_t number,
+                                              std::optional<rpc::detail::UdAddress> claimed) {
     namespace d = rpc::detail;
     co_await socket->async_connect(server, asio::use_awaitable);
     const std::uint32_t payload = attacker->ud->mtu() - static_cast<std::uint32_t>(d::header_bytes);

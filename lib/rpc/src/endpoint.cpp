@@ -1586,8 +1586,8 @@ Result<std::optional<std::array<std::byte, rc_message_bytes>>> EndpointCore::tak
     const bool both_ways = s.client && s.server;
     const SessionId id = s.local; // rc_ready may end the session (a failed post, a handler)
     std::optional<std::array<std::byte, rc_message_bytes>> reply;
-    // an honest peer's RC QPs use its UD QP's port and GID, whose MAC the session's
-    // address handle resolved: another address would make this thread wait for one
+    // an honest peer's RC QPs use its UD QP's port and GID, whose MAC watch() resolved
+    // off this thread: another address would make this thread wait for one
     // (blocking.hpp), up to a second each time a peer likes
     const bool has_qp = message.kind == RcMessage::Kind::offer || message.available;
     if (has_qp && (message.qp.gid != s.peer.endpoint.gid || message.qp.lid != s.peer.endpoint.lid))
@@ -2337,6 +2337,23 @@ asio::awaitable<void> EndpointCore::watch(Anchor anchor, SessionId id, ControlCh
                 break;
             }
             continue;
+        }
+        // take_rc connects an RC QP towards the peer's UD address, only: its MAC, known
+        // since the setup, is resolved again here, off this thread (the kernel may have
+        // dropped it since: then RTR would wait for it, up to a second)
+        if (message->kind == RcMessage::Kind::offer || message->available) {
+            auto resolve = [handles = core->transport->handles(), peer = s->peer] { return handles.to(peer); };
+            const Result<AddressHandle> resolved = co_await run_blocking(resolve, "rpc session");
+            core = *anchor;
+            if (core == nullptr)
+                co_return;
+            s = core->table.lookup(id);
+            if (s == nullptr || s->control != &channel)
+                co_return;
+            if (!resolved) {
+                why = fmt::format("the peer's address no longer resolves: {}", resolved.error().message());
+                break;
+            }
         }
         const auto answer = core->take_rc(*s, *message);
         if (!answer) {
