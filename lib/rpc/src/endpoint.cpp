@@ -2342,7 +2342,7 @@ asio::awaitable<void> EndpointCore::watch(Anchor anchor, SessionId id, ControlCh
         // since the setup, is resolved again here, off this thread (the kernel may have
         // dropped it since: then RTR would wait for it, up to a second)
         if (message->kind == RcMessage::Kind::offer || message->available) {
-            auto resolve = [handles = core->transport->handles(), peer = s->peer] { return handles.to(peer); };
+            auto resolve = core->transport->handle_maker(s->peer);
             const Result<AddressHandle> resolved = co_await run_blocking(resolve, "rpc session");
             core = *anchor;
             if (core == nullptr)
@@ -2466,9 +2466,7 @@ asio::awaitable<void> EndpointCore::serve_setup(Anchor anchor, ControlChannel ch
                                    ? std::expected<Admitted, Refusal>(std::unexpected(Refusal::shutting_down))
                                    : core->table.admit(*request, core->most(), both_ways);
         // the client's word: a wait for its MAC (blocking.hpp), off this thread
-        auto handle_to_client = [handles = core->transport->handles(), client = request->client] {
-            return handles.to(client);
-        };
+        auto handle_to_client = core->transport->handle_maker(request->client);
         if (!admission) {
             reply = SessionReply::refused(admission.error());
         } else if (auto ah = co_await run_blocking(handle_to_client, "rpc::Endpoint"); (core = *anchor) == nullptr) {
@@ -2573,9 +2571,7 @@ asio::awaitable<Result<Session>> EndpointCore::connect(Anchor anchor, std::strin
     }
     if (auto honest = check_reply(request, *reply); !honest)
         co_return std::unexpected(honest.error());
-    auto handle_to_server = [handles = core->transport->handles(), server = reply->server] {
-        return handles.to(server);
-    };
+    auto handle_to_server = core->transport->handle_maker(reply->server);
     auto ah = co_await run_blocking(handle_to_server, call);
     core = *anchor;
     if (core == nullptr)

@@ -137,6 +137,11 @@ public:
         Result<AddressHandle> to(const UdAddress& peer) const;
     };
     Handles handles() const { return {qp_->pd(), qp_->gid(), qp_->port(), qp_->link_layer()}; }
+    // The call run_blocking runs to make the handle towards `peer`: name it (a local
+    // variable), run_blocking takes an lvalue.
+    auto handle_maker(const UdAddress& peer) const {
+        return [handles = handles(), peer] { return handles.to(peer); };
+    }
     // What the peer's packets carry, to check each one by.
     PeerSource source_of(const UdAddress& peer) const noexcept;
 
