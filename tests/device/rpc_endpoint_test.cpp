@@ -39,6 +39,7 @@
 
 #include <doctest/doctest.h>
 
+#include <rdmaxx/async/blocking.hpp>
 #include <rdmaxx/async/connection.hpp>
 #include <rdmaxx/rpc/endpoint.hpp>
 #include <rdmaxx/wrap/qp.hpp>
@@ -1734,13 +1735,18 @@ asio::awaitable<void> call_both_ways(Rig* rig, std::optional<rpc::Session>* sess
         out->after_server_left = got.error();
 }
 
-// call_both_ways on `rig`, whose client answers echo too; the server's sessions go into
-// `accepted` (declared after the Rig: the sessions end before the endpoints).
-BothWays both_ways(Rig& rig, std::vector<rpc::Session>& accepted) {
+// The server's sessions go into `accepted` (declared after the Rig: the sessions end
+// before the endpoints), and the client answers echo too.
+void serve_both_ways(Rig& rig, std::vector<rpc::Session>& accepted) {
     rig.server->set_accept_handler([&accepted](rpc::Session session) { accepted.push_back(std::move(session)); });
     rig.client->set_handler(echo, [](rpc::Request request, rpc::Responder responder) {
         responder.respond(request.bytes());
     });
+}
+
+// call_both_ways on a rig served both ways.
+BothWays both_ways(Rig& rig, std::vector<rpc::Session>& accepted) {
+    serve_both_ways(rig, accepted);
     std::optional<rpc::Session> session;
     BothWays out;
     run(rig.io, call_both_ways(&rig, &session, &accepted, &out), 120s);
@@ -1841,10 +1847,7 @@ TEST_CASE("rpc endpoint: on a both-ways session the server's first large call se
     const rpc::EndpointOptions large{.max_request = 1 << 20, .max_response = 1 << 20};
     Rig rig(large, large);
     std::vector<rpc::Session> accepted;
-    rig.server->set_accept_handler([&accepted](rpc::Session session) { accepted.push_back(std::move(session)); });
-    rig.client->set_handler(echo, [](rpc::Request request, rpc::Responder responder) {
-        responder.respond(request.bytes());
-    });
+    serve_both_ways(rig, accepted);
     std::optional<rpc::Session> session;
     int wrong = 0;
     run(rig.io, server_calls_first(&rig, &session, &accepted, &wrong), 120s);
@@ -1853,6 +1856,71 @@ TEST_CASE("rpc endpoint: on a both-ways session the server's first large call se
     CHECK(rig.client->counters().rdma_writes == 4); // and their responses
     CHECK(rig.server->counters().rdma_reads == 4);  // the client's, on the same QPs
     CHECK(rig.server->counters().rdma_writes == 4);
+    accepted.clear();
+}
+
+namespace {
+
+// The io_context's run_blocking helpers (four: blocking.hpp) each held for `span`: the
+// server's watch() resolves the peer's MAC on one before it takes an RC offer, so its
+// answer waits that long.
+asio::awaitable<void> hold_a_helper(std::chrono::milliseconds span) {
+    auto sleep = [span] {
+        std::this_thread::sleep_for(span);
+        return Result<void>{};
+    };
+    (void)co_await async::run_blocking(sleep, "test: a helper held");
+}
+
+struct LateAnswer {
+    bool first_by_ud = false; // the client's first large call, once its offer timed out
+    int wrong = 0;            // large calls at either end after the answer came
+};
+
+asio::awaitable<void> answer_after_the_offer_expired(Rig* rig, std::optional<rpc::Session>* session,
+                                                     std::vector<rpc::Session>* accepted, LateAnswer* out) {
+    co_await connect_into(rig, session);
+    co_await until([accepted] { return accepted->size() == 1; });
+    const auto executor = co_await asio::this_coro::executor;
+    for (int k = 0; k < 4; ++k)
+        asio::co_spawn(executor, hold_a_helper(4500ms), asio::detached);
+    std::vector<std::byte> response(300'000);
+    // its offer waits 4.5 s at the server, its setup_timeout is 1.5 s
+    const auto first = message(99, 200'000);
+    const auto got = co_await (*session)->call(echo, first, response, {.timeout = 30s});
+    out->first_by_ud = got && *got == first.size() && echoed(response, first) &&
+                       rig->server->counters().rdma_reads == 0;
+    // the server takes the offer once a helper is free, answers, and calls at once (its
+    // first request may come before the client has the answer: it waits for it there)
+    co_await until([accepted] { return rpc::detail::rc_qp_of(accepted->front()) != nullptr; });
+    for (std::uint32_t n = 0; n < 8; ++n) {
+        rpc::Session& caller = n < 4 ? accepted->front() : **session;
+        const auto request = message(n, 200'000 + n);
+        const auto again = co_await caller.call(echo, request, response, {.timeout = 30s});
+        if (!again)
+            MESSAGE("call ", n, ": ", again.error().message());
+        if (!again || *again != request.size() || !echoed(response, request))
+            ++out->wrong;
+    }
+}
+
+} // namespace
+
+// The offering end's large calls go by UD once its setup_timeout passes, but it keeps
+// its QP and takes the late answer: the end that answered calls over the path at once.
+TEST_CASE("rpc endpoint: on a both-ways session an RC answer that comes after the offer's setup_timeout still sets "
+          "the path up: the answering end's large calls succeed") {
+    const rpc::EndpointOptions large{.max_request = 1 << 20, .max_response = 1 << 20, .setup_timeout = 1500ms};
+    Rig rig(large, large);
+    std::vector<rpc::Session> accepted;
+    serve_both_ways(rig, accepted);
+    std::optional<rpc::Session> session;
+    LateAnswer out;
+    run(rig.io, answer_after_the_offer_expired(&rig, &session, &accepted, &out), 120s);
+    CHECK(out.first_by_ud);
+    CHECK(out.wrong == 0);
+    CHECK(rig.client->counters().rdma_reads == 4); // the server's requests, READ by the client
+    CHECK(rig.server->counters().rdma_reads == 4); // the client's after the answer
     accepted.clear();
 }
 

@@ -268,6 +268,11 @@ struct RcPath {
 
     State state = State::none;
     Clock::time_point offered_at{};
+    // offered, and no answer within setup_timeout: this end's large calls go by UD
+    // meanwhile, and the QP stays for the answer, still taken when it comes (on a
+    // both-ways session the peer that answered calls over the path: without this end's
+    // QP connected each of its large calls would fail)
+    bool offer_expired = false;
     std::vector<ClientSlot> client_slots;
     std::vector<ServerSlot> server_slots;
     std::uint32_t transfers = 0; // server: posted, not completed
@@ -1133,10 +1138,12 @@ void EndpointCore::tick() {
             if (s == nullptr)
                 continue;
         }
-        if (s->rc.state == RcPath::State::offered && now > deadline_after(s->rc.offered_at, options.setup_timeout)) {
-            logger()->warn("rdmaxx rpc: session {}: no answer to its RC offer in {} ms: large messages go by UD",
+        if (s->rc.state == RcPath::State::offered && !s->rc.offer_expired &&
+            now > deadline_after(s->rc.offered_at, options.setup_timeout)) {
+            logger()->warn("rdmaxx rpc: session {}: no answer to its RC offer in {} ms: large messages go by UD "
+                           "until it comes",
                            s->local.number, options.setup_timeout.count());
-            rc_unavailable(*s);
+            s->rc.offer_expired = true; // the calls waiting for it begin below
         }
         for (PendingCall& call : s->calls)
             if (call.busy && !call.revoking && call.deadline <= now)
@@ -1316,7 +1323,7 @@ void EndpointCore::respond(std::uint16_t number, std::uint32_t generation, std::
 // Either end of a both-ways session calls over the RC path (their QPs have both roles);
 // on a one-way session only the initiator calls.
 bool EndpointCore::wants_rdma(const SessionState& s, std::size_t request, std::uint32_t capacity) const noexcept {
-    if (s.rc.state == RcPath::State::unavailable)
+    if (s.rc.state == RcPath::State::unavailable || (s.rc.state == RcPath::State::offered && s.rc.offer_expired))
         return false;
     // descriptors travel as the messages (rc_codec.hpp): a session whose limits cannot
     // hold them keeps to UD (the peer may have agreed to any max_request or max_response)
@@ -1627,7 +1634,7 @@ Result<std::optional<std::array<std::byte, rc_message_bytes>>> EndpointCore::tak
         if (!s.initiator && !both_ways)
             return std::unexpected(Error::protocol(call, "an RC answer from a client"));
         if (s.rc.state != RcPath::State::offered)
-            return std::nullopt; // late: the offer timed out (or crossed), the session keeps as it is
+            return std::nullopt; // late: the offer crossed the peer's, which won
         if (!message.available) {
             rc_unavailable(s);
         } else if (auto up = s.rc.qp->connect(message.qp); !up) {

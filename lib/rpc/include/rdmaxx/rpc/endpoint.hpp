@@ -112,8 +112,10 @@
 /// abandoned call's transfer, or a SEND not yet complete, may still touch is retired,
 /// not reused, until the server has provably moved past that call and the SEND is
 /// complete.
-/// If the server cannot set up an RC QP (or does not answer within setup_timeout),
-/// the session carries large messages as UD packets. An RC transfer, SEND or receive
+/// If the server cannot set up an RC QP, the session carries large messages as UD
+/// packets; so do the calls meanwhile if its answer takes longer than setup_timeout,
+/// and an answer that comes later still sets the path up (on a both-ways session the
+/// end that answered calls over it at once). An RC transfer, SEND or receive
 /// that fails ends the session (its calls: session reset): a peer that breaks its RC
 /// QP (a SEND larger than a receive buffer) ends its own session at once. Staging
 /// memory is per window slot, sized by the largest message the slot has carried (in
