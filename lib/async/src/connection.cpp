@@ -110,18 +110,15 @@ asio::awaitable<Result<Connection>> connect_cm_on(asio::any_io_executor executor
     if (driver)
         group = driver->group();
     rdmaxx::detail::CmAttempts attempts(std::move(group), std::move(host), port, options, deadline);
-    auto resolve = [&attempts] { return attempts.resolve(); };
-    auto connect = [&attempts] { return attempts.connect(); };
-    for (;;) {
-        if (auto ok = co_await run_blocking(resolve, "async::Connection::connect"); !ok)
+    auto wait = [&attempts] { return attempts.step(); };
+    while (attempts.next() != rdmaxx::detail::CmAttempts::Step::offered) {
+        Result<void> ok;
+        if (attempts.waits())
+            ok = co_await run_blocking(wait, "async::Connection::connect");
+        else
+            ok = attempts.step(); // make_link: the group's, on its thread
+        if (!ok)
             co_return std::unexpected(std::move(ok.error()));
-        if (auto ok = attempts.make_link(); !ok)
-            co_return std::unexpected(std::move(ok.error()));
-        auto answered = co_await run_blocking(connect, "async::Connection::connect");
-        if (!answered)
-            co_return std::unexpected(std::move(answered.error()));
-        if (*answered)
-            break;
     }
     rdmaxx::detail::CmOffered offered = std::move(attempts).offered();
     if (!driver) {

@@ -115,22 +115,39 @@ Result<bool> CmAttempts::connect() {
     return true;
 }
 
+Result<void> CmAttempts::step() {
+    require(next_ != Step::offered, std::source_location::current(), "CmAttempts::step() once offered");
+    switch (next_) {
+    case Step::resolve:
+        if (auto ok = resolve(); !ok)
+            return ok;
+        next_ = Step::make_link;
+        return {};
+    case Step::make_link:
+        if (auto ok = make_link(); !ok)
+            return ok;
+        next_ = Step::connect;
+        return {};
+    case Step::connect: {
+        auto answered = connect();
+        if (!answered)
+            return std::unexpected(std::move(answered.error()));
+        next_ = *answered ? Step::offered : Step::resolve;
+        return {};
+    }
+    case Step::offered: break;
+    }
+    return {};
+}
+
 CmOffered CmAttempts::offered() && { return CmOffered{std::move(link_), std::move(cm_), std::move(peer_)}; }
 
 Result<std::unique_ptr<Link>> connect_cm(std::shared_ptr<Group> group, std::string_view host, std::uint16_t port,
                                          const ConnectionOptions& options, Clock::time_point deadline) {
     CmAttempts attempts(std::move(group), std::string(host), port, options, deadline);
-    for (;;) {
-        if (auto ok = attempts.resolve(); !ok)
+    while (attempts.next() != CmAttempts::Step::offered)
+        if (auto ok = attempts.step(); !ok)
             return std::unexpected(std::move(ok.error()));
-        if (auto ok = attempts.make_link(); !ok)
-            return std::unexpected(std::move(ok.error()));
-        auto answered = attempts.connect();
-        if (!answered)
-            return std::unexpected(std::move(answered.error()));
-        if (*answered)
-            break;
-    }
     CmOffered offered = std::move(attempts).offered();
     if (auto ok = finish_cm(offered); !ok)
         return std::unexpected(std::move(ok.error()));

@@ -45,10 +45,13 @@ Result<std::unique_ptr<Link>> connect_cm(std::shared_ptr<Group> group, std::stri
 
 // connect_cm step by step, so that its waits may run on a thread of their own while
 // the group's thread goes on with the group's other links (lib/async):
-//   do { resolve() [waits]; make_link() [the group's thread]; } until connect() [waits];
+//   do { resolve [waits]; make_link [the group's thread]; } until connect [waits];
 //   std::move(attempts).offered(), then finish_cm() [the group's thread].
-// The waits touch nothing of the group: make_link() and the destructor (an attempt's
+// The waits touch nothing of the group: make_link and the destructor (an attempt's
 // link holds CQ entries of the group, whose CQ may grow or be polled for them) do.
+// The loop, either way:
+//   while (attempts.next() != CmAttempts::Step::offered)
+//       run attempts.step(): here, or on a thread when next() waits()
 struct CmOffered {
     std::unique_ptr<Link> link; // connected QP, not started
     std::optional<CmConnection> cm;
@@ -56,23 +59,34 @@ struct CmOffered {
 };
 class CmAttempts {
 public:
+    enum class Step : std::uint8_t {
+        resolve,   // waits: a new CM id, its address and route resolved (an attempt's)
+        make_link, // the attempt's link, a new QP (the server's CM may still hold the
+                   // last one's request: ib_cm refuses a QP number it is already
+                   // connecting); the last attempt's goes
+        connect,   // waits: the connect request's answer; none within the attempt's
+                   // time (the server's backlog may have dropped it): resolve again,
+                   // each attempt waiting twice as long as the one before, until the
+                   // deadline
+        offered,   // connected: offered() is next
+    };
+
     // `group` null: a new one, on the device the address resolves to.
     CmAttempts(std::shared_ptr<Group> group, std::string host, std::uint16_t port, ConnectionOptions options,
                Clock::time_point deadline);
-    // Waits: a new CM id, its address and route resolved (an attempt's).
-    Result<void> resolve();
-    // The attempt's link, a new QP (the server's CM may still hold the last one's
-    // request: ib_cm refuses a QP number it is already connecting); the last attempt's
-    // goes.
-    Result<void> make_link();
-    // Waits: the connect request's answer. false: none within the attempt's time (the
-    // server's backlog may have dropped it): ask again, each attempt waiting twice as
-    // long as the one before, until the deadline.
-    Result<bool> connect();
-    // Once connect() said true.
+    Step next() const noexcept { return next_; }
+    // Whether next() blocks (resolve, connect): it may run on another thread.
+    bool waits() const noexcept { return next_ == Step::resolve || next_ == Step::connect; }
+    // Runs next() and moves on; an Error ends the attempts.
+    Result<void> step();
+    // Once next() is offered.
     CmOffered offered() &&;
 
 private:
+    Result<void> resolve();
+    Result<void> make_link();
+    Result<bool> connect(); // false: no answer in time, ask again
+
     std::shared_ptr<Group> group_;
     std::string host_;
     std::uint16_t port_;
@@ -80,6 +94,7 @@ private:
     ConnectionOptions on_device_; // options_, on the device resolve() found
     Clock::time_point deadline_;
     std::chrono::milliseconds attempt_;
+    Step next_ = Step::resolve;
     std::optional<CmConnection> cm_;
     std::unique_ptr<Link> link_;
     EndpointMessage peer_;
