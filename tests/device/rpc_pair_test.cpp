@@ -353,6 +353,14 @@ struct WirePair {
     }
 };
 
+// `attacker`'s UD QP, on rxeB (the server's peer side of a WirePair).
+void attack_from_b(asio::io_context& io, Attacker& attacker) {
+    attacker.ud = must(rpc::detail::UdTransport::create(
+        io,
+        {.device = env("RDMAXX_PAIR_B_DEV"), .gid_index = test::pair_gid_index(), .ring = 64, .send_depth = 64},
+        &Attacker::deliver, &attacker));
+}
+
 // ---------------------------------------------------------------------------------
 // A window of calls in a row lost, every packet of each (the wire down while they
 // timed out): the client's next request is more than the window past the highest the
@@ -559,13 +567,7 @@ TEST_CASE("rpc across the wire: a client announcing an address nobody answers fo
     constexpr std::uint16_t port = 31995;
     WirePair wire(port);
     Attacker attacker;
-    attacker.ud = must(rpc::detail::UdTransport::create(
-        wire.io,
-        {.device = env("RDMAXX_PAIR_B_DEV"),
-         .gid_index = test::pair_gid_index(),
-         .ring = 64,
-         .send_depth = 64},
-        &Attacker::deliver, &attacker));
+    attack_from_b(wire.io, attacker);
     Unanswered out;
     rpc_test::run(wire.io, announce_a_stranger(&wire, port, &attacker, &out), 60s);
     CHECK(out.setups_closed == 3);
@@ -574,6 +576,71 @@ TEST_CASE("rpc across the wire: a client announcing an address nobody answers fo
     CHECK(out.meanwhile.calls >= 20);
     MESSAGE(out.meanwhile.calls, " calls, the longest ", out.meanwhile.longest.count(), " ms");
     CHECK(out.meanwhile.longest < 500ms); // each wait for the stranger's MAC was a second
+}
+
+// Eight clients announcing addresses nobody answers for, at once: the server endpoint
+// makes their address handles two at a time (peer_helpers), so its own connect, on the
+// same io_context, finds a helper free at once; before, it waited behind them in the
+// helpers' queue (eight strangers, four helpers: two seconds).
+
+namespace {
+
+struct StrangersThenConnect {
+    int setups_closed = 0; // hostile setups the server closed without a reply
+    int setups_ended = 0;
+    std::optional<Error> connect_error;
+    std::chrono::milliseconds connect_took{};
+};
+
+asio::awaitable<void> stranger_setup(asio::ip::tcp::endpoint server, Attacker* attacker, std::uint16_t number,
+                                     rpc::detail::UdAddress claimed, StrangersThenConnect* out) {
+    asio::ip::tcp::socket socket(co_await asio::this_coro::executor);
+    try {
+        co_await rpc_test::hostile_setup_at(server, attacker, &socket, number, claimed);
+    } catch (const std::system_error&) {
+        ++out->setups_closed; // no reply: the address handle failed (or its turn never came)
+    }
+    ++out->setups_ended;
+}
+
+asio::awaitable<void> connect_among_strangers(WirePair* wire, std::uint16_t port, std::uint16_t other_port,
+                                              Attacker* attacker, StrangersThenConnect* out) {
+    const auto executor = co_await asio::this_coro::executor;
+    const asio::ip::tcp::endpoint server(asio::ip::make_address(env("RDMAXX_PAIR_A_ADDR")), port);
+    rpc::detail::UdAddress claimed = attacker->ud->address();
+    claimed.endpoint.gid = test::stranger_gid();
+    for (std::uint16_t n = 0; n < 8; ++n)
+        asio::co_spawn(executor, stranger_setup(server, attacker, static_cast<std::uint16_t>(20 + n), claimed, out),
+                       asio::detached);
+    co_await rpc_test::pause(300ms); // their requests in, their handles being made
+    const auto began = std::chrono::steady_clock::now();
+    auto session = co_await wire->server->connect(env("RDMAXX_PAIR_B_ADDR"), other_port);
+    out->connect_took =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - began);
+    if (!session)
+        out->connect_error = session.error();
+    while (out->setups_ended < 8)
+        co_await rpc_test::pause(20ms);
+}
+
+} // namespace
+
+TEST_CASE("rpc across the wire: clients announcing addresses nobody answers for, eight at once, delay no connect "
+          "of the server endpoint's own" * doctest::skip(!have_pair())) {
+    constexpr std::uint16_t port = 31993, other_port = 31994;
+    WirePair wire(port);
+    const auto other = must(rpc::Endpoint::create(wire.io, {.device = env("RDMAXX_PAIR_B_DEV"),
+                                                            .gid_index = test::pair_gid_index(),
+                                                            .listen_port = other_port,
+                                                            .listen_address = env("RDMAXX_PAIR_B_ADDR")}));
+    Attacker attacker;
+    attack_from_b(wire.io, attacker);
+    StrangersThenConnect out;
+    rpc_test::run(wire.io, connect_among_strangers(&wire, port, other_port, &attacker, &out), 60s);
+    CHECK(out.setups_closed == 8);
+    CHECK_MESSAGE(!out.connect_error, (out.connect_error ? out.connect_error->message() : std::string()));
+    MESSAGE("the connect took ", out.connect_took.count(), " ms");
+    CHECK(out.connect_took < 500ms); // behind the strangers in the helpers' queue: two seconds
 }
 
 // ---------------------------------------------------------------------------------

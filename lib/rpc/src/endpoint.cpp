@@ -355,6 +355,7 @@ struct SessionState {
 // Coroutines outlive nothing: each holds the anchor and finds the core through it after
 // every suspension; ~EndpointCore empties it.
 using Anchor = std::shared_ptr<EndpointCore*>;
+class PeerTurn;
 
 struct EndpointCore {
     EndpointCore(asio::io_context& io, EndpointOptions options, std::source_location created)
@@ -603,7 +604,85 @@ struct EndpointCore {
     // charged to (rc_session), found at once however many sessions there are and
     // however many such receives a flood leaves in the CQ
     std::unordered_map<std::uint32_t, SessionId> rc_qps;
+    // the address handles being made for clients' setups (peer_handle), at most
+    // peer_helpers, and the setups waiting for a turn, in order (PeerTurn)
+    std::uint32_t peer_calls = 0;
+    std::deque<PeerTurn*> peer_waiting;
+    // The handle towards the address a client announced, made on a helper thread
+    // (run_blocking: a wait for its MAC) at its turn; nothing if `deadline` passed
+    // before the turn came, or the endpoint is gone.
+    static asio::awaitable<std::optional<Result<AddressHandle>>> peer_handle(const Anchor& anchor,
+                                                                             const UdAddress& peer, Deadline deadline);
 };
+
+// Of run_blocking's four helpers per io_context (blocking.hpp), the most an endpoint's
+// clients' setups take at once: the other two stay free for the application's own
+// calls (its connects, lib/async's), however many setups strangers start announcing
+// addresses nobody answers for (each holds a helper about a second).
+constexpr std::uint32_t peer_helpers = 2;
+
+// A setup's turn at the helpers (EndpointCore::peer_calls): taken at once while fewer
+// than peer_helpers run and nobody waits, else in order; given back by the destructor,
+// to the first waiting.
+class PeerTurn {
+public:
+    explicit PeerTurn(const Anchor& anchor) : anchor_(anchor) {}
+    PeerTurn(const PeerTurn&) = delete;
+    PeerTurn& operator=(const PeerTurn&) = delete;
+    ~PeerTurn();
+    // False: `deadline` passed first, or the endpoint was destroyed.
+    asio::awaitable<bool> take(Deadline deadline);
+    // The endpoint is being destroyed: the wait ends, without the turn.
+    void wake() noexcept { waiting_->cancel(); }
+
+private:
+    const Anchor& anchor_;
+    asio::steady_timer* waiting_ = nullptr;
+    bool held_ = false;
+};
+
+asio::awaitable<bool> PeerTurn::take(Deadline deadline) {
+    EndpointCore* core = *anchor_;
+    if (core->peer_calls < peer_helpers && core->peer_waiting.empty()) {
+        ++core->peer_calls;
+        held_ = true;
+        co_return true;
+    }
+    asio::steady_timer timer(core->executor, deadline);
+    waiting_ = &timer;
+    core->peer_waiting.push_back(this);
+    co_await timer.async_wait(no_throw); // cancelled: the turn handed over, or the endpoint gone
+    waiting_ = nullptr;
+    if (held_)
+        co_return true;
+    if ((core = *anchor_) != nullptr)
+        std::erase(core->peer_waiting, this);
+    co_return false;
+}
+
+PeerTurn::~PeerTurn() {
+    EndpointCore* core = *anchor_;
+    if (!held_ || core == nullptr)
+        return;
+    if (core->peer_waiting.empty()) {
+        --core->peer_calls;
+        return;
+    }
+    PeerTurn* next = core->peer_waiting.front();
+    core->peer_waiting.pop_front();
+    next->held_ = true;
+    next->wake();
+}
+
+asio::awaitable<std::optional<Result<AddressHandle>>> EndpointCore::peer_handle(const Anchor& anchor,
+                                                                                const UdAddress& peer,
+                                                                                Deadline deadline) {
+    PeerTurn turn(anchor);
+    if (!co_await turn.take(deadline) || *anchor == nullptr) // handed over as the endpoint went
+        co_return std::nullopt;
+    auto make = (*anchor)->transport->handle_maker(peer);
+    co_return co_await run_blocking(make, "rpc::Endpoint");
+}
 
 EndpointCore::~EndpointCore() {
     *anchor = nullptr;
@@ -611,6 +690,8 @@ EndpointCore::~EndpointCore() {
         listener->close();
     for (ControlChannel* channel : setting_up)
         channel->close();
+    for (PeerTurn* waiting : peer_waiting)
+        waiting->wake();
     for (const SessionId id : table.live())
         end_session(id, "the endpoint was destroyed");
     ticker.cancel();
@@ -2473,21 +2554,21 @@ asio::awaitable<void> EndpointCore::serve_setup(Anchor anchor, ControlChannel ch
                                    ? std::expected<Admitted, Refusal>(std::unexpected(Refusal::shutting_down))
                                    : core->table.admit(*request, core->most(), both_ways);
         // the client's word: a wait for its MAC (blocking.hpp), off this thread
-        auto handle_to_client = core->transport->handle_maker(request->client);
         if (!admission) {
             reply = SessionReply::refused(admission.error());
-        } else if (auto ah = co_await run_blocking(handle_to_client, "rpc::Endpoint"); (core = *anchor) == nullptr) {
+        } else if (auto ah = co_await peer_handle(anchor, request->client, deadline); (core = *anchor) == nullptr) {
             co_return; // the endpoint is gone, its table with the admission
-        } else if (!ah) {
+        } else if (!ah || !*ah) { // no turn at the helpers before the setup's deadline, or no handle
             core->table.release(admission->session);
-            logger()->warn("rdmaxx rpc: a session's address handle: {}", ah.error());
+            if (ah)
+                logger()->warn("rdmaxx rpc: a session's address handle: {}", ah->error());
             co_return;
         } else if (core->shutting_down) { // since the admission: its shutdown() has passed the live sessions
             core->table.release(admission->session);
             reply = SessionReply::refused(Refusal::shutting_down);
         } else {
             admitted = *admission;
-            core->attach(admission->session, request->session, request->client, std::move(*ah), admission->limits,
+            core->attach(admission->session, request->session, request->client, std::move(**ah), admission->limits,
                          false, both_ways);
             reply = {.refusal = {},
                      .server = core->transport->address(),
