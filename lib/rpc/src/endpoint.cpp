@@ -662,8 +662,13 @@ asio::awaitable<bool> PeerTurn::take(Deadline deadline) {
 
 PeerTurn::~PeerTurn() {
     EndpointCore* core = *anchor_;
-    if (!held_ || core == nullptr)
+    if (core == nullptr)
         return;
+    if (!held_) { // destroyed while it waited (its io_context's end): out of the queue
+        if (waiting_ != nullptr)
+            std::erase(core->peer_waiting, this);
+        return;
+    }
     if (core->peer_waiting.empty()) {
         --core->peer_calls;
         return;
