@@ -588,6 +588,8 @@ namespace {
 struct StrangersThenConnect {
     int setups_closed = 0; // hostile setups the server closed without a reply
     int setups_ended = 0;
+    std::chrono::steady_clock::time_point began; // the first stranger's setup
+    std::chrono::milliseconds last_ended{};      // after `began`
     std::optional<Error> connect_error;
     std::chrono::milliseconds connect_took{};
 };
@@ -601,6 +603,8 @@ asio::awaitable<void> stranger_setup(asio::ip::tcp::endpoint server, Attacker* a
         ++out->setups_closed; // no reply: the address handle failed (or its turn never came)
     }
     ++out->setups_ended;
+    const auto ended = std::chrono::steady_clock::now() - out->began;
+    out->last_ended = std::chrono::duration_cast<std::chrono::milliseconds>(ended);
 }
 
 asio::awaitable<void> connect_among_strangers(WirePair* wire, std::uint16_t port, std::uint16_t other_port,
@@ -609,6 +613,7 @@ asio::awaitable<void> connect_among_strangers(WirePair* wire, std::uint16_t port
     const asio::ip::tcp::endpoint server(asio::ip::make_address(env("RDMAXX_PAIR_A_ADDR")), port);
     rpc::detail::UdAddress claimed = attacker->ud->address();
     claimed.endpoint.gid = test::stranger_gid();
+    out->began = std::chrono::steady_clock::now();
     for (std::uint16_t n = 0; n < 8; ++n)
         asio::co_spawn(executor, stranger_setup(server, attacker, static_cast<std::uint16_t>(20 + n), claimed, out),
                        asio::detached);
@@ -641,6 +646,9 @@ TEST_CASE("rpc across the wire: clients announcing addresses nobody answers for,
     CHECK_MESSAGE(!out.connect_error, (out.connect_error ? out.connect_error->message() : std::string()));
     MESSAGE("the connect took ", out.connect_took.count(), " ms");
     CHECK(out.connect_took < 500ms); // behind the strangers in the helpers' queue: two seconds
+    // two at a time, a second each: four rounds (all eight at once on the four helpers: two)
+    MESSAGE("the last stranger's setup ended after ", out.last_ended.count(), " ms");
+    CHECK(out.last_ended > 3s);
 }
 
 // ---------------------------------------------------------------------------------

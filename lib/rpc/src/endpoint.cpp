@@ -295,7 +295,8 @@ struct RcPath {
     // the session (EndpointCore::misused)
     std::uint64_t late_writes = 0;
     // server: descriptor requests that came while this end's own offer was still out
-    // (the peer was ready first): handled once the path is, refused if it never is
+    // (the peer was ready first; at most the window's): handled once the path is,
+    // refused if the answer says it never is
     std::vector<HandlerCall> waiting;
     // destroyed first, before the memory it reaches
     std::optional<QueuePair> qp;
@@ -653,8 +654,8 @@ asio::awaitable<bool> PeerTurn::take(Deadline deadline) {
     core->peer_waiting.push_back(this);
     co_await timer.async_wait(no_throw); // cancelled: the turn handed over, or the endpoint gone
     waiting_ = nullptr;
-    if (held_)
-        co_return true;
+    if (held_) // handed over, perhaps as the deadline passed: a setup past it goes no further
+        co_return Clock::now() < deadline;
     if ((core = *anchor_) != nullptr)
         std::erase(core->peer_waiting, this);
     co_return false;
