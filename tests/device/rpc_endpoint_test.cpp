@@ -46,6 +46,7 @@
 
 #include "../support/allocations.hpp"
 #include "../support/device.hpp"
+#include "../support/no_rdma_objects.hpp"
 #include "../support/rpc_attacker.hpp"
 #include "../support/rpc_rig.hpp"
 #include "../support/starved.hpp"
@@ -1698,6 +1699,14 @@ struct BothWays {
     std::optional<Error> after_server_left;
 };
 
+// A session of the client's, once the server has its handle too.
+asio::awaitable<void> connect_both_ways(Rig* rig, std::optional<rpc::Session>* session,
+                                        const std::vector<rpc::Session>* accepted) {
+    const std::size_t before = accepted->size();
+    co_await connect_into(rig, session);
+    co_await until([accepted, before] { return accepted->size() == before + 1; });
+}
+
 asio::awaitable<void> echo_session(rpc::Session* session, std::uint32_t first, std::uint32_t calls, std::size_t max_size,
                                    int* wrong, std::uint32_t* finished) {
     std::vector<std::byte> response(max_size);
@@ -1716,8 +1725,7 @@ asio::awaitable<void> echo_session(rpc::Session* session, std::uint32_t first, s
 // take the RC path, whose offers may cross); then the server drops its handle.
 asio::awaitable<void> call_both_ways(Rig* rig, std::optional<rpc::Session>* session,
                                      std::vector<rpc::Session>* accepted, BothWays* out) {
-    co_await connect_into(rig, session);
-    co_await until([accepted] { return accepted->size() == 1; });
+    co_await connect_both_ways(rig, session, accepted);
     std::uint32_t finished = 0;
     const auto executor = co_await asio::this_coro::executor;
     for (std::uint32_t c = 0; c < 3; ++c) {
@@ -1743,6 +1751,41 @@ void serve_both_ways(Rig& rig, std::vector<rpc::Session>& accepted) {
         responder.respond(request.bytes());
     });
 }
+
+// Both ends' large calls on one both-ways session, four each, after the RC path's
+// setup: how many ended with an answer other than their request's echo.
+asio::awaitable<int> large_calls_both_ways(rpc::Session& server_side, rpc::Session& client_side) {
+    int wrong = 0;
+    std::vector<std::byte> response(300'000);
+    for (std::uint32_t n = 0; n < 8; ++n) {
+        rpc::Session& caller = n < 4 ? server_side : client_side;
+        const auto request = message(n, 200'000 + n);
+        const auto got = co_await caller.call(echo, request, response, {.timeout = 30s});
+        if (!got)
+            MESSAGE("call ", n, ": ", got.error().message());
+        if (!got || *got != request.size() || !echoed(response, request))
+            ++wrong;
+    }
+    co_return wrong;
+}
+
+// A rig of endpoints that take messages up to 1 MiB, served both ways: the client's
+// session and the server's (accepted) end before the endpoints.
+struct LargeBothWays {
+    Rig rig;
+    std::vector<rpc::Session> accepted;
+    std::optional<rpc::Session> session;
+
+    explicit LargeBothWays(std::chrono::milliseconds setup_timeout = rpc::EndpointOptions{}.setup_timeout)
+        : rig(options(setup_timeout), options(setup_timeout)) {
+        serve_both_ways(rig, accepted);
+    }
+
+private:
+    static rpc::EndpointOptions options(std::chrono::milliseconds setup_timeout) {
+        return {.max_request = 1 << 20, .max_response = 1 << 20, .setup_timeout = setup_timeout};
+    }
+};
 
 // call_both_ways on a rig served both ways.
 BothWays both_ways(Rig& rig, std::vector<rpc::Session>& accepted) {
@@ -1829,34 +1872,21 @@ namespace {
 // The server's large calls set the RC path up (its end offers); the client's then use it.
 asio::awaitable<void> server_calls_first(Rig* rig, std::optional<rpc::Session>* session,
                                          std::vector<rpc::Session>* accepted, int* wrong) {
-    co_await connect_into(rig, session);
-    co_await until([accepted] { return accepted->size() == 1; });
-    std::vector<std::byte> response(300'000);
-    for (std::uint32_t n = 0; n < 8; ++n) {
-        rpc::Session& caller = n < 4 ? accepted->front() : **session;
-        const auto request = message(n, 200'000 + n);
-        const auto got = co_await caller.call(echo, request, response, {.timeout = 30s});
-        if (!got || *got != request.size() || !echoed(response, request))
-            ++*wrong;
-    }
+    co_await connect_both_ways(rig, session, accepted);
+    *wrong = co_await large_calls_both_ways(accepted->front(), **session);
 }
 
 } // namespace
 
 TEST_CASE("rpc endpoint: on a both-ways session the server's first large call sets the RC path up for both") {
-    const rpc::EndpointOptions large{.max_request = 1 << 20, .max_response = 1 << 20};
-    Rig rig(large, large);
-    std::vector<rpc::Session> accepted;
-    serve_both_ways(rig, accepted);
-    std::optional<rpc::Session> session;
+    LargeBothWays t;
     int wrong = 0;
-    run(rig.io, server_calls_first(&rig, &session, &accepted, &wrong), 120s);
+    run(t.rig.io, server_calls_first(&t.rig, &t.session, &t.accepted, &wrong), 120s);
     CHECK(wrong == 0);
-    CHECK(rig.client->counters().rdma_reads == 4);  // the server's requests, READ by the client
-    CHECK(rig.client->counters().rdma_writes == 4); // and their responses
-    CHECK(rig.server->counters().rdma_reads == 4);  // the client's, on the same QPs
-    CHECK(rig.server->counters().rdma_writes == 4);
-    accepted.clear();
+    CHECK(t.rig.client->counters().rdma_reads == 4);  // the server's requests, READ by the client
+    CHECK(t.rig.client->counters().rdma_writes == 4); // and their responses
+    CHECK(t.rig.server->counters().rdma_reads == 4);  // the client's, on the same QPs
+    CHECK(t.rig.server->counters().rdma_writes == 4);
 }
 
 namespace {
@@ -1879,8 +1909,7 @@ struct LateAnswer {
 
 asio::awaitable<void> answer_after_the_offer_expired(Rig* rig, std::optional<rpc::Session>* session,
                                                      std::vector<rpc::Session>* accepted, LateAnswer* out) {
-    co_await connect_into(rig, session);
-    co_await until([accepted] { return accepted->size() == 1; });
+    co_await connect_both_ways(rig, session, accepted);
     const auto executor = co_await asio::this_coro::executor;
     for (int k = 0; k < 4; ++k)
         asio::co_spawn(executor, hold_a_helper(4500ms), asio::detached);
@@ -1893,15 +1922,7 @@ asio::awaitable<void> answer_after_the_offer_expired(Rig* rig, std::optional<rpc
     // the server takes the offer once a helper is free, answers, and calls at once (its
     // first request may come before the client has the answer: it waits for it there)
     co_await until([accepted] { return rpc::detail::rc_qp_of(accepted->front()) != nullptr; });
-    for (std::uint32_t n = 0; n < 8; ++n) {
-        rpc::Session& caller = n < 4 ? accepted->front() : **session;
-        const auto request = message(n, 200'000 + n);
-        const auto again = co_await caller.call(echo, request, response, {.timeout = 30s});
-        if (!again)
-            MESSAGE("call ", n, ": ", again.error().message());
-        if (!again || *again != request.size() || !echoed(response, request))
-            ++out->wrong;
-    }
+    out->wrong = co_await large_calls_both_ways(accepted->front(), **session);
 }
 
 } // namespace
@@ -1910,18 +1931,125 @@ asio::awaitable<void> answer_after_the_offer_expired(Rig* rig, std::optional<rpc
 // its QP and takes the late answer: the end that answered calls over the path at once.
 TEST_CASE("rpc endpoint: on a both-ways session an RC answer that comes after the offer's setup_timeout still sets "
           "the path up: the answering end's large calls succeed") {
-    const rpc::EndpointOptions large{.max_request = 1 << 20, .max_response = 1 << 20, .setup_timeout = 1500ms};
-    Rig rig(large, large);
-    std::vector<rpc::Session> accepted;
-    serve_both_ways(rig, accepted);
-    std::optional<rpc::Session> session;
+    LargeBothWays t(1500ms);
     LateAnswer out;
-    run(rig.io, answer_after_the_offer_expired(&rig, &session, &accepted, &out), 120s);
+    run(t.rig.io, answer_after_the_offer_expired(&t.rig, &t.session, &t.accepted, &out), 120s);
     CHECK(out.first_by_ud);
     CHECK(out.wrong == 0);
-    CHECK(rig.client->counters().rdma_reads == 4); // the server's requests, READ by the client
-    CHECK(rig.server->counters().rdma_reads == 4); // the client's after the answer
-    accepted.clear();
+    CHECK(t.rig.client->counters().rdma_reads == 4); // the server's requests, READ by the client
+    CHECK(t.rig.server->counters().rdma_reads == 4); // the client's after the answer
+}
+
+namespace {
+
+struct NoQpToOffer {
+    std::optional<Result<std::size_t>> first; // the client's large call, its QP not made
+    bool first_echoed = false;
+    int wrong = 0;                            // large calls at either end afterwards
+    std::uint32_t sessions = 0;               // the client's, after them
+};
+
+// The client's first large call would offer an RC QP, but none may be made: the kernel
+// refuses the process any verbs object while the call begins (its RC CQ is the first).
+asio::awaitable<void> offer_without_a_qp(Rig* rig, std::optional<rpc::Session>* session,
+                                         std::vector<rpc::Session>* accepted, NoQpToOffer* out) {
+    co_await connect_both_ways(rig, session, accepted);
+    const auto request = message(99, 200'000);
+    std::vector<std::byte> response(300'000);
+    {
+        const std::string device = must(Context::open()).name();
+        test::NoRdmaObjects refused(device);
+        (*session)->call(echo, request, response, {.timeout = 30s},
+                         [out](Result<std::size_t> got) { out->first = std::move(got); });
+    }
+    co_await until([out] { return out->first.has_value(); });
+    out->first_echoed = *out->first && **out->first == request.size() && echoed(response, request);
+    // the server's own first large call offers its QP; then both ends' calls
+    out->wrong = co_await large_calls_both_ways(accepted->front(), **session);
+    out->sessions = rig->client->sessions();
+}
+
+} // namespace
+
+// The client never told the server it wanted the RC path, so the server's own offer
+// is its first: answered "unavailable", not taken for a second offer (which ended the
+// session, every call on it failing).
+TEST_CASE("rpc endpoint: on a both-ways session whose client could not make its RC QP, the server's offer is "
+          "answered: both ends' large calls go by UD on the same session" *
+          doctest::skip(!test::may_limit_rdma_objects())) {
+    LargeBothWays t;
+    NoQpToOffer out;
+    run(t.rig.io, offer_without_a_qp(&t.rig, &t.session, &t.accepted, &out), 120s);
+    REQUIRE(out.first.has_value());
+    CHECK_MESSAGE(out.first->has_value(), (*out.first ? "" : out.first->error().message()));
+    CHECK(out.first_echoed);
+    CHECK(out.wrong == 0);
+    CHECK(out.sessions == 1);
+    CHECK(t.rig.client->counters().rdma_reads == 0); // every large call by UD
+    CHECK(t.rig.server->counters().rdma_reads == 0);
+    CHECK(t.rig.client->counters().handled == 4);
+    CHECK(t.rig.server->counters().handled == 5);
+}
+
+namespace {
+
+struct QpRefusesToConnect {
+    std::optional<Result<std::size_t>> call; // the client's large call that offered
+    std::uint32_t client_sessions = 0;       // once the server's session ended too
+    int wrong = 0; // large calls at either end on a new session
+};
+
+// `session`'s RC QP, in RESET, moved to ERR behind its back (through INIT: the device
+// allows no RESET -> ERR): the first step of its connect (to INIT) is then refused.
+void break_for_connect(rpc::Session& session) {
+    QueuePair* qp = rpc::detail::rc_qp_of(session);
+    REQUIRE(qp != nullptr);
+    ibv_qp_attr attr{};
+    attr.qp_state = IBV_QPS_INIT;
+    attr.port_num = 1;
+    REQUIRE(ibv_modify_qp(qp->get(), &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) ==
+            0);
+    set_state(session, IBV_QPS_ERR);
+}
+
+// The client's QP, made for its offer, is moved to ERR before the server's answer
+// comes (the server connects its own QP first): its connect then fails for real.
+asio::awaitable<void> connect_refused(Rig* rig, std::optional<rpc::Session>* session,
+                                      std::vector<rpc::Session>* accepted, QpRefusesToConnect* out) {
+    co_await connect_both_ways(rig, session, accepted);
+    const auto request = message(99, 200'000);
+    std::vector<std::byte> response(300'000);
+    (*session)->call(echo, request, response, {.timeout = 30s},
+                     [out](Result<std::size_t> got) { out->call = std::move(got); });
+    break_for_connect(**session);
+    co_await until([out] { return out->call.has_value(); });
+    if (*out->call)
+        co_return; // by UD: the session lives on, and the server's large calls would fail
+    co_await until([rig] { return rig->server->sessions() == 0; });
+    out->client_sessions = rig->client->sessions();
+    // a new session sets the path up again, and both ends use it
+    std::optional<rpc::Session> next;
+    co_await connect_both_ways(rig, &next, accepted);
+    out->wrong = co_await large_calls_both_ways(accepted->back(), *next);
+}
+
+} // namespace
+
+// The server answered with its QP connected: its large calls would take the path and
+// each fail at the client (transfer failed), for the session's life. The session ends
+// instead, and a new one works.
+TEST_CASE("rpc endpoint: on a both-ways session whose client cannot connect its RC QP to the server's answer, the "
+          "session ends and a new one carries large calls both ways") {
+    LargeBothWays t;
+    QpRefusesToConnect out;
+    run(t.rig.io, connect_refused(&t.rig, &t.session, &t.accepted, &out), 120s);
+    REQUIRE(out.call.has_value());
+    REQUIRE_FALSE(out.call->has_value());
+    CHECK_MESSAGE(out.call->error().is_errno(ECONNRESET), out.call->error().message());
+    CHECK(out.client_sessions == 0);
+    CHECK(out.wrong == 0);
+    CHECK(t.rig.client->counters().rdma_reads == 4); // the server's requests, on the new session
+    CHECK(t.rig.server->counters().rdma_reads == 4); // the client's
 }
 
 namespace {
@@ -2242,8 +2370,7 @@ struct PeerFinishes {
 // the client answers the held calls: they finish, and only then the session ends.
 asio::awaitable<void> close_while_called(Rig* rig, std::optional<rpc::Session>* session,
                                          std::vector<rpc::Session>* accepted, PeerFinishes* out) {
-    co_await connect_into(rig, session);
-    co_await until([accepted] { return accepted->size() == 1; });
+    co_await connect_both_ways(rig, session, accepted);
     std::vector<std::vector<std::byte>> requests, responses(4, std::vector<std::byte>(2000));
     for (std::uint32_t n = 0; n < 4; ++n) {
         requests.push_back(message(n, 50 + n * 400));

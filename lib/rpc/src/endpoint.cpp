@@ -273,6 +273,10 @@ struct RcPath {
     // both-ways session the peer that answered calls over the path: without this end's
     // QP connected each of its large calls would fail)
     bool offer_expired = false;
+    // unavailable because this end's QP could not be made when it would have offered:
+    // the peer was told nothing, so on a both-ways session its own first offer is
+    // answered (unavailable), not taken for a second one
+    bool peer_unaware = false;
     std::vector<ClientSlot> client_slots;
     std::vector<ServerSlot> server_slots;
     std::uint32_t transfers = 0; // server: posted, not completed
@@ -1629,6 +1633,7 @@ void EndpointCore::offer_rc(SessionState& s) {
     if (!qp) {
         logger()->warn("rdmaxx rpc: session {}: an RC QP (large messages go by UD): {}", s.local.number, qp.error());
         rc_unavailable(s);
+        s.rc.peer_unaware = true;
         return;
     }
     set_rc_qp(s, std::move(*qp));
@@ -1692,6 +1697,8 @@ Result<std::optional<std::array<std::byte, rc_message_bytes>>> EndpointCore::tak
         const bool crossed = both_ways && s.rc.state == RcPath::State::offered;
         if (crossed && s.initiator)
             return std::nullopt; // ours wins: the other end answers it
+        if (std::exchange(s.rc.peer_unaware, false))
+            return encode(RcMessage{.kind = RcMessage::Kind::answer, .available = false, .qp = {}});
         if (s.rc.state != RcPath::State::none && !crossed)
             return std::unexpected(Error::protocol(call, "a second RC offer"));
         set_rc_qp(s, std::nullopt); // crossed: ours is dropped, its answer will be ignored
@@ -1724,7 +1731,12 @@ Result<std::optional<std::array<std::byte, rc_message_bytes>>> EndpointCore::tak
             return std::nullopt; // late: the offer crossed the peer's, which won
         if (!message.available) {
             rc_unavailable(s);
-        } else if (auto up = s.rc.qp->connect(message.qp); !up) {
+        } else if (auto up = s.rc.qp->connect(message.qp); !up && both_ways) {
+            // the peer's QP is connected and takes its large calls over the path, which
+            // this end could not serve: each would fail. Ended, both ends hear of it.
+            end_session(id, fmt::format("connecting its RC QP, which the peer's large calls would use: {}",
+                                        up.error().message()));
+        } else if (!up) {
             logger()->warn("rdmaxx rpc: session {}: connecting its RC QP (large messages go by UD): {}",
                            s.local.number, up.error());
             rc_unavailable(s);

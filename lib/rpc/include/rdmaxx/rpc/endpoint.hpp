@@ -115,7 +115,12 @@
 /// If the server cannot set up an RC QP, the session carries large messages as UD
 /// packets; so do the calls meanwhile if its answer takes longer than setup_timeout,
 /// and an answer that comes later still sets the path up (on a both-ways session the
-/// end that answered calls over it at once). An RC transfer, SEND or receive
+/// end that answered calls over it at once). A client that cannot make or connect its
+/// own QP keeps to UD packets too. On a both-ways session an end that could not make
+/// its QP answers the peer's later offer "unavailable" (both keep to UD); one that
+/// cannot connect its QP to the QP the peer answered with (connected already) ends
+/// the session (its calls: session reset), as each of the peer's large calls over the
+/// path would fail. An RC transfer, SEND or receive
 /// that fails ends the session (its calls: session reset): a peer that breaks its RC
 /// QP (a SEND larger than a receive buffer) ends its own session at once. Staging
 /// memory is per window slot, sized by the largest message the slot has carried (in
