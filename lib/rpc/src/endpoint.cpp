@@ -360,7 +360,6 @@ struct SessionState {
 // Coroutines outlive nothing: each holds the anchor and finds the core through it after
 // every suspension; ~EndpointCore empties it.
 using Anchor = std::shared_ptr<EndpointCore*>;
-class PeerTurn;
 
 struct EndpointCore {
     EndpointCore(asio::io_context& io, EndpointOptions options, std::source_location created)
@@ -609,88 +608,29 @@ struct EndpointCore {
     // charged to (rc_session), found at once however many sessions there are and
     // however many such receives a flood leaves in the CQ
     std::unordered_map<std::uint32_t, SessionId> rc_qps;
-    // the address handles being made for clients' setups (peer_handle), at most
-    // peer_helpers, and the setups waiting for a turn, in order (PeerTurn)
-    std::uint32_t peer_calls = 0;
-    std::deque<PeerTurn*> peer_waiting;
-    // The handle towards the address a client announced, made on a helper thread
-    // (run_blocking: a wait for its MAC) at its turn; nothing if `deadline` passed
-    // before the turn came, or the endpoint is gone.
+    // its turns at the run_blocking helpers (peer_handle), whose waits its destructor ends
+    std::vector<async::PeerTurn*> peer_turns;
+    // The handle towards an address a peer announced (a client's setup, a session's RC
+    // setup), made on a helper thread (run_blocking: a wait for its MAC) at its turn
+    // (async::PeerTurn); nothing if `deadline` passed before the turn came, or the
+    // endpoint is gone.
     static asio::awaitable<std::optional<Result<AddressHandle>>> peer_handle(const Anchor& anchor,
                                                                              const UdAddress& peer, Deadline deadline);
 };
 
-// Of run_blocking's four helpers per io_context (blocking.hpp), the most an endpoint's
-// clients' setups take at once: the other two stay free for the application's own
-// calls (its connects, lib/async's), however many setups strangers start announcing
-// addresses nobody answers for (each holds a helper about a second).
-constexpr std::uint32_t peer_helpers = 2;
-
-// A setup's turn at the helpers (EndpointCore::peer_calls): taken at once while fewer
-// than peer_helpers run and nobody waits, else in order; given back by the destructor,
-// to the first waiting.
-class PeerTurn {
-public:
-    explicit PeerTurn(const Anchor& anchor) : anchor_(anchor) {}
-    PeerTurn(const PeerTurn&) = delete;
-    PeerTurn& operator=(const PeerTurn&) = delete;
-    ~PeerTurn();
-    // False: `deadline` passed first, or the endpoint was destroyed.
-    asio::awaitable<bool> take(Deadline deadline);
-    // The endpoint is being destroyed: the wait ends, without the turn.
-    void wake() noexcept { waiting_->cancel(); }
-
-private:
-    const Anchor& anchor_;
-    asio::steady_timer* waiting_ = nullptr;
-    bool held_ = false;
-};
-
-asio::awaitable<bool> PeerTurn::take(Deadline deadline) {
-    EndpointCore* core = *anchor_;
-    if (core->peer_calls < peer_helpers && core->peer_waiting.empty()) {
-        ++core->peer_calls;
-        held_ = true;
-        co_return true;
-    }
-    asio::steady_timer timer(core->executor, deadline);
-    waiting_ = &timer;
-    core->peer_waiting.push_back(this);
-    co_await timer.async_wait(no_throw); // cancelled: the turn handed over, or the endpoint gone
-    waiting_ = nullptr;
-    if (held_) // handed over, perhaps as the deadline passed: a setup past it goes no further
-        co_return Clock::now() < deadline;
-    if ((core = *anchor_) != nullptr)
-        std::erase(core->peer_waiting, this);
-    co_return false;
-}
-
-PeerTurn::~PeerTurn() {
-    EndpointCore* core = *anchor_;
-    if (core == nullptr)
-        return;
-    if (!held_) { // destroyed while it waited (its io_context's end): out of the queue
-        if (waiting_ != nullptr)
-            std::erase(core->peer_waiting, this);
-        return;
-    }
-    if (core->peer_waiting.empty()) {
-        --core->peer_calls;
-        return;
-    }
-    PeerTurn* next = core->peer_waiting.front();
-    core->peer_waiting.pop_front();
-    next->held_ = true;
-    next->wake();
-}
-
 asio::awaitable<std::optional<Result<AddressHandle>>> EndpointCore::peer_handle(const Anchor& anchor,
                                                                                 const UdAddress& peer,
                                                                                 Deadline deadline) {
-    PeerTurn turn(anchor);
-    if (!co_await turn.take(deadline) || *anchor == nullptr) // handed over as the endpoint went
+    async::PeerTurn turn;
+    (*anchor)->peer_turns.push_back(&turn);
+    const bool taken = co_await turn.take(deadline);
+    EndpointCore* core = *anchor;
+    if (core == nullptr) // perhaps handed over as the endpoint went
         co_return std::nullopt;
-    auto make = (*anchor)->transport->handle_maker(peer);
+    std::erase(core->peer_turns, &turn);
+    if (!taken)
+        co_return std::nullopt;
+    auto make = core->transport->handle_maker(peer);
     co_return co_await run_blocking(make, "rpc::Endpoint");
 }
 
@@ -700,8 +640,8 @@ EndpointCore::~EndpointCore() {
         listener->close();
     for (ControlChannel* channel : setting_up)
         channel->close();
-    for (PeerTurn* waiting : peer_waiting)
-        waiting->wake();
+    for (async::PeerTurn* turn : peer_turns)
+        turn->cancel();
     for (const SessionId id : table.live())
         end_session(id, "the endpoint was destroyed");
     ticker.cancel();
@@ -2446,18 +2386,19 @@ asio::awaitable<void> EndpointCore::watch(Anchor anchor, SessionId id, ControlCh
         }
         // take_rc connects an RC QP towards the peer's UD address, only: its MAC, known
         // since the setup, is resolved again here, off this thread (the kernel may have
-        // dropped it since: then RTR would wait for it, up to a second)
+        // dropped it since: then RTR would wait for it, up to a second), at a peer's turn
+        // (one a session: a second offer is a protocol error)
         if (message->kind == RcMessage::Kind::offer || message->available) {
-            auto resolve = core->transport->handle_maker(s->peer);
-            const Result<AddressHandle> resolved = co_await run_blocking(resolve, "rpc session");
+            const UdAddress peer = s->peer;
+            const auto resolved = co_await peer_handle(anchor, peer, Deadline::max());
             core = *anchor;
-            if (core == nullptr)
+            if (core == nullptr || !resolved) // no turn: the endpoint went
                 co_return;
             s = core->table.lookup(id);
             if (s == nullptr || s->control != &channel)
                 co_return;
-            if (!resolved) {
-                why = fmt::format("the peer's address no longer resolves: {}", resolved.error().message());
+            if (!*resolved) {
+                why = fmt::format("the peer's address no longer resolves: {}", resolved->error().message());
                 break;
             }
         }

@@ -14,9 +14,11 @@
 /// The helpers: four threads per io_context (asio::execution_context), made at the
 /// first run_blocking() on it, shared by every call on it, in order. A call waits for a
 /// free one: four calls waiting a second each delay the next by up to a second, never
-/// the io_context's own work. So peers who announce addresses nobody answers for can
-/// slow the setups behind theirs (N of them about N/4 seconds), not the io_context's
-/// sessions and timers. A call cannot be cancelled: its caller resumes when it returns.
+/// the io_context's own work. A call cannot be cancelled: its caller resumes when it
+/// returns. A call a peer causes takes a PeerTurn first: such calls take two of the
+/// helpers at most, so peers who announce addresses nobody answers for slow the
+/// setups behind theirs (N of them about N/2 seconds), never the io_context's sessions
+/// and timers, nor the application's own calls.
 /// Like Asio's resolver, the io_context's shutdown (its destruction) waits for the
 /// calls under way before it destroys the coroutines they would resume.
 ///
@@ -34,12 +36,16 @@
 #pragma once
 
 #include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <deque>
 #include <type_traits>
 #include <utility>
 
 #include <asio/awaitable.hpp>
 #include <asio/co_spawn.hpp>
 #include <asio/execution_context.hpp>
+#include <asio/steady_timer.hpp>
 #include <asio/experimental/as_tuple.hpp>
 #include <asio/this_coro.hpp>
 #include <asio/thread_pool.hpp>
@@ -49,9 +55,20 @@
 
 namespace rdmaxx::async {
 
+class PeerTurn;
+
 namespace detail {
 /// The helper threads of `context` (made at the first call).
 asio::thread_pool& blocking_threads(asio::execution_context& context);
+
+/// The helpers' share for calls peers cause (PeerTurn), per io_context.
+struct PeerShare {
+    static constexpr std::uint32_t helpers = 2; ///< of the four
+    std::uint32_t running = 0;                  ///< turns held
+    std::deque<PeerTurn*> waiting;              ///< in order
+    bool shut_down = false;                     ///< the io_context is going: nothing is handed over
+};
+PeerShare& peer_share(asio::execution_context& context);
 } // namespace detail
 
 /// `call()` (returning a Result) on a helper thread of the caller's io_context; what it
@@ -74,5 +91,46 @@ asio::awaitable<std::invoke_result_t<Call&>> run_blocking(Call& call, const char
         asio::experimental::as_tuple(asio::use_awaitable));
     co_return result;
 }
+
+/// A turn at the helpers for a call that a peer causes: a handle towards an address the
+/// peer announced, an RC QP's move to RTR towards it (a second on a helper each when
+/// nobody answers for the address). Such calls take at most two of an io_context's four
+/// helpers at once, whoever makes them (every endpoint and listener on the io_context),
+/// so that the other two stay free for the application's own calls (its connects)
+/// however many peers announce such addresses at once. The others wait for a turn, in
+/// order, each until its deadline.
+///
+/// @code
+/// rdmaxx::async::PeerTurn turn;
+/// if (co_await turn.take(deadline)) // false: the deadline passed first
+///     auto ah = co_await rdmaxx::async::run_blocking(make, "my_listener");
+/// // the turn goes to the first waiting when `turn` is destroyed
+/// @endcode
+///
+/// @threadsafety As the io_context, which one thread runs: every turn on it is taken
+/// and given back there.
+class PeerTurn {
+public:
+    PeerTurn() = default;
+    PeerTurn(const PeerTurn&) = delete;
+    PeerTurn& operator=(const PeerTurn&) = delete;
+    /// A turn held goes to the first waiting; a wait under way (its coroutine destroyed
+    /// with the io_context) leaves the queue.
+    ~PeerTurn();
+
+    /// Waits for the turn, on the caller's io_context, once per PeerTurn. True: it is
+    /// this one's until destroyed. False: `deadline` passed first (a turn handed over
+    /// as it passed too: the call would begin past its bound), or cancel() ended the
+    /// wait.
+    asio::awaitable<bool> take(std::chrono::steady_clock::time_point deadline);
+    /// Ends a wait under way without the turn (take() returns false): whoever waited
+    /// is going away. Nothing if none is under way.
+    void cancel() noexcept;
+
+private:
+    detail::PeerShare* share_ = nullptr;
+    asio::steady_timer* waiting_ = nullptr; // take()'s, while it waits
+    bool held_ = false;
+};
 
 } // namespace rdmaxx::async

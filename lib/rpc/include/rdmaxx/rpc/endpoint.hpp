@@ -205,10 +205,10 @@ struct EndpointOptions {
     /// setup_timeout; Counters::setups_evicted), or is closed at once, a refusal, when
     /// every setup under way is past its request. A setup makes the handle towards the
     /// address its client announced on a helper thread (rdmaxx/async/blocking.hpp: a
-    /// second for an address nobody answers for), two setups at a time per endpoint, the
-    /// others in order (closed once their setup_timeout passes): with one listening
-    /// endpoint per io_context, its other two helpers stay free for the application's
-    /// own calls (its connects).
+    /// second for an address nobody answers for) at a peer's turn (async::PeerTurn: two
+    /// at a time per io_context, every endpoint's setups and RC setups on it together),
+    /// the others in order (closed once their setup_timeout passes): the io_context's
+    /// other two helpers stay free for the application's own calls (its connects).
     std::uint32_t max_sessions = 256;
     /// @name Per-session limits
     /// Per session, at most (a server agrees to the smaller of its own and the client's):
