@@ -641,16 +641,21 @@ asio::awaitable<void> connect_among_strangers(WirePair* wire, StrangersPorts por
         co_await rpc_test::pause(20ms);
 }
 
+// An endpoint's options: listening on rxeB's address at `port`.
+rpc::EndpointOptions listening_on_b(std::uint16_t port) {
+    return {.device = env("RDMAXX_PAIR_B_DEV"),
+            .gid_index = test::pair_gid_index(),
+            .listen_port = port,
+            .listen_address = env("RDMAXX_PAIR_B_ADDR")};
+}
+
 // An endpoint listening on rxeB, on an io_context of its own run by a thread of its own
 // (its helpers apart from the test's io_context's), until this ends.
 class ListenerApart {
 public:
     explicit ListenerApart(std::uint16_t port)
         : thread_([this, port] {
-              auto made = rpc::Endpoint::create(io_, {.device = env("RDMAXX_PAIR_B_DEV"),
-                                                      .gid_index = test::pair_gid_index(),
-                                                      .listen_port = port,
-                                                      .listen_address = env("RDMAXX_PAIR_B_ADDR")});
+              auto made = rpc::Endpoint::create(io_, listening_on_b(port));
               made_ = true;
               const auto endpoint = must(std::move(made)); // a failure fails the test case
               io_.run();
@@ -674,10 +679,7 @@ TEST_CASE("rpc across the wire: clients announcing addresses nobody answers for,
           "one io_context, delay no connect of one endpoint's own" * doctest::skip(!have_pair())) {
     const StrangersPorts ports{.at_a = 31993, .at_b = 31994, .apart = 31992};
     WirePair wire(ports.at_a);
-    const auto second = must(rpc::Endpoint::create(wire.io, {.device = env("RDMAXX_PAIR_B_DEV"),
-                                                             .gid_index = test::pair_gid_index(),
-                                                             .listen_port = ports.at_b,
-                                                             .listen_address = env("RDMAXX_PAIR_B_ADDR")}));
+    const auto second = must(rpc::Endpoint::create(wire.io, listening_on_b(ports.at_b)));
     const ListenerApart apart(ports.apart);
     Attacker attacker;
     attack_from_b(wire.io, attacker);
