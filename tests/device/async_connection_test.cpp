@@ -27,6 +27,7 @@
 #include <asio/use_awaitable.hpp>
 
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <rdmaxx/async/connection.hpp>
 #include <rdmaxx/ctrl/cm.hpp>
@@ -100,6 +101,7 @@ asio::awaitable<void> wait_for(asio::any_io_executor ex, const int& left) {
 asio::awaitable<void> server(async::Listener& listener, Tally& t, bool& done) {
     auto c = co_await listener.accept(10s);
     if (t.ok(c, "accept")) {
+        CHECK(c->peer_address().starts_with("127.0.0.1:")); // the client's address and port
         std::array<std::byte, 64> buffer{};
         auto echo = must(c->alloc_local_mr(64));
         for (int i = 0; i < 64; ++i) {
@@ -126,6 +128,7 @@ asio::awaitable<void> server(async::Listener& listener, Tally& t, bool& done) {
 asio::awaitable<void> client(asio::any_io_executor ex, std::uint16_t port, Tally& t, bool& done) {
     auto c = co_await async::Connection::connect(ex, "127.0.0.1", port, options());
     if (t.ok(c, "connect")) {
+        CHECK(c->peer_address() == fmt::format("127.0.0.1:{}", port)); // as given
         // 64 writes in flight (max_send_wr), then read back
         auto remote = co_await c->request_remote_mr(1 << 16);
         if (t.ok(remote, "request_remote_mr")) {

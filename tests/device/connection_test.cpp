@@ -477,6 +477,7 @@ TEST_CASE("RDMA CM: connect, move data both ways, and a disconnect fails the sur
     REQUIRE(listener.port() != 0);
     test::Thread client([&address, port = listener.port()] {
         Connection conn = must(Connection::connect(address, port, quick(Transport::rdma_cm)));
+        CHECK(conn.peer_address() == fmt::format("{}:{}", address, port)); // as given
         MemoryRegion mr = must(conn.alloc_local_mr(1 << 20));
         test::fill(mr.bytes(), 11);
         const RemoteMr remote = must(conn.request_remote_mr(1 << 20));
@@ -487,6 +488,7 @@ TEST_CASE("RDMA CM: connect, move data both ways, and a disconnect fails the sur
         // leaving the scope disconnects
     });
     Connection conn = must(listener.accept(10s));
+    CHECK(conn.peer_address().starts_with(address + ":")); // the client's numeric address and port
     MemoryRegion back = must(conn.receive_local_mr());
     std::vector<std::byte> expected(1 << 20);
     test::fill(expected, 11);

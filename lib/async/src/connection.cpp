@@ -481,6 +481,7 @@ std::uint64_t Connection::pinned_for_peer(
 Lending Connection::lending(std::source_location where) const { return peer(where).driver->group()->lending; }
 const rdmaxx::QueuePair& Connection::queue_pair(std::source_location where) const { return peer(where).link->qp(); }
 const ConnectionOptions& Connection::options(std::source_location where) const { return peer(where).link->options(); }
+const std::string& Connection::peer_address(std::source_location where) const { return peer(where).link->peer(); }
 
 // --- Listener ------------------------------------------------------------------------
 

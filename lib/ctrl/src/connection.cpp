@@ -89,6 +89,7 @@ Result<void> Connection::close(Timeout timeout, std::source_location where) {
 const QueuePair& Connection::queue_pair(std::source_location where) const { return link(where).qp(); }
 const ConnectionOptions& Connection::options(std::source_location where) const { return link(where).options(); }
 Lending Connection::lending(std::source_location where) const { return link(where).group().lending; }
+const std::string& Connection::peer_address(std::source_location where) const { return link(where).peer(); }
 
 std::uint64_t Connection::pinned_for_peer(std::source_location where) const { return link(where).pinned_for_peer(); }
 

@@ -268,6 +268,10 @@ public:
     /// The options it runs with (a Listener's, for the connections it accepted).
     /// @misuse A moved-from Connection.
     const ConnectionOptions& options(std::source_location where = std::source_location::current()) const;
+    /// The peer's "host:port", as rdmaxx::Connection::peer_address: as given to
+    /// connect(), or a Listener's client's numeric address and port.
+    /// @misuse A moved-from Connection.
+    const std::string& peer_address(std::source_location where = std::source_location::current()) const;
 
 private:
     friend class Listener;

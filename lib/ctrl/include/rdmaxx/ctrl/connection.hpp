@@ -330,6 +330,9 @@ public:
     /// The options the connection was made with (RDMA CM: on the device and port
     /// resolved to).
     const ConnectionOptions& options(std::source_location where = std::source_location::current()) const;
+    /// The peer's "host:port": as given to connect(), or for a connection a Listener
+    /// accepted, the numeric address and port the client's connection came from.
+    const std::string& peer_address(std::source_location where = std::source_location::current()) const;
 
 private:
     friend class Listener;
