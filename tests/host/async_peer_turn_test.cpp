@@ -1,8 +1,9 @@
 // async::PeerTurn (rdmaxx/async/blocking.hpp): two turns at once per io_context, the
-// others in order, each until its deadline. No helper thread runs: the turns alone.
+// others lane by lane, each until its deadline. No helper thread runs: the turns alone.
 #include <array>
 #include <chrono>
 #include <optional>
+#include <string>
 
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
@@ -31,10 +32,10 @@ struct Caller {
     asio::steady_timer release;
 };
 
-asio::awaitable<void> take_and_hold(Caller* caller, Clock::time_point deadline, int* turns_given) {
+asio::awaitable<void> take_and_hold(Caller* caller, Clock::time_point deadline, int* turns_given, std::string lane) {
     PeerTurn turn;
     caller->turn = &turn;
-    caller->taken = co_await turn.take(deadline);
+    caller->taken = co_await turn.take(deadline, lane);
     if (*caller->taken)
         caller->order = (*turns_given)++;
     co_await caller->release.async_wait(rdmaxx::async::no_throw);
@@ -47,8 +48,9 @@ void drive(asio::io_context& io) {
     io.poll();
 }
 
-void start(asio::io_context& io, Caller& caller, Clock::time_point deadline, int& turns_given) {
-    asio::co_spawn(io, take_and_hold(&caller, deadline, &turns_given), asio::detached);
+void start(asio::io_context& io, Caller& caller, Clock::time_point deadline, int& turns_given,
+           std::string lane = {}) {
+    asio::co_spawn(io, take_and_hold(&caller, deadline, &turns_given, std::move(lane)), asio::detached);
     drive(io);
 }
 
@@ -105,6 +107,53 @@ TEST_CASE("peer turns: a wait past its deadline, or cancelled, ends without the 
     drive(io);
     CHECK(next.taken == true);
     for (Caller* caller : {&second, &late, &cancelled, &next})
+        caller->release.cancel();
+    drive(io);
+}
+
+// One host's peers (a lane) hold both turns and four more wait; a second host's first
+// comes last, yet gets the next turn given back, and a third host's the one after; then
+// the first host's waiting ones, in their order, as their lane is the only one left.
+TEST_CASE("peer turns: a turn given back goes to the lane that waited longest, each lane in order") {
+    asio::io_context io;
+    int given = 0;
+    std::array<Caller, 6> crowd{Caller(io), Caller(io), Caller(io), Caller(io), Caller(io), Caller(io)};
+    for (Caller& caller : crowd)
+        start(io, caller, never, given, "192.0.2.7");
+    Caller other_host(io), third_host(io), other_host_again(io);
+    start(io, other_host, never, given, "198.51.100.1");
+    start(io, third_host, never, given, "203.0.113.5");
+    start(io, other_host_again, never, given, "198.51.100.1");
+    CHECK(crowd[0].taken == true);
+    CHECK(crowd[1].taken == true);
+    crowd[0].release.cancel();
+    drive(io);
+    CHECK(other_host.taken == true); // ahead of the crowd's four, there first
+    CHECK_FALSE(third_host.taken.has_value());
+    crowd[1].release.cancel();
+    drive(io);
+    CHECK(third_host.taken == true);
+    CHECK_FALSE(crowd[2].taken.has_value());
+    other_host.release.cancel();
+    drive(io);
+    CHECK(crowd[2].taken == true); // its lane's last turn is older than the other host's
+    CHECK_FALSE(other_host_again.taken.has_value());
+    third_host.release.cancel();
+    drive(io);
+    CHECK(other_host_again.taken == true);
+    for (Caller* caller : {&crowd[2], &other_host_again}) {
+        caller->release.cancel();
+        drive(io);
+    }
+    // the crowd's lane alone: in its order
+    CHECK(crowd[3].taken == true);
+    CHECK(crowd[4].taken == true);
+    CHECK(crowd[3].order < crowd[4].order);
+    crowd[3].release.cancel();
+    drive(io);
+    CHECK(crowd[5].taken == true);
+    CHECK(crowd[4].order < crowd[5].order);
+    for (Caller* caller : {&crowd[4], &crowd[5]})
         caller->release.cancel();
     drive(io);
 }

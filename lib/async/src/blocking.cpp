@@ -35,11 +35,15 @@ PeerShare& peer_share(asio::execution_context& context) { return asio::use_servi
 
 namespace rdmaxx::async {
 
-asio::awaitable<bool> PeerTurn::take(std::chrono::steady_clock::time_point deadline) {
+asio::awaitable<bool> PeerTurn::take(std::chrono::steady_clock::time_point deadline, std::string_view lane) {
+    lane_ = lane; // before the first suspension: the caller's string lives while it awaits
     const auto executor = co_await asio::this_coro::executor;
     share_ = &detail::peer_share(asio::query(executor, asio::execution::context));
+    detail::PeerShare::Lane& mine = share_->lanes[lane_];
+    ++mine.turns;
     if (share_->running < detail::PeerShare::helpers && share_->waiting.empty()) {
         ++share_->running;
+        mine.last_given = ++share_->given;
         held_ = true;
         co_return true;
     }
@@ -60,9 +64,28 @@ void PeerTurn::cancel() noexcept {
         waiting_->cancel();
 }
 
+void PeerTurn::hand_over(detail::PeerShare& share) {
+    // the first waiting of the lane given a turn longest ago (a lane not given one yet
+    // first): the lanes in turn, each in order of arrival
+    auto next = share.waiting.begin();
+    std::uint64_t oldest = share.lanes.at((*next)->lane_).last_given;
+    for (auto it = std::next(next); it != share.waiting.end() && oldest != 0; ++it)
+        if (const std::uint64_t last = share.lanes.at((*it)->lane_).last_given; last < oldest) {
+            next = it;
+            oldest = last;
+        }
+    PeerTurn* turn = *next;
+    share.waiting.erase(next);
+    share.lanes.at(turn->lane_).last_given = ++share.given;
+    turn->held_ = true;
+    turn->waiting_->cancel();
+}
+
 PeerTurn::~PeerTurn() {
     if (share_ == nullptr || share_->shut_down)
         return;
+    if (auto lane = share_->lanes.find(lane_); --lane->second.turns == 0)
+        share_->lanes.erase(lane);
     if (!held_) {
         if (waiting_ != nullptr)
             std::erase(share_->waiting, this);
@@ -72,10 +95,7 @@ PeerTurn::~PeerTurn() {
         --share_->running;
         return;
     }
-    PeerTurn* next = share_->waiting.front();
-    share_->waiting.pop_front();
-    next->held_ = true;
-    next->waiting_->cancel();
+    hand_over(*share_);
 }
 
 } // namespace rdmaxx::async

@@ -80,6 +80,10 @@ public:
     void watch_peer(std::chrono::milliseconds silence) noexcept;
     // TCP, where watch_peer() works; false: RDMA CM.
     bool over_tcp() const noexcept;
+    // The host the connection comes from, as a lane of async::PeerTurn: an IPv4
+    // address, or an IPv6 address's /64 (a host's own addresses, which it may choose
+    // at will, share one); "" once the connection is gone.
+    std::string peer_host() const;
 
 private:
     explicit ControlChannel(std::shared_ptr<State> state) : state_(std::move(state)) {}

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <string>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <variant>
@@ -612,18 +614,18 @@ struct EndpointCore {
     std::vector<async::PeerTurn*> peer_turns;
     // The handle towards an address a peer announced (a client's setup, a session's RC
     // setup), made on a helper thread (run_blocking: a wait for its MAC) at its turn
-    // (async::PeerTurn); nothing if `deadline` passed before the turn came, or the
-    // endpoint is gone.
-    static asio::awaitable<std::optional<Result<AddressHandle>>> peer_handle(const Anchor& anchor,
-                                                                             const UdAddress& peer, Deadline deadline);
+    // (async::PeerTurn) in the lane of the host its control connection comes from
+    // (`lane`: ControlChannel::peer_host); nothing if `deadline` passed before the turn
+    // came, or the endpoint is gone.
+    static asio::awaitable<std::optional<Result<AddressHandle>>>
+    peer_handle(const Anchor& anchor, const UdAddress& peer, std::string_view lane, Deadline deadline);
 };
 
-asio::awaitable<std::optional<Result<AddressHandle>>> EndpointCore::peer_handle(const Anchor& anchor,
-                                                                                const UdAddress& peer,
-                                                                                Deadline deadline) {
+asio::awaitable<std::optional<Result<AddressHandle>>>
+EndpointCore::peer_handle(const Anchor& anchor, const UdAddress& peer, std::string_view lane, Deadline deadline) {
     async::PeerTurn turn;
     (*anchor)->peer_turns.push_back(&turn);
-    const bool taken = co_await turn.take(deadline);
+    const bool taken = co_await turn.take(deadline, lane);
     EndpointCore* core = *anchor;
     if (core == nullptr) // perhaps handed over as the endpoint went
         co_return std::nullopt;
@@ -2390,7 +2392,8 @@ asio::awaitable<void> EndpointCore::watch(Anchor anchor, SessionId id, ControlCh
         // (one a session: a second offer is a protocol error)
         if (message->kind == RcMessage::Kind::offer || message->available) {
             const UdAddress peer = s->peer;
-            const auto resolved = co_await peer_handle(anchor, peer, Deadline::max());
+            const std::string lane = channel.peer_host();
+            const auto resolved = co_await peer_handle(anchor, peer, lane, Deadline::max());
             core = *anchor;
             if (core == nullptr || !resolved) // no turn: the endpoint went
                 co_return;
@@ -2509,13 +2512,14 @@ asio::awaitable<void> EndpointCore::serve_setup(Anchor anchor, ControlChannel ch
         if (!request)
             co_return;
         both_ways = static_cast<bool>(core->accept_handler);
+        const std::string lane = channel.peer_host(); // its turn at the helpers is its host's (PeerTurn)
         const auto admission = core->shutting_down
                                    ? std::expected<Admitted, Refusal>(std::unexpected(Refusal::shutting_down))
                                    : core->table.admit(*request, core->most(), both_ways);
         // the client's word: a wait for its MAC (blocking.hpp), off this thread
         if (!admission) {
             reply = SessionReply::refused(admission.error());
-        } else if (auto ah = co_await peer_handle(anchor, request->client, deadline); (core = *anchor) == nullptr) {
+        } else if (auto ah = co_await peer_handle(anchor, request->client, lane, deadline); (core = *anchor) == nullptr) {
             co_return; // the endpoint is gone, its table with the admission
         } else if (!ah || !*ah) { // no turn at the helpers before the setup's deadline, or no handle
             core->table.release(admission->session);

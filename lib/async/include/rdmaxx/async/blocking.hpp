@@ -39,7 +39,10 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <string>
+#include <string_view>
 #include <type_traits>
+#include <unordered_map>
 #include <utility>
 
 #include <asio/awaitable.hpp>
@@ -64,9 +67,16 @@ asio::thread_pool& blocking_threads(asio::execution_context& context);
 /// The helpers' share for calls peers cause (PeerTurn), per io_context.
 struct PeerShare {
     static constexpr std::uint32_t helpers = 2; ///< of the four
-    std::uint32_t running = 0;                  ///< turns held
-    std::deque<PeerTurn*> waiting;              ///< in order
-    bool shut_down = false;                     ///< the io_context is going: nothing is handed over
+    /// A lane with turns held or waited for.
+    struct Lane {
+        std::uint32_t turns = 0;      ///< held or waited for
+        std::uint64_t last_given = 0; ///< `given` when it last got one (0: not yet)
+    };
+    std::uint32_t running = 0;                        ///< turns held
+    std::deque<PeerTurn*> waiting;                    ///< in order of arrival
+    std::unordered_map<std::string, Lane> lanes;      ///< by name
+    std::uint64_t given = 0;                          ///< turns given so far: the lanes' clock
+    bool shut_down = false;                           ///< the io_context is going: nothing is handed over
 };
 PeerShare& peer_share(asio::execution_context& context);
 } // namespace detail
@@ -97,14 +107,20 @@ asio::awaitable<std::invoke_result_t<Call&>> run_blocking(Call& call, const char
 /// nobody answers for the address). Such calls take at most two of an io_context's four
 /// helpers at once, whoever makes them (every endpoint and listener on the io_context),
 /// so that the other two stay free for the application's own calls (its connects)
-/// however many peers announce such addresses at once. The others wait for a turn, in
-/// order, each until its deadline.
+/// however many peers announce such addresses at once. The others wait for a turn, each
+/// until its deadline.
+///
+/// A turn is taken in a lane, the peer host it is for (lib/rpc: the address its
+/// control connection comes from). A turn given back goes to the lane that has waited
+/// longest since its last turn, to that lane's first waiting: one host's peers, however
+/// many, delay another host's by one turn at most at each helper, not by all of
+/// theirs. Within a lane, and for turns taken without one, the order is arrival.
 ///
 /// @code
 /// rdmaxx::async::PeerTurn turn;
-/// if (co_await turn.take(deadline)) // false: the deadline passed first
+/// if (co_await turn.take(deadline, peer_host)) // false: the deadline passed first
 ///     auto ah = co_await rdmaxx::async::run_blocking(make, "my_listener");
-/// // the turn goes to the first waiting when `turn` is destroyed
+/// // the turn goes to the next lane's first waiting when `turn` is destroyed
 /// @endcode
 ///
 /// @threadsafety As the io_context, which one thread runs: every turn on it is taken
@@ -118,17 +134,21 @@ public:
     /// with the io_context) leaves the queue.
     ~PeerTurn();
 
-    /// Waits for the turn, on the caller's io_context, once per PeerTurn. True: it is
-    /// this one's until destroyed. False: `deadline` passed first (a turn handed over
-    /// as it passed too: the call would begin past its bound), or cancel() ended the
-    /// wait.
-    asio::awaitable<bool> take(std::chrono::steady_clock::time_point deadline);
+    /// Waits for the turn, on the caller's io_context, once per PeerTurn, in `lane`
+    /// (every turn without one shares the lane ""). True: it is this one's until
+    /// destroyed. False: `deadline` passed first (a turn handed over as it passed too:
+    /// the call would begin past its bound), or cancel() ended the wait.
+    asio::awaitable<bool> take(std::chrono::steady_clock::time_point deadline, std::string_view lane = {});
     /// Ends a wait under way without the turn (take() returns false): whoever waited
     /// is going away. Nothing if none is under way.
     void cancel() noexcept;
 
 private:
-    detail::PeerShare* share_ = nullptr;
+    // Gives the turn given back to the waiting one whose lane has waited longest.
+    static void hand_over(detail::PeerShare& share);
+
+    detail::PeerShare* share_ = nullptr;    // from take() on: its lane counts this turn
+    std::string lane_;
     asio::steady_timer* waiting_ = nullptr; // take()'s, while it waits
     bool held_ = false;
 };

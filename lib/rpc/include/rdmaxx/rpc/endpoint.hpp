@@ -207,8 +207,11 @@ struct EndpointOptions {
     /// address its client announced on a helper thread (rdmaxx/async/blocking.hpp: a
     /// second for an address nobody answers for) at a peer's turn (async::PeerTurn: two
     /// at a time per io_context, every endpoint's setups and RC setups on it together),
-    /// the others in order (closed once their setup_timeout passes): the io_context's
-    /// other two helpers stay free for the application's own calls (its connects).
+    /// the others host by host, the host whose turn is oldest first (a host: the address
+    /// the client's control connection comes from, an IPv6 address's /64), each host's
+    /// in order (closed once their setup_timeout passes): one host's clients delay
+    /// another's setup by a turn, however many they are, and the io_context's other two
+    /// helpers stay free for the application's own calls (its connects).
     std::uint32_t max_sessions = 256;
     /// @name Per-session limits
     /// Per session, at most (a server agrees to the smaller of its own and the client's):
