@@ -275,23 +275,29 @@ Result<CmRequest> CmListener::next(std::chrono::milliseconds timeout, std::sourc
     if (event->type != RDMA_CM_EVENT_CONNECT_REQUEST)
         return std::unexpected(
             Error::protocol("CmListener::next", fmt::format("{} on the listening id", rdma_event_str(event->type))));
-    auto session = CmSession::adopt(event->id);
-    if (!session) {
+    // A request that is no offer is refused on the listener's own channel: a flood of
+    // garbage costs a reject and a destroy each, seven calls into the kernel fewer than
+    // a request adopted first (its own channel opened and set up, the migration, a
+    // disconnect, the channel's close).
+    auto offer = decode_private_data(event->private_data);
+    const auto refuse = [&event] {
         rdma_reject(event->id, nullptr, 0);
         rdma_destroy_id(event->id);
+    };
+    if (!offer) {
+        refuse();
+        return std::unexpected(std::move(offer.error()));
+    }
+    auto session = CmSession::adopt(event->id);
+    if (!session) {
+        refuse();
         return std::unexpected(std::move(session.error()));
     }
     rdma_cm_id* id = (*session)->id();
     char host[NI_MAXHOST] = "?";
     getnameinfo(rdma_get_peer_addr(id), sizeof(sockaddr_storage), host, sizeof host, nullptr, 0, NI_NUMERICHOST);
     (*session)->set_peer(fmt::format("{}:{}", host, ntohs(rdma_get_dst_port(id))));
-    CmConnection connection(std::move(*session), device_of(id), id->port_num);
-    auto offer = decode_private_data(event->private_data);
-    if (!offer) {
-        rdma_reject(id, nullptr, 0);
-        return std::unexpected(std::move(offer.error())); // the CmConnection destroys the id
-    }
-    return CmRequest(std::move(connection), std::move(*offer));
+    return CmRequest(CmConnection(std::move(*session), device_of(id), id->port_num), std::move(*offer));
 }
 
 } // namespace rdmaxx
