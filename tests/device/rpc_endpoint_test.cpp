@@ -161,7 +161,11 @@ TEST_CASE("rpc endpoint: a congestion controller per session bounds its packets 
     CHECK(c.completed == 1200);
     CHECK(rig.server->counters().handled == 1200);
     CHECK(made == 1);
-    CHECK(answers >= 1200); // at least one answered packet per call
+    // at least one answered packet per call, or a packet of it written off at an RTO:
+    // a call whose only packet was written off, answered (by RDMA WRITE_WITH_IMM) before
+    // its resend, completes without an answer to count (its packet was counted lost);
+    // seen once in CI, 1,199 answers and 1 retransmission
+    CHECK(answers + c.retransmissions >= 1200);
     CHECK(largest > 2);     // the window grew from its answers
     CHECK(c.credit_stalls > 0); // 12 callers, a window from 2: packets waited
     MESSAGE("answers ", answers, ", largest window ", largest, ", credit stalls ", c.credit_stalls,
