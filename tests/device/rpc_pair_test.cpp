@@ -603,7 +603,7 @@ struct StrangersThenConnect {
 // the routes say).
 asio::awaitable<void> stranger_setup(asio::ip::tcp::endpoint server, Attacker* attacker, std::uint16_t number,
                                      rpc::detail::UdAddress claimed, StrangersThenConnect* out,
-                                     std::optional<asio::ip::address> from = {}) {
+                                     std::optional<asio::ip::address> from) {
     asio::ip::tcp::socket socket(co_await asio::this_coro::executor);
     if (from) {
         socket.open(asio::ip::tcp::v4());
