@@ -90,7 +90,6 @@ asio::awaitable<void> echo_many(Rig* rig, std::optional<rpc::Session>* session, 
     co_await connect_into(rig, session);
     const std::size_t max_size = 4 * rig->client->mtu() + 17;
     // 12 coroutines on one session with a window of 8: some calls wait for a slot
-    std::vector<bool> done(12, false);
     int finished = 0;
     for (std::uint32_t c = 0; c < 12; ++c)
         asio::co_spawn(rig->io, echo_calls(&**session, c * 100, 100, max_size, wrong),

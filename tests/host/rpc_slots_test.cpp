@@ -981,6 +981,39 @@ TEST_CASE("rpc slots: a response written over the RC path ends its descriptor ca
     CHECK(wire.client.written(plain, written, wire.now).error() == DropReason::inconsistent);
 }
 
+TEST_CASE("rpc slots: a descriptor call written off at an RTO and then answered over RC ends ok; its controller "
+          "heard the timeout and no answer") {
+    // the congestion-controller device test counts answers + retransmissions per call for this path
+    Recording congestion;
+    congestion.room = 8;
+    Wire wire(ClientOptions{.congestion = &congestion});
+    wire.fate = [](const PacketHeader&) { return Fate::lose; };
+    const Bytes descriptor = make_request(16, 8); // one packet
+    const auto started = wire.client.begin(3, descriptor, 1 << 16, true);
+    REQUIRE(started.has_value());
+    wire.send_from_client();
+    CHECK(wire.client.in_flight() == 1);
+    wire.now = *wire.client.next_deadline();
+    CHECK_FALSE(wire.client.expire(wire.now).has_value());
+    CHECK(congestion.timeouts == 1);
+    const Bytes written(4, std::byte{9});
+    const auto end = wire.client.written(*started, written, wire.now);
+    REQUIRE(end.has_value());
+    CHECK(end->outcome == CallOutcome::ok);
+    CHECK(congestion.answers == 0); // the packet was counted lost, not answered
+    CHECK(wire.client.in_flight() == 0);
+
+    // answered while in flight: the controller hears the answer
+    wire.fate = [](const PacketHeader&) { return Fate::deliver; };
+    wire.defer_handlers = true;
+    const auto heard = wire.client.begin(3, descriptor, 1 << 16, true);
+    REQUIRE(heard.has_value());
+    wire.send_from_client();
+    REQUIRE(wire.client.written(*heard, written, wire.now).has_value());
+    CHECK(congestion.answers == 1);
+    CHECK(congestion.timeouts == 1);
+}
+
 TEST_CASE("rpc slots: a whole request whose SEND completed is asked about by a probe after an RTO; a probe "
           "unanswered, it goes whole again") {
     const PacketLimits whole_limits(1 << 16, per, 1 << 16);
