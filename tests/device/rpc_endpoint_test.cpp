@@ -41,6 +41,7 @@
 
 #include <rdmaxx/async/blocking.hpp>
 #include <rdmaxx/async/connection.hpp>
+#include <rdmaxx/async/task.hpp>
 #include <rdmaxx/rpc/endpoint.hpp>
 #include <rdmaxx/wrap/qp.hpp>
 
@@ -2875,11 +2876,12 @@ TEST_CASE("rpc endpoint: RDMA CM clients that send garbage or nothing are closed
 namespace {
 
 // Echo calls of one and of three packets, with spans and with MessageBuffers, one at a
-// time, both endpoints on this thread; the allocations of calls 200.. are counted.
-asio::awaitable<void> counted_rpc_calls(Rig* rig, std::optional<rpc::Session>* session, long* counted, int* wrong) {
-    co_await connect_into(rig, session);
-    auto request = must(rig->client->alloc_buffer(4096, rpc::BufferUse::request));
-    auto response = must(rig->client->alloc_buffer(4096, rpc::BufferUse::response));
+// time, both endpoints on this thread, each co_awaited through `token` by a coroutine
+// of type Coroutine (asio::awaitable, async::Task); the allocations of calls 200.. are
+// counted.
+template <class Coroutine, class Token>
+Coroutine counted_calls(rpc::Session* session, rpc::MessageBuffer* request, rpc::MessageBuffer* response, Token token,
+                        long* counted, int* wrong) {
     const auto bytes = message(3, 3000);
     std::vector<std::byte> span_response(4096);
     for (int i = 0; i < 2200; ++i) {
@@ -2889,17 +2891,23 @@ asio::awaitable<void> counted_rpc_calls(Rig* rig, std::optional<rpc::Session>* s
         }
         const std::size_t size = i % 2 == 0 ? 32 : 3000;
         Result<std::size_t> got = 0;
+        std::span<const std::byte> echoed_bytes = span_response;
         if (i % 4 < 2) {
-            got = co_await (**session).call(echo, std::span(bytes).first(size), span_response);
+            got = co_await session->call(echo, std::span(bytes).first(size), span_response, {}, token);
         } else {
-            request.resize(size);
-            std::memcpy(request.bytes().data(), bytes.data(), size);
-            got = co_await (**session).call(echo, request, response);
+            request->resize(size);
+            std::memcpy(request->bytes().data(), bytes.data(), size);
+            got = co_await session->call(echo, *request, *response, {}, token);
+            echoed_bytes = response->bytes();
         }
-        *wrong += got && *got == size ? 0 : 1;
+        *wrong += got && *got == size && echoed(echoed_bytes, std::span(bytes).first(size)) ? 0 : 1;
     }
     test::counting = false;
     *counted = test::allocations;
+}
+
+asio::awaitable<void> connect_only(Rig* rig, std::optional<rpc::Session>* session) {
+    co_await connect_into(rig, session);
 }
 
 } // namespace
@@ -2907,9 +2915,14 @@ asio::awaitable<void> counted_rpc_calls(Rig* rig, std::optional<rpc::Session>* s
 TEST_CASE("rpc endpoint: calls allocate nothing once warm, with spans and with MessageBuffers") {
     Rig rig;
     std::optional<rpc::Session> session;
+    run(rig.io, connect_only(&rig, &session), 60s);
+    auto request = must(rig.client->alloc_buffer(4096, rpc::BufferUse::request));
+    auto response = must(rig.client->alloc_buffer(4096, rpc::BufferUse::response));
     long counted = -1;
     int wrong = 0;
-    run(rig.io, counted_rpc_calls(&rig, &session, &counted, &wrong), 120s);
+    run(rig.io,
+        counted_calls<asio::awaitable<void>>(&*session, &request, &response, asio::use_awaitable, &counted, &wrong),
+        120s);
     CHECK(wrong == 0);
     CHECK(counted == 0);
     MESSAGE("allocations in 2,000 calls: ", counted);
@@ -2961,10 +2974,6 @@ struct CountedCallbackCalls {
     }
 };
 
-asio::awaitable<void> connect_only(Rig* rig, std::optional<rpc::Session>* session) {
-    co_await connect_into(rig, session);
-}
-
 } // namespace
 
 TEST_CASE("rpc endpoint: calls in the callback form allocate nothing once warm") {
@@ -2985,6 +2994,62 @@ TEST_CASE("rpc endpoint: calls in the callback form allocate nothing once warm")
     CHECK(chain.wrong == 0);
     CHECK(chain.counted == 0);
     MESSAGE("allocations in 2,000 calls: ", chain.counted);
+}
+
+namespace {
+
+// What task_calls saw.
+struct TaskOutcome {
+    int wrong = 0;
+    long counted = -1;
+    std::optional<Result<std::size_t>> no_handler, timed_out, reset;
+    bool done = false;
+};
+
+// Calls co_awaited by an rdmaxx::async::Task through use_task: counted_calls' 2,200,
+// then a call of a type the server has no handler for, one the server holds past its
+// timeout, and one the server holds until the test ends the session.
+async::Task<void> task_calls(rpc::Session* session, rpc::MessageBuffer* request, rpc::MessageBuffer* response,
+                             TaskOutcome* out) {
+    co_await counted_calls<async::Task<void>>(session, request, response, async::use_task, &out->counted, &out->wrong);
+    const auto bytes = message(5, 8);
+    std::vector<std::byte> small(8);
+    out->no_handler = co_await session->call(unknown, bytes, small, {}, async::use_task);
+    out->timed_out = co_await session->call(hold_it, bytes, small, {.timeout = 200ms}, async::use_task);
+    out->reset = co_await session->call(hold_it, bytes, small, {.timeout = 60s}, async::use_task);
+    out->done = true;
+}
+
+} // namespace
+
+TEST_CASE("rpc endpoint: a Task co_awaits calls through use_task: responses, each error, no allocation once warm") {
+    Rig rig;
+    std::optional<rpc::Session> session;
+    run(rig.io, connect_only(&rig, &session), 60s);
+    auto request = must(rig.client->alloc_buffer(4096, rpc::BufferUse::request));
+    auto response = must(rig.client->alloc_buffer(4096, rpc::BufferUse::response));
+    TaskOutcome out;
+    async::spawn(rig.io.get_executor(), task_calls(&*session, &request, &response, &out));
+    const auto run_while = [&rig](auto&& busy) {
+        const auto deadline = std::chrono::steady_clock::now() + 120s;
+        while (busy() && std::chrono::steady_clock::now() < deadline)
+            rig.io.run_for(10ms);
+    };
+    run_while([&] { return !out.timed_out.has_value() || rig.held.size() < 2; });
+    REQUIRE(rig.held.size() == 2); // the last call is with the server
+    CHECK_FALSE(out.done);
+    session.reset(); // its calls end: session reset
+    run_while([&] { return !out.done; });
+    REQUIRE(out.done);
+    CHECK(out.wrong == 0);
+    CHECK(out.counted == 0);
+    MESSAGE("allocations in 2,000 calls: ", out.counted);
+    REQUIRE_FALSE(out.no_handler->has_value());
+    CHECK(out.no_handler->error().is_errno(ENOENT));
+    REQUIRE_FALSE(out.timed_out->has_value());
+    CHECK(out.timed_out->error().is_timeout());
+    REQUIRE_FALSE(out.reset->has_value());
+    CHECK(out.reset->error().is_errno(ECONNRESET));
 }
 
 namespace {

@@ -557,6 +557,13 @@ public:
     /// session's RC path is being set up) wait, in order, before they begin. Asio's rule
     /// for buffers: the caller keeps `request` and `response` valid until the
     /// completion runs (a coroutine that awaits the call does so by itself).
+    /// The completion tokens to pick from for speed: a callback costs least; an
+    /// rdmaxx::async::Task awaiting the call through async::use_task (rdmaxx/async/task.hpp)
+    /// about as little, its coroutine resumed as the callback would run; an
+    /// asio::awaitable through use_awaitable ~350 distinct instructions more per round
+    /// trip (Asio 1.22 starts each awaited operation in a coroutine frame of its own:
+    /// bench/results/rpc-round-trip.md), for Asio's cancellation of the call, which a
+    /// Task lacks (its calls end by their timeouts).
     /// @errors As the table at the top of endpoint.hpp says: timeout (within
     /// options.timeout, its wait for a slot included), peer unreachable (EHOSTUNREACH),
     /// session reset (ECONNRESET), no handler (ENOENT), message too large (EMSGSIZE),
