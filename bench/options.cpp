@@ -95,6 +95,15 @@ std::string_view async_mode_name(AsyncMode mode) noexcept {
     return "?";
 }
 
+std::string_view call_form_name(CallForm form) noexcept {
+    switch (form) {
+    case CallForm::awaitable: return "asio::awaitable";
+    case CallForm::task: return "async::Task";
+    case CallForm::callback: return "callbacks";
+    }
+    return "?";
+}
+
 std::string usage() {
     return "usage: rdmaxx-perf TEST [HOST] [options]\n"
            "  TEST: write_lat write_bw read_lat read_bw send_lat send_bw write_imm_lat write_imm_bw\n"
@@ -132,6 +141,8 @@ std::string usage() {
            "      --one-way           calls to a handler that answers empty: SIZE bytes one way\n"
            "      --callbacks         each call completes to a callback that makes the next call (lib/rpc's\n"
            "                          callback form), not to a coroutine that co_awaits it\n"
+           "      --task              each call is co_awaited by an rdmaxx::async::Task (use_task), not by\n"
+           "                          an asio::awaitable\n"
            "      --rdma-threshold N  bytes above which a message takes the session's RC path (lib/rpc's\n"
            "                          default, 16384); both sides should give the same\n"
            "      --windows           the client lends its memory through memory windows bound per call\n"
@@ -206,7 +217,9 @@ Result<Options> parse_options(std::span<const std::string_view> args) {
         } else if (is("", "--one-way")) {
             o.one_way = true;
         } else if (is("", "--callbacks")) {
-            o.callbacks = true;
+            o.form = CallForm::callback;
+        } else if (is("", "--task")) {
+            o.form = CallForm::task;
         } else if (is("", "--rdma-threshold")) {
             ok = take(o.rdma_threshold, 0, rpc_max_size);
         } else if (is("", "--windows")) {
@@ -270,9 +283,9 @@ Result<Options> parse_options(std::span<const std::string_view> args) {
         o.window = window.value_or(latency ? 1 : 32);
         if (o.async == AsyncMode::off)
             o.async = AsyncMode::busy;
-    } else if (window || o.sessions != 1 || o.one_way || o.callbacks || o.rdma_threshold || o.windows) {
+    } else if (window || o.sessions != 1 || o.one_way || o.form != CallForm::awaitable || o.rdma_threshold || o.windows) {
         return std::unexpected(
-            invalid("--window, --sessions, --one-way, --callbacks, --rdma-threshold and --windows are the RPC "
+            invalid("--window, --sessions, --one-way, --callbacks, --task, --rdma-threshold and --windows are the RPC "
                     "tests' (rpc_lat, rpc_bw)"));
     }
     if (o.test.verb == Verb::atomic && size && *size != atomic_size)

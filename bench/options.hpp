@@ -23,6 +23,11 @@ enum class AtomicOp : std::uint8_t { fetch_add, compare_swap };
 // signaled) in one of its completion modes, or the data layer's own loop (off).
 enum class AsyncMode : std::uint8_t { off, busy, event, hybrid };
 std::string_view async_mode_name(AsyncMode mode) noexcept;
+// RPC tests: what a call completes to: a coroutine that co_awaits it (asio::awaitable,
+// lib/rpc's default token), an rdmaxx::async::Task that co_awaits it (use_task), or a
+// callback that makes the next call.
+enum class CallForm : std::uint8_t { awaitable, task, callback };
+std::string_view call_form_name(CallForm form) noexcept;
 
 // "write_lat", "atomic_bw", ...
 struct Test {
@@ -73,7 +78,7 @@ struct Options {
     std::uint32_t window = 1;                 // RPC tests: calls in flight per session (resolved: 1 latency, 32 bandwidth)
     std::uint32_t sessions = 1;               // RPC tests: sessions of the client's endpoint (bandwidth)
     bool one_way = false;                     // RPC tests: empty responses (SIZE bytes one way)
-    bool callbacks = false;                   // RPC tests: each call's completion a callback, not a coroutine
+    CallForm form = CallForm::awaitable;      // RPC tests: what each call completes to
     std::optional<std::uint32_t> rdma_threshold; // RPC tests: EndpointOptions::rdma_threshold (lib/rpc's default)
     bool windows = false;                     // RPC tests: EndpointOptions::lend_through_windows (client)
     bool json = false;

@@ -38,8 +38,9 @@ std::string async_suffix(const Setup& s, double cpu_us_per_op, std::uint64_t ret
     std::string out =
         fmt::format(",\"async\":\"{}\",\"cpu_us_per_op\":{:.3f}", async_mode_name(s.async), cpu_us_per_op);
     if (s.test.verb == Verb::rpc)
-        out += fmt::format(",\"window\":{},\"sessions\":{},\"one_way\":{},\"callbacks\":{},\"retransmissions\":{}",
-                           s.window, s.sessions, s.one_way, s.callbacks, retransmissions);
+        out += fmt::format(",\"window\":{},\"sessions\":{},\"one_way\":{},\"callbacks\":{},\"form\":\"{}\",\"retransmissions\":{}",
+                           s.window, s.sessions, s.one_way, s.form == CallForm::callback, call_form_name(s.form),
+                           retransmissions);
     return out;
 }
 
@@ -55,7 +56,7 @@ std::string table_head(const Setup& s) {
                            " Completions    : {}, to {}\n Mtu            : {}[B]\n"
                            " Calls          : {}\n Figures        : {}\n{}",
                            s.device, s.sessions, s.window, async_mode_name(s.async),
-                           s.callbacks ? "callbacks" : "coroutines", s.mtu_bytes,
+                           call_form_name(s.form), s.mtu_bytes,
                            s.one_way ? "SIZE bytes to a handler that answers empty" : "SIZE bytes each way (echo)",
                            latency ? "each call's whole round trip (not half of it, as perftest's ping-pong)"
                                    : "calls per second (MsgRate), the bytes of the requests (BW)",

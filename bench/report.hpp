@@ -26,7 +26,7 @@ struct Setup {
     std::uint32_t window = 0;         // RPC tests: calls in flight per session
     std::uint32_t sessions = 0;       // RPC tests
     bool one_way = false;             // RPC tests: empty responses
-    bool callbacks = false;           // RPC tests: calls complete to callbacks, not coroutines
+    CallForm form = CallForm::awaitable; // RPC tests: what calls complete to
 };
 
 // The banner and the column heads, perftest's layout (the RPC tests': their own banner,

@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 
+#include <rdmaxx/async/task.hpp>
 #include <rdmaxx/wrap/context.hpp>
 
 // g++ 12 sees Asio's coroutine-frame operator delete as mismatched with its operator
@@ -159,14 +160,16 @@ void caller_done(Run& run, std::uint32_t calls, std::uint32_t id, rpc::MessageBu
     }
 }
 
-// `calls` calls, one after the other, each awaited by this coroutine.
-asio::awaitable<void> caller(rpc::Session* session, CallerBuffers* buffers, std::uint32_t calls, std::uint32_t id,
-                             Run* run) {
+// `calls` calls, one after the other, each awaited by this coroutine: an
+// asio::awaitable (Token: use_awaitable) or an rdmaxx::async::Task (use_task).
+template <class Coroutine, class Token>
+Coroutine caller(rpc::Session* session, CallerBuffers* buffers, std::uint32_t calls, std::uint32_t id, Run* run,
+                 Token token) {
     fill(buffers->request, id, run->size);
     for (std::uint32_t n = 0; n < calls && !run->error; ++n) {
         starting(*run, n, buffers->request);
         const auto got = co_await session->call(run->one_way ? sink : echo, buffers->request, buffers->response,
-                                                {.timeout = run->timeout});
+                                                {.timeout = run->timeout}, token);
         check(*run, n, got, buffers->request, buffers->response);
     }
     caller_done(*run, calls, id, buffers->request, buffers->response);
@@ -203,13 +206,20 @@ private:
     std::uint32_t n_ = 0;
 };
 
-// Starts caller `id`: a coroutine, or with --callbacks a CallbackCaller kept in `kept`.
-void start_caller(asio::io_context& io, bool callbacks, rpc::Session& session, CallerBuffers& buffers,
+// Starts caller `id`: a coroutine of `form`, or a CallbackCaller kept in `kept`.
+void start_caller(asio::io_context& io, CallForm form, rpc::Session& session, CallerBuffers& buffers,
                   std::uint32_t calls, std::uint32_t id, Run& run, std::deque<CallbackCaller>& kept) {
-    if (callbacks)
-        kept.emplace_back(&session, &buffers, calls, id, &run).next();
-    else
-        asio::co_spawn(io, caller(&session, &buffers, calls, id, &run), asio::detached);
+    switch (form) {
+    case CallForm::callback: kept.emplace_back(&session, &buffers, calls, id, &run).next(); return;
+    case CallForm::task:
+        async::spawn(io.get_executor(),
+                     caller<async::Task<void>>(&session, &buffers, calls, id, &run, async::use_task));
+        return;
+    case CallForm::awaitable:
+        asio::co_spawn(io, caller<asio::awaitable<void>>(&session, &buffers, calls, id, &run, asio::use_awaitable),
+                       asio::detached);
+        return;
+    }
 }
 
 asio::awaitable<void> connect_all(asio::io_context* io, rpc::Endpoint* endpoint, const Options* o,
@@ -258,7 +268,7 @@ RpcSide::RpcSide(Options options, std::unique_ptr<asio::io_context> io, std::uni
     : options_(std::move(options)), io_(std::move(io)), endpoint_(std::move(endpoint)) {
     setup_ = {.test = options_.test, .device = options_.device, .mtu_bytes = endpoint_->mtu(),
               .async = options_.async, .window = options_.window, .sessions = options_.sessions,
-              .one_way = options_.one_way, .callbacks = options_.callbacks};
+              .one_way = options_.one_way, .form = options_.form};
     if (auto context = Context::open(options_.device))
         setup_.device = std::string(context->name());
 }
@@ -299,10 +309,10 @@ Result<Figures> run_client(RpcSide& side, std::uint32_t size, std::uint32_t iter
     if (!buffers)
         return std::unexpected(std::move(buffers.error()));
     // warm up: the RTO estimate, Asio's handler memory, the sessions' buffers
-    std::deque<CallbackCaller> kept; // --callbacks: the callers of both runs, till the end
+    std::deque<CallbackCaller> kept; // callbacks: the callers of both runs, till the end
     Run warm(*side.io_, size, o.one_way, o.timeout, o.sessions);
     for (std::uint32_t s = 0; s < o.sessions; ++s)
-        start_caller(*side.io_, o.callbacks, side.sessions_[s], (*buffers)[s * o.window],
+        start_caller(*side.io_, o.form, side.sessions_[s], (*buffers)[s * o.window],
                      std::clamp(iters / 10, 5u, 200u), s, warm, kept);
     run_until(*side.io_, [&warm] { return warm.callers_left == 0; });
     if (warm.error)
@@ -316,7 +326,7 @@ Result<Figures> run_client(RpcSide& side, std::uint32_t size, std::uint32_t iter
     for (std::uint32_t s = 0; s < o.sessions; ++s)
         for (std::uint32_t w = 0; w < o.window; ++w) {
             const std::uint32_t share = iters / o.window + (w < iters % o.window ? 1 : 0);
-            start_caller(*side.io_, o.callbacks, side.sessions_[s], (*buffers)[s * o.window + w], share,
+            start_caller(*side.io_, o.form, side.sessions_[s], (*buffers)[s * o.window + w], share,
                          s * o.window + w, run, kept);
         }
     run_until(*side.io_, [&run] { return run.callers_left == 0; });

@@ -117,8 +117,9 @@ TEST_CASE("perf options: the RPC tests take a size, a window and sessions, on li
     CHECK_FALSE(bw.one_way);
     CHECK(must(parse({"rpc_bw"})).window == 32);
     CHECK(must(parse({"rpc_bw", "h", "--one-way", "-s", "1048576"})).one_way);
-    CHECK_FALSE(bw.callbacks);
-    CHECK(must(parse({"rpc_lat", "h", "--callbacks"})).callbacks);
+    CHECK(bw.form == CallForm::awaitable);
+    CHECK(must(parse({"rpc_lat", "h", "--callbacks"})).form == CallForm::callback);
+    CHECK(must(parse({"rpc_lat", "h", "--task"})).form == CallForm::task);
     CHECK_FALSE(bw.rdma_threshold);
     CHECK(must(parse({"rpc_lat", "h", "--rdma-threshold", "0"})).rdma_threshold == 0u);
     CHECK_FALSE(bw.windows);
@@ -149,12 +150,12 @@ TEST_CASE("perf report: the RPC tests' banner, perftest's columns, their own JSO
     const std::string json = bandwidth_json(setup, 32, 1000, {.mpps = 0.5, .cpu_us_per_op = 2, .retransmissions = 3});
     CHECK(json.find("\"test\":\"rpc_bw\"") != std::string::npos);
     CHECK(json.find("\"async\":\"busy\",\"cpu_us_per_op\":2.000,\"window\":32,\"sessions\":2,\"one_way\":false,"
-                    "\"callbacks\":false,\"retransmissions\":3}") != std::string::npos);
+                    "\"callbacks\":false,\"form\":\"asio::awaitable\",\"retransmissions\":3}") != std::string::npos);
     CHECK(head.find("SIZE bytes each way (echo)") != std::string::npos);
-    CHECK(head.find("Completions    : busy, to coroutines") != std::string::npos);
+    CHECK(head.find("Completions    : busy, to asio::awaitable") != std::string::npos);
     Setup one_way = setup;
     one_way.one_way = true;
-    one_way.callbacks = true;
+    one_way.form = CallForm::callback;
     CHECK(table_head(one_way).find("answers empty") != std::string::npos);
     CHECK(table_head(one_way).find("to callbacks") != std::string::npos);
     CHECK(bandwidth_json(one_way, 32, 1000, {}).find("\"callbacks\":true") != std::string::npos);
