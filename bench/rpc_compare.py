@@ -7,7 +7,7 @@ sends and UCX's active messages, in the same run, alternating, on this machine's
                  [--window W (32)] [--large-rounds N (3)] [--out DIR]
 
 Per round, in this order: ib_send_lat -c UD, ib_send_lat -c RC, rpc_lat, rpc_lat
---callbacks, rpc_lat --rdma-threshold 0, ucp_am_lat, ucp_am_lat on UD alone, ib_send_bw
+--callbacks, rpc_lat --task, rpc_lat --rdma-threshold 0, ucp_am_lat, ucp_am_lat on UD alone, ib_send_bw
 -c UD, ib_send_bw -c RC, rpc_bw -w W, rpc_bw -w W --rdma-threshold 0, ucp_am_bw,
 ucp_am_bw on UD alone (ucx_perftest). Reported, each tool's best
 round, the median of the rounds and the range, and the ratios of the best rounds, of the
@@ -15,7 +15,8 @@ medians, and within each round (their median and range: a drift of the host's sp
 between rounds moves both tools of a round):
   round trip: rpc_lat's t_typical (a whole round trip) / (2 x ib_send_lat UD's t_typical,
               half of one)                                            (target <= 1.3);
-              the same with the calls in lib/rpc's callback form instead of awaited
+              the same with the calls in lib/rpc's callback form, and co_awaited by
+              an async::Task (use_task), instead of by an asio::awaitable
   rate:       rpc_bw's calls per second / ib_send_bw UD's message rate  (target >= 0.4)
   UCX:        rpc against ucp_am_lat (2 x its typical: it reports half a round trip, as
               perftest) and ucp_am_bw's message rate                (target: rpc faster);
@@ -237,10 +238,11 @@ def main():
     ucx = Ucx(args.size, ucx_configs(device))
     # tried only where UCX runs on the device at all (else its failure is told once)
     ucx_ud = Ucx(args.size, [ucx_ud_config(device)] if ucx.counts() else [])
-    runs = {k: [] for k in ("send_lat_ud_us", "send_lat_rc_us", "rpc_rtt_us", "rpc_rtt_callbacks_us", "rpc_rtt_rc_us",
+    runs = {k: [] for k in ("send_lat_ud_us", "send_lat_rc_us", "rpc_rtt_us", "rpc_rtt_callbacks_us", "rpc_rtt_task_us",
+                            "rpc_rtt_rc_us",
                             "ucx_am_lat_us", "ucx_ud_am_lat_us", "send_bw_ud_mpps", "send_bw_rc_mpps", "rpc_mcalls",
                             "rpc_mcalls_rc", "ucx_am_bw_mpps", "ucx_ud_am_bw_mpps")}
-    retransmissions = {"rpc_lat": [], "rpc_lat_callbacks": [], "rpc_lat_rc": [], "rpc_bw": [], "rpc_bw_rc": []}
+    retransmissions = {"rpc_lat": [], "rpc_lat_callbacks": [], "rpc_lat_task": [], "rpc_lat_rc": [], "rpc_bw": [], "rpc_bw_rc": []}
     every_rc = ["--rdma-threshold", "0"]
     ucx_mean = []  # ucp_am_lat's mean half round trip (its median is in the table)
     per_round = []  # each round's figures by key: the ratios within a round
@@ -257,6 +259,7 @@ def main():
             add(key, perftest_figure(out, True, args.size) if out else None)
         for extra, key, test in (([], "rpc_rtt_us", "rpc_lat"),
                                  (["--callbacks"], "rpc_rtt_callbacks_us", "rpc_lat_callbacks"),
+                                 (["--task"], "rpc_rtt_task_us", "rpc_lat_task"),
                                  (every_rc, "rpc_rtt_rc_us", "rpc_lat_rc")):
             row = rdmaxx("rpc_lat", lat_iters, extra)
             if row:
@@ -301,7 +304,8 @@ def main():
               flush=True)
 
     lat = {k: best_median(runs[k], min) for k in ("send_lat_ud_us", "send_lat_rc_us", "rpc_rtt_us",
-                                                  "rpc_rtt_callbacks_us", "rpc_rtt_rc_us", "ucx_am_lat_us",
+                                                  "rpc_rtt_callbacks_us", "rpc_rtt_task_us", "rpc_rtt_rc_us",
+                                                  "ucx_am_lat_us",
                                                   "ucx_ud_am_lat_us")}
     rate = {k: best_median(runs[k], max) for k in ("send_bw_ud_mpps", "send_bw_rc_mpps", "rpc_mcalls",
                                                     "rpc_mcalls_rc", "ucx_am_bw_mpps", "ucx_ud_am_bw_mpps")}
@@ -314,6 +318,7 @@ def main():
         "rtt_vs_2x_send_lat_ud": [ratio(r_lat, lat["send_lat_ud_us"], i, 2) for i in (0, 1)],
         "rtt_callbacks_vs_2x_send_lat_ud": [ratio(lat["rpc_rtt_callbacks_us"], lat["send_lat_ud_us"], i, 2)
                                             for i in (0, 1)],
+        "rtt_task_vs_2x_send_lat_ud": [ratio(lat["rpc_rtt_task_us"], lat["send_lat_ud_us"], i, 2) for i in (0, 1)],
         "rtt_vs_2x_send_lat_rc": [ratio(r_lat, lat["send_lat_rc_us"], i, 2) for i in (0, 1)],
         "rtt_vs_2x_ucx_am_lat": [ratio(r_lat, u_lat, i, 2) for i in (0, 1)],
         "rate_vs_send_bw_ud": [ratio(rate["rpc_mcalls"], rate["send_bw_ud_mpps"], i) for i in (0, 1)],
@@ -341,6 +346,8 @@ def main():
         ("round trip [us]: rpc_lat --callbacks (lib/rpc's callback form) vs 2 x ib_send_lat UD",
          "rpc_rtt_callbacks_us", "send_lat_ud_us", 2, ratios["rtt_callbacks_vs_2x_send_lat_ud"], "<= 1.3",
          lambda v: v <= 1.3),
+        ("round trip [us]: rpc_lat --task (each call co_awaited by an async::Task) vs 2 x ib_send_lat UD",
+         "rpc_rtt_task_us", "send_lat_ud_us", 2, ratios["rtt_task_vs_2x_send_lat_ud"], "<= 1.3", lambda v: v <= 1.3),
         ("round trip [us]: rpc_lat vs 2 x ib_send_lat RC", "rpc_rtt_us", "send_lat_rc_us", 2,
          ratios["rtt_vs_2x_send_lat_rc"], "(reference)", None),
         (f"round trip [us]: rpc_lat vs 2 x {ucx_name} ucp_am_lat{ucx_note}", "rpc_rtt_us", "ucx_am_lat_us", 2,
@@ -408,6 +415,7 @@ def main():
                        f"{fmt(2 * rate['rpc_mcalls'][0] / rate['ucx_am_bw_mpps'][0])}x ucp_am_bw's")
     table += (f"\nrdmaxx rpc retransmissions per run: rpc_lat {retransmissions['rpc_lat']}, "
               f"rpc_lat --callbacks {retransmissions['rpc_lat_callbacks']}, "
+              f"rpc_lat --task {retransmissions['rpc_lat_task']}, "
               f"rpc_lat --rdma-threshold 0 {retransmissions['rpc_lat_rc']}, "
               f"rpc_bw {retransmissions['rpc_bw']}, rpc_bw --rdma-threshold 0 {retransmissions['rpc_bw_rc']}. Latencies are medians (perftest's and rdmaxx-perf's "
               "t_typical, ucx_perftest's 50th percentile); ucp_am_lat's means (half round trips, us): "
