@@ -127,8 +127,8 @@ TEST_CASE("UD transport: payloads gathered from held memory arrive whole; the me
         packets.push_back(packet(n * 41 + 5, b->mtu())); // lengths from 9 up: payloads of 5 and more
         bytes += packets.back().size() - 4;
     }
-    rpc::detail::BufferHold memory(new rpc::detail::BufferBlock{
-        .region = must(MemoryRegion::allocate(a->pd(), bytes, Access::none)), .holders = 1});
+    rpc::detail::BufferHold memory(
+        new rpc::detail::BufferBlock(must(MemoryRegion::allocate(a->pd(), bytes, Access::none)), 0));
     std::size_t at = 0;
     for (std::uint32_t n = 0; n < total; ++n) {
         const auto payload = std::span(packets[n]).subspan(4);

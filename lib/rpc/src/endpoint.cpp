@@ -1532,10 +1532,7 @@ void EndpointCore::renew(SessionState& s, MessageBuffer& buffer, bool keep_bytes
     }
     if (keep_bytes && buffer.size_ > 0)
         std::memcpy(fresh->data() + old_block.room, old_block.message().data(), buffer.size_);
-    const std::uint32_t lkey = fresh->lkey();
-    buffer.hold_ =
-        BufferHold(new BufferBlock{
-            .region = std::move(*fresh), .holders = 1, .lkey = lkey, .room = old_block.room, .pd = old_block.pd});
+    buffer.hold_ = BufferHold(new BufferBlock(std::move(*fresh), old_block.room));
     ++counters.buffers_renewed;
 }
 
@@ -2703,8 +2700,8 @@ void Session::start(std::uint8_t type, MessageBuffer& request, MessageBuffer& re
     require(request.hold_.get()->pd == core_->buffers_pd && response.hold_.get()->pd == core_->buffers_pd, where,
             "Session::call with a MessageBuffer of another endpoint (this session's Endpoint::alloc_buffer makes "
             "them)");
-    core_->start({.number = number_, .generation = generation_}, type, request.bytes(where),
-                 response.hold_.get()->message(), {.request = &request, .response = &response}, options,
+    core_->start({.number = number_, .generation = generation_}, type,
+                 request.hold_.get()->message().first(request.size_), response.hold_.get()->message(), {.request = &request, .response = &response}, options,
                  std::move(handler));
 }
 
@@ -2827,11 +2824,7 @@ Result<MessageBuffer> Endpoint::alloc_buffer(std::size_t capacity, BufferUse use
     auto region = MemoryRegion::allocate(core_->transport->pd(), room + capacity, access, {}, where);
     if (!region)
         return std::unexpected(std::move(region.error()));
-    const std::uint32_t lkey = region->lkey();
-    const void* pd = region->get(where)->pd;
-    return MessageBuffer(detail::BufferHold(new detail::BufferBlock{
-                             .region = std::move(*region), .holders = 1, .lkey = lkey, .room = room, .pd = pd}),
-                         use);
+    return MessageBuffer(detail::BufferHold(new detail::BufferBlock(std::move(*region), room)), use);
 }
 
 std::span<std::byte> MessageBuffer::bytes(std::source_location where) {

@@ -97,13 +97,20 @@ struct EndpointCore;
 // region begins with `room` bytes in front of the message (a request buffer's: a
 // packet header and a descriptor, for a request SENT whole from there).
 struct BufferBlock {
+    BufferBlock(MemoryRegion registered, std::uint32_t room_in_front)
+        : region(std::move(registered)), lkey(region.lkey()), room(room_in_front), pd(region.get()->pd),
+          message_(region.bytes().subspan(room)) {}
+
     MemoryRegion region;
     std::uint32_t holders = 1;
-    std::uint32_t lkey = 0; // region's, for the packets gathered from it
-    std::uint32_t room = 0;
-    const void* pd = nullptr; // region's ibv_pd: a call takes only its endpoint's buffers
-    // The bytes past the room: the message's capacity.
-    std::span<std::byte> message() const noexcept { return region.bytes().subspan(room); }
+    std::uint32_t lkey; // region's, for the packets gathered from it
+    std::uint32_t room;
+    const void* pd; // region's ibv_pd: a call takes only its endpoint's buffers
+    // The bytes past the room: the message's capacity (kept: every call reads it).
+    std::span<std::byte> message() const noexcept { return message_; }
+
+private:
+    std::span<std::byte> message_;
 };
 
 // One holder of a BufferBlock.
