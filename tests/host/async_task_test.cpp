@@ -97,12 +97,12 @@ TEST_CASE("task: an operation's arguments are the co_await's value: one as it is
     CHECK(posted);
 }
 
-TEST_CASE("task: a million awaits of tasks that return at once take no stack") {
+TEST_CASE("task: 100,000 awaits of tasks that return at once take no stack") {
     asio::io_context io;
     long total = 0;
-    async::spawn(io.get_executor(), many(1'000'000, &total));
+    async::spawn(io.get_executor(), many(100'000, &total)); // ~10 MB of stack if each nested
     io.run();
-    CHECK(total == 499'999'500'000L);
+    CHECK(total == 4'999'950'000L);
 }
 
 TEST_CASE("task: destroyed with its io_context while an operation is pending, the chain's frames go, innermost first") {

@@ -25,8 +25,10 @@
 /// The rules:
 /// - A Task is lazy: its body runs when it is awaited (co_await task, from a Task) or
 ///   spawned (spawn(), which runs it on an executor and destroys its frame when it
-///   returns). Awaiting one resumes the awaiting Task, by symmetric transfer, when it
-///   returns: nesting costs no stack.
+///   returns). Awaiting one runs it at once, and the awaiting Task goes on when it
+///   returns: in the same call if it returned without suspending (so a loop awaiting
+///   Tasks that return at once takes no stack, whatever the optimisation: g++ -O0
+///   makes no tail call of a symmetric transfer), else from its end.
 /// - `co_await operation(..., use_task)` suspends the Task until the operation's
 ///   handler runs; its value is the handler's argument (several: a std::tuple; none:
 ///   void). The operation decides where that happens (lib/rpc: its endpoint's
@@ -73,12 +75,14 @@ public:
     struct FinalAwaiter {
         bool await_ready() const noexcept { return false; }
         template <class Promise>
-        std::coroutine_handle<> await_suspend(std::coroutine_handle<Promise> done) const noexcept {
+        void await_suspend(std::coroutine_handle<Promise> done) const noexcept {
             TaskPromiseBase& promise = done.promise();
-            if (promise.continuation_)
-                return promise.continuation_;
-            done.destroy(); // spawned: nobody awaits it
-            return std::noop_coroutine();
+            promise.done_ = true;
+            if (!promise.continuation_)
+                done.destroy(); // spawned: nobody awaits it
+            else if (!promise.inline_)
+                promise.continuation_.resume(); // it had suspended: its awaiter goes on from here
+            // else its awaiter, still in await_suspend, goes on as that returns
         }
         void await_resume() const noexcept {}
     };
@@ -95,6 +99,8 @@ protected:
 
     std::coroutine_handle<> continuation_; // empty: spawned
     std::coroutine_handle<> root_;
+    bool inline_ = false; // its awaiter is inside await_suspend (it has not suspended yet)
+    bool done_ = false;   // it returned
 };
 
 template <class T>
@@ -242,11 +248,16 @@ private:
     struct Awaiter {
         std::coroutine_handle<promise_type> task;
         bool await_ready() const noexcept { return false; }
+        // Runs the task; false (go on at once) if it returned without suspending.
         template <class Promise>
-        std::coroutine_handle<> await_suspend(std::coroutine_handle<Promise> waiting) const noexcept {
-            task.promise().continuation_ = waiting;
-            task.promise().root_ = waiting.promise().root();
-            return task;
+        bool await_suspend(std::coroutine_handle<Promise> waiting) const {
+            promise_type& promise = task.promise();
+            promise.continuation_ = waiting;
+            promise.root_ = waiting.promise().root();
+            promise.inline_ = true;
+            task.resume();
+            promise.inline_ = false;
+            return !promise.done_;
         }
         T await_resume() const { return task.promise().take(); }
     };
