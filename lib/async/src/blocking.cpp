@@ -47,6 +47,10 @@ asio::awaitable<bool> PeerTurn::take(std::chrono::steady_clock::time_point deadl
         held_ = true;
         co_return true;
     }
+    // past its deadline already: no place in the queue (a timer of that deadline ends
+    // only at the reactor's next turn, which a loaded thread may be slow to give)
+    if (deadline <= std::chrono::steady_clock::now())
+        co_return false;
     asio::steady_timer timer(executor, deadline);
     waiting_ = &timer;
     share_->waiting.push_back(this);

@@ -137,7 +137,8 @@ public:
     /// Waits for the turn, on the caller's io_context, once per PeerTurn, in `lane`
     /// (every turn without one shares the lane ""). True: it is this one's until
     /// destroyed. False: `deadline` passed first (a turn handed over as it passed too:
-    /// the call would begin past its bound), or cancel() ended the wait.
+    /// the call would begin past its bound; a deadline past already, with no turn free,
+    /// at once), or cancel() ended the wait.
     asio::awaitable<bool> take(std::chrono::steady_clock::time_point deadline, std::string_view lane = {});
     /// Ends a wait under way without the turn (take() returns false): whoever waited
     /// is going away. Nothing if none is under way.
