@@ -36,6 +36,7 @@
 #include <rdmaxx/async/completions.hpp>
 #include <rdmaxx/async/error_code.hpp>
 #include <rdmaxx/async/queue_pair.hpp>
+#include <rdmaxx/async/task.hpp>
 #include <rdmaxx/async/tcp.hpp>
 
 #include "../support/allocations.hpp"
@@ -107,9 +108,11 @@ struct AsyncPair {
     }
 };
 
-// Every operation of async::QueuePair, awaited in turn; returns how many checks failed
-// (a coroutine must not throw out of doctest's macros, so it counts).
-asio::awaitable<void> every_operation(AsyncPair& p, int& failures, bool& done) {
+// Every operation of async::QueuePair, awaited in turn through `token` by a coroutine of
+// type Coroutine (asio::awaitable, async::Task); counts the checks that failed (a
+// coroutine must not throw out of doctest's macros).
+template <class Coroutine, class Token>
+Coroutine every_operation(AsyncPair& p, Token token, int& failures, bool& done) {
     int step = 0;
     auto fails = [&](bool ok) {
         ++step;
@@ -119,10 +122,10 @@ asio::awaitable<void> every_operation(AsyncPair& p, int& failures, bool& done) {
     };
     test::fill(p.mem_a.bytes().subspan(0, 4096), 1);
     // WRITE, then READ it back
-    auto w = co_await p.a.write(p.mem_a.slice(0, 4096), p.mem_b.remote().slice(0, 4096));
+    auto w = co_await p.a.write(p.mem_a.slice(0, 4096), p.mem_b.remote().slice(0, 4096), token);
     fails(w.has_value());
     fails(std::memcmp(p.mem_a.data(), p.mem_b.data(), 4096) == 0);
-    auto r = co_await p.a.read(p.mem_a.slice(8192, 4096), p.mem_b.remote().slice(0, 4096));
+    auto r = co_await p.a.read(p.mem_a.slice(8192, 4096), p.mem_b.remote().slice(0, 4096), token);
     fails(r.has_value() && r->opcode() == WcOpcode::rdma_read);
     fails(std::memcmp(p.mem_a.data() + 8192, p.mem_b.data(), 4096) == 0);
     // SEND with an immediate into a receive posted first (a callback initiates at once;
@@ -130,24 +133,25 @@ asio::awaitable<void> every_operation(AsyncPair& p, int& failures, bool& done) {
     std::optional<Result<WorkCompletion>> got;
     auto keep = [&got](Result<WorkCompletion> r) { got = std::move(r); };
     p.b.receive(p.mem_b.slice(65536, 256), keep);
-    auto s = co_await p.a.send_with_imm(p.mem_a.slice(0, 200), 0xfeed);
+    auto s = co_await p.a.send_with_imm(p.mem_a.slice(0, 200), 0xfeed, token);
     fails(s.has_value());
     while (!got)
-        co_await asio::post(co_await asio::this_coro::executor, asio::use_awaitable);
+        co_await asio::post(p.io.get_executor(), token);
     fails(got->has_value() && (*got)->byte_len() == 200 && (*got)->imm() == 0xfeedu);
     // WRITE_WITH_IMM consumes a receive
     got.reset();
     p.b.receive(p.mem_b.slice(65536, 256), keep);
-    fails((co_await p.a.write_with_imm(p.mem_a.slice(0, 64), p.mem_b.remote().slice(4096, 64), 7)).has_value());
+    auto wi = co_await p.a.write_with_imm(p.mem_a.slice(0, 64), p.mem_b.remote().slice(4096, 64), 7, token);
+    fails(wi.has_value());
     while (!got)
-        co_await asio::post(co_await asio::this_coro::executor, asio::use_awaitable);
+        co_await asio::post(p.io.get_executor(), token);
     fails(got->has_value() && (*got)->opcode() == WcOpcode::recv_rdma_with_imm && (*got)->imm() == 7u);
     // atomics (where the device has them: rxe does)
     if (p.a.get().supports_atomics()) {
         std::memset(p.mem_b.data() + 16384, 0, 8);
-        auto faa = co_await p.a.fetch_add(p.mem_a.slice(32768, 8), p.mem_b.remote().slice(16384, 8), 5);
+        auto faa = co_await p.a.fetch_add(p.mem_a.slice(32768, 8), p.mem_b.remote().slice(16384, 8), 5, token);
         fails(faa.has_value());
-        auto cas = co_await p.a.compare_swap(p.mem_a.slice(32768, 8), p.mem_b.remote().slice(16384, 8), 5, 9);
+        auto cas = co_await p.a.compare_swap(p.mem_a.slice(32768, 8), p.mem_b.remote().slice(16384, 8), 5, 9, token);
         std::uint64_t old = 0, now = 0;
         std::memcpy(&old, p.mem_a.data() + 32768, 8);
         std::memcpy(&now, p.mem_b.data() + 16384, 8);
@@ -157,26 +161,35 @@ asio::awaitable<void> every_operation(AsyncPair& p, int& failures, bool& done) {
     SendBatch<3> batch(p.a.get());
     for (std::size_t k = 0; k < 3; ++k)
         batch.write(p.mem_a.slice(k * 100, 100), p.mem_b.remote().slice(200000 + k * 100, 100));
-    fails((co_await p.a.post(batch)).has_value());
+    auto posted = co_await p.a.post(batch, token);
+    fails(posted.has_value());
     fails(std::memcmp(p.mem_a.data(), p.mem_b.data() + 200000, 300) == 0);
     done = true;
 }
 
 } // namespace
 
-TEST_CASE("every async operation completes with its data, in every completion mode") {
-    for (const auto mode : modes) {
-        CAPTURE(name(mode));
-        AsyncPair p(mode);
-        int failures = 0;
-        bool done = false;
-        asio::co_spawn(p.io, every_operation(p, failures, done), asio::detached);
-        p.run_until(done);
-        CHECK(failures == 0);
-        CHECK(async::Completions::of(p.io).in_flight() == 0);
-        CHECK(p.a.posted() == 0);
-        CHECK_FALSE(p.a.dead());
-    }
+TEST_CASE("every async operation completes with its data, in every completion mode, awaited by an "
+          "asio::awaitable and by an async::Task") {
+    for (const auto mode : modes)
+        for (const bool task : {false, true}) {
+            CAPTURE(name(mode));
+            CAPTURE(task);
+            AsyncPair p(mode);
+            int failures = 0;
+            bool done = false;
+            if (task)
+                async::spawn(p.io.get_executor(),
+                             every_operation<async::Task<void>>(p, async::use_task, failures, done));
+            else
+                asio::co_spawn(p.io, every_operation<asio::awaitable<void>>(p, asio::use_awaitable, failures, done),
+                               asio::detached);
+            p.run_until(done);
+            CHECK(failures == 0);
+            CHECK(async::Completions::of(p.io).in_flight() == 0);
+            CHECK(p.a.posted() == 0);
+            CHECK_FALSE(p.a.dead());
+        }
 }
 
 TEST_CASE("an io_context without operations in flight has nothing to run: run() returns") {
