@@ -101,7 +101,7 @@ struct BufferBlock {
         : region(std::move(registered)), lkey(region.lkey()), room(room_in_front), pd(region.get()->pd),
           message_(region.bytes().subspan(room)) {}
 
-    MemoryRegion region;
+    const MemoryRegion region; // const: message_ points into it
     std::uint32_t holders = 1;
     std::uint32_t lkey; // region's, for the packets gathered from it
     std::uint32_t room;
