@@ -125,24 +125,34 @@ public:
     void take() const noexcept {}
 };
 
-// Starts `root` on `executor`: a root whose start never runs (its io_context destroyed
-// first) is destroyed.
-struct TaskStart {
-    std::coroutine_handle<> root;
-    TaskStart(std::coroutine_handle<> r) noexcept : root(r) {}
-    TaskStart(TaskStart&& other) noexcept : root(std::exchange(other.root, {})) {}
-    TaskStart& operator=(TaskStart&&) = delete;
-    ~TaskStart() {
-        if (root)
-            root.destroy();
+// The spawned root of a chain, owned by a handler that will resume the chain until it
+// runs: a handler destroyed unrun (its io_context destroyed first) destroys the chain.
+class RootUntilRun {
+public:
+    explicit RootUntilRun(std::coroutine_handle<> root) noexcept : root_(root) {}
+    RootUntilRun(RootUntilRun&& other) noexcept : root_(std::exchange(other.root_, {})) {}
+    RootUntilRun& operator=(RootUntilRun&&) = delete;
+    ~RootUntilRun() {
+        if (root_)
+            root_.destroy();
     }
-    void operator()() { std::exchange(root, {}).resume(); }
+    // The handler runs: the chain is no longer this one's to destroy.
+    std::coroutine_handle<> release() noexcept { return std::exchange(root_, {}); }
+
+private:
+    std::coroutine_handle<> root_;
+};
+
+// Starts `root` on `executor`.
+struct TaskStart {
+    RootUntilRun root;
+    void operator()() { root.release().resume(); }
 };
 
 template <class Executor>
 void spawn_root(const Executor& executor, std::coroutine_handle<> root, TaskPromiseBase& promise) {
     promise.root_ = root;
-    asio::post(executor, TaskStart(root));
+    asio::post(executor, TaskStart{RootUntilRun(root)});
 }
 
 // An operation's handler arguments as a co_await's value.
@@ -175,24 +185,19 @@ public:
     // destroyed unrun, destroys the chain it would have resumed.
     class Resume {
     public:
-        explicit Resume(OperationAwaiter* awaiter) noexcept : awaiter_(awaiter) {}
-        Resume(Resume&& other) noexcept : awaiter_(std::exchange(other.awaiter_, nullptr)) {}
-        Resume& operator=(Resume&&) = delete;
-        ~Resume() {
-            if (awaiter_)
-                awaiter_->root_.destroy();
-        }
+        explicit Resume(OperationAwaiter* awaiter) noexcept : awaiter_(awaiter), root_(awaiter->root_) {}
         void operator()(Args... args) {
-            OperationAwaiter* awaiter = std::exchange(awaiter_, nullptr);
+            root_.release();
             if constexpr (sizeof...(Args) == 0)
-                awaiter->value_.emplace();
+                awaiter_->value_.emplace();
             else
-                awaiter->value_.emplace(std::forward<Args>(args)...);
-            awaiter->waiting_.resume();
+                awaiter_->value_.emplace(std::forward<Args>(args)...);
+            awaiter_->waiting_.resume();
         }
 
     private:
         OperationAwaiter* awaiter_;
+        RootUntilRun root_;
     };
 
     bool await_ready() const noexcept { return false; }
