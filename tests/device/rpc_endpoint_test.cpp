@@ -2906,22 +2906,30 @@ Coroutine counted_calls(rpc::Session* session, rpc::MessageBuffer* request, rpc:
     *counted = test::allocations;
 }
 
-asio::awaitable<void> connect_only(Rig* rig, std::optional<rpc::Session>* session) {
-    co_await connect_into(rig, session);
+std::optional<rpc::Session> connected(Rig& rig) {
+    std::optional<rpc::Session> session;
+    run(rig.io, connect_into(&rig, &session), 60s);
+    return session;
 }
+
+// What each allocation test calls through: a session to the Rig's server and two
+// 4 KiB MessageBuffers of its client.
+struct CallRig {
+    Rig rig;
+    std::optional<rpc::Session> session = connected(rig);
+    rpc::MessageBuffer request = must(rig.client->alloc_buffer(4096, rpc::BufferUse::request));
+    rpc::MessageBuffer response = must(rig.client->alloc_buffer(4096, rpc::BufferUse::response));
+};
 
 } // namespace
 
 TEST_CASE("rpc endpoint: calls allocate nothing once warm, with spans and with MessageBuffers") {
-    Rig rig;
-    std::optional<rpc::Session> session;
-    run(rig.io, connect_only(&rig, &session), 60s);
-    auto request = must(rig.client->alloc_buffer(4096, rpc::BufferUse::request));
-    auto response = must(rig.client->alloc_buffer(4096, rpc::BufferUse::response));
+    CallRig r;
     long counted = -1;
     int wrong = 0;
-    run(rig.io,
-        counted_calls<asio::awaitable<void>>(&*session, &request, &response, asio::use_awaitable, &counted, &wrong),
+    run(r.rig.io,
+        counted_calls<asio::awaitable<void>>(&*r.session, &r.request, &r.response, asio::use_awaitable, &counted,
+                                             &wrong),
         120s);
     CHECK(wrong == 0);
     CHECK(counted == 0);
@@ -2978,18 +2986,14 @@ struct CountedCallbackCalls {
 
 TEST_CASE("rpc endpoint: calls in the callback form allocate nothing once warm") {
     CountedCallbackCalls chain{}; // outlives the session: a call it ends completes into the chain
-    Rig rig;
-    std::optional<rpc::Session> session;
-    run(rig.io, connect_only(&rig, &session), 60s);
-    auto request = must(rig.client->alloc_buffer(4096, rpc::BufferUse::request));
-    auto response = must(rig.client->alloc_buffer(4096, rpc::BufferUse::response));
-    chain.session = &*session;
-    chain.request = &request;
-    chain.response = &response;
+    CallRig r;
+    chain.session = &*r.session;
+    chain.request = &r.request;
+    chain.response = &r.response;
     chain.next();
     const auto deadline = std::chrono::steady_clock::now() + 120s;
     while (chain.counted < 0 && chain.wrong == 0 && std::chrono::steady_clock::now() < deadline)
-        rig.io.run_for(10ms);
+        r.rig.io.run_for(10ms);
     CHECK(chain.calls == 2200);
     CHECK(chain.wrong == 0);
     CHECK(chain.counted == 0);
@@ -3023,22 +3027,18 @@ async::Task<void> task_calls(rpc::Session* session, rpc::MessageBuffer* request,
 } // namespace
 
 TEST_CASE("rpc endpoint: a Task co_awaits calls through use_task: responses, each error, no allocation once warm") {
-    Rig rig;
-    std::optional<rpc::Session> session;
-    run(rig.io, connect_only(&rig, &session), 60s);
-    auto request = must(rig.client->alloc_buffer(4096, rpc::BufferUse::request));
-    auto response = must(rig.client->alloc_buffer(4096, rpc::BufferUse::response));
+    CallRig r;
     TaskOutcome out;
-    async::spawn(rig.io.get_executor(), task_calls(&*session, &request, &response, &out));
-    const auto run_while = [&rig](auto&& busy) {
+    async::spawn(r.rig.io.get_executor(), task_calls(&*r.session, &r.request, &r.response, &out));
+    const auto run_while = [&r](auto&& busy) {
         const auto deadline = std::chrono::steady_clock::now() + 120s;
         while (busy() && std::chrono::steady_clock::now() < deadline)
-            rig.io.run_for(10ms);
+            r.rig.io.run_for(10ms);
     };
-    run_while([&] { return !out.timed_out.has_value() || rig.held.size() < 2; });
-    REQUIRE(rig.held.size() == 2); // the last call is with the server
+    run_while([&] { return !out.timed_out.has_value() || r.rig.held.size() < 2; });
+    REQUIRE(r.rig.held.size() == 2); // the last call is with the server
     CHECK_FALSE(out.done);
-    session.reset(); // its calls end: session reset
+    r.session.reset(); // its calls end: session reset
     run_while([&] { return !out.done; });
     REQUIRE(out.done);
     CHECK(out.wrong == 0);
