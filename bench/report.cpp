@@ -38,9 +38,8 @@ std::string async_suffix(const Setup& s, double cpu_us_per_op, std::uint64_t ret
     std::string out =
         fmt::format(",\"async\":\"{}\",\"cpu_us_per_op\":{:.3f}", async_mode_name(s.async), cpu_us_per_op);
     if (s.test.verb == Verb::rpc)
-        out += fmt::format(",\"window\":{},\"sessions\":{},\"one_way\":{},\"callbacks\":{},\"form\":\"{}\",\"retransmissions\":{}",
-                           s.window, s.sessions, s.one_way, s.form == CallForm::callback, call_form_name(s.form),
-                           retransmissions);
+        out += fmt::format(",\"window\":{},\"sessions\":{},\"one_way\":{},\"form\":\"{}\",\"retransmissions\":{}",
+                           s.window, s.sessions, s.one_way, call_form_name(s.form), retransmissions);
     return out;
 }
 
