@@ -18,6 +18,7 @@
 
 #include <fmt/format.h>
 
+#include <rdmaxx/async/blocking.hpp>
 #include <rdmaxx/async/deadline.hpp>
 #include <rdmaxx/async/error_code.hpp>
 
@@ -244,25 +245,14 @@ void ControlChannel::watch_peer(std::chrono::milliseconds silence) noexcept {
 bool ControlChannel::over_tcp() const noexcept { return std::holds_alternative<tcp::socket>(state_->link); }
 
 std::string ControlChannel::peer_host() const {
-    asio::error_code ec;
-    asio::ip::address address;
     if (const auto* socket = std::get_if<tcp::socket>(&state_->link)) {
-        address = socket->remote_endpoint(ec).address();
-    } else if (const CmLink& cm = std::get<CmLink>(state_->link); cm.connection) {
-        const std::string& peer = cm.connection->peer_address(); // numeric "address:port": a listener's client
-        address = asio::ip::make_address(std::string_view(peer).substr(0, peer.rfind(':')), ec);
-    } else {
-        return {};
+        asio::error_code ec;
+        const auto endpoint = socket->remote_endpoint(ec);
+        return ec ? std::string() : async::peer_lane(endpoint.address());
     }
-    if (ec)
-        return {};
-    if (address.is_v6() && address.to_v6().is_v4_mapped())
-        return asio::ip::make_address_v4(asio::ip::v4_mapped, address.to_v6()).to_string();
-    if (address.is_v4())
-        return address.to_string();
-    auto bytes = address.to_v6().to_bytes();
-    std::fill(bytes.begin() + 8, bytes.end(), 0);
-    return asio::ip::address_v6(bytes).to_string() + "/64";
+    if (const CmLink& cm = std::get<CmLink>(state_->link); cm.connection)
+        return async::peer_lane(cm.connection->peer_address()); // numeric "address:port": a listener's client
+    return {};
 }
 
 Result<ControlChannel> ControlChannel::over(Executor executor, async::Connection connection) {

@@ -48,6 +48,7 @@
 #include <asio/awaitable.hpp>
 #include <asio/co_spawn.hpp>
 #include <asio/execution_context.hpp>
+#include <asio/ip/address.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/experimental/as_tuple.hpp>
 #include <asio/this_coro.hpp>
@@ -153,5 +154,13 @@ private:
     asio::steady_timer* waiting_ = nullptr; // take()'s, while it waits
     bool held_ = false;
 };
+
+/// The lane (PeerTurn::take) of a peer at `address`: its IPv4 address, or its IPv6
+/// address's /64 (a host's own addresses, which it may choose at will, share one); an
+/// IPv4-mapped address as the IPv4 one.
+std::string peer_lane(const asio::ip::address& address);
+/// The same of a numeric "address:port" (how rdmaxx names a connection's peer); "" if it
+/// names no address.
+std::string peer_lane(std::string_view numeric_address_port);
 
 } // namespace rdmaxx::async
