@@ -5,6 +5,10 @@
 // on its own copy.
 #include <rdmaxx/async/connection.hpp>
 
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
 
@@ -42,6 +46,102 @@ struct Peer {
         driver->wake();
     }
 };
+
+// async::Listener's connects (rdmaxx::detail::BackgroundConnect): each on a helper of
+// the io_context (run_blocking) at a peer's turn (PeerTurn, in the lane of the client's
+// host). However many clients announce addresses nobody answers for, their connects
+// take two helper threads at most, shared with every endpoint and listener on the
+// io_context, and one host's clients delay another host's by a turn at most.
+class ConnectOnHelpers final : public rdmaxx::detail::BackgroundConnect {
+public:
+    // Errors: no eventfd (its errno).
+    static Result<std::unique_ptr<BackgroundConnect>> start(const asio::any_io_executor& executor,
+                                                            std::function<Result<void>()> connect,
+                                                            const std::string& peer, Clock::time_point deadline);
+    // Ends its wait for a turn, or waits for its connect under way on a helper (at most
+    // a second: the connect touches the handshake's QP).
+    ~ConnectOnHelpers() override;
+
+private:
+    // Shared with the coroutine that runs the connect, which may outlive this.
+    struct Shared {
+        std::function<Result<void>()> connect;
+        PeerTurn* waiting = nullptr; // the coroutine's turn, while it waits for it
+        std::mutex mutex;            // for owner and running: the helper reads them too
+        std::condition_variable returned;
+        ConnectOnHelpers* owner = nullptr; // null once destroyed: no connect, no result
+        bool running = false;              // the connect is on a helper now
+    };
+    ConnectOnHelpers() = default;
+    static asio::awaitable<void> run(std::shared_ptr<Shared> shared, std::string peer, Clock::time_point deadline);
+    std::shared_ptr<Shared> shared_;
+};
+
+Result<std::unique_ptr<rdmaxx::detail::BackgroundConnect>>
+ConnectOnHelpers::start(const asio::any_io_executor& executor, std::function<Result<void>()> connect,
+                        const std::string& peer, Clock::time_point deadline) {
+    std::unique_ptr<ConnectOnHelpers> on(new ConnectOnHelpers);
+    if (auto ok = on->open(); !ok)
+        return std::unexpected(std::move(ok.error()));
+    on->shared_ = std::make_shared<Shared>();
+    on->shared_->connect = std::move(connect);
+    on->shared_->owner = on.get();
+    asio::co_spawn(executor, run(on->shared_, peer, deadline), asio::detached);
+    return on;
+}
+
+ConnectOnHelpers::~ConnectOnHelpers() {
+    if (shared_->waiting != nullptr)
+        shared_->waiting->cancel();
+    std::unique_lock lock(shared_->mutex);
+    shared_->owner = nullptr;
+    shared_->returned.wait(lock, [this] { return !shared_->running; });
+}
+
+asio::awaitable<void> ConnectOnHelpers::run(std::shared_ptr<Shared> shared, std::string peer,
+                                            Clock::time_point deadline) {
+    PeerTurn turn;
+    shared->waiting = &turn;
+    struct Unlist { // however the wait ends, its frame destroyed with the io_context's too
+        Shared& shared;
+        ~Unlist() { shared.waiting = nullptr; }
+    } unlist{*shared};
+    const std::string lane = peer_lane(peer);
+    const bool taken = co_await turn.take(deadline, lane);
+    shared->waiting = nullptr;
+    {
+        const std::lock_guard lock(shared->mutex);
+        if (shared->owner == nullptr)
+            co_return;
+        if (!taken) {
+            shared->owner->done(std::unexpected(Error::timeout(
+                "async::Listener", fmt::format("{}: no helper thread was free for its QP's connect before the "
+                                               "handshake's deadline",
+                                               peer))));
+            co_return;
+        }
+    }
+    auto call = [s = shared.get()]() -> Result<void> {
+        {
+            const std::lock_guard lock(s->mutex);
+            if (s->owner == nullptr)
+                return {};
+            s->running = true;
+        }
+        Result<void> result = s->connect();
+        const std::lock_guard lock(s->mutex);
+        if (s->owner != nullptr)
+            s->owner->done(std::move(result));
+        s->running = false;
+        s->returned.notify_all();
+        return {};
+    };
+    // the turn is held until the call returns; the call reports its own result
+    auto handed = co_await run_blocking(call, "async::Listener");
+    const std::lock_guard lock(shared->mutex);
+    if (!handed && shared->owner != nullptr) // the call never ran (no memory to hand it over)
+        shared->owner->done(std::move(handed));
+}
 
 struct ListenerState {
     ListenerCore core;
@@ -494,6 +594,10 @@ Result<Listener> Listener::listen(asio::any_io_executor executor, std::string_vi
                                   const ConnectionOptions& options, std::source_location where) {
     rdmaxx::detail::check_options(options, where);
     auto state = std::make_shared<detail::ListenerState>();
+    state->core.run_connect = [executor](std::function<Result<void>()> connect, const std::string& peer,
+                                         Clock::time_point deadline) {
+        return detail::ConnectOnHelpers::start(executor, std::move(connect), peer, deadline);
+    };
     if (auto ok = state->core.open(host, port, options); !ok)
         return std::unexpected(std::move(ok.error()));
     auto driver = LinkDriver::create(executor, state->core.group);

@@ -238,7 +238,8 @@ void detail::ListenerCore::admit() {
                 continue;
             }
             if (pending.size() + ready.size() < options.max_pending_handshakes) {
-                auto answered = detail::ServerHandshake::answer(group, std::move(*request), options, deadline);
+                auto answered = detail::ServerHandshake::answer(group, std::move(*request), options, run_connect,
+                                                                deadline);
                 if (!answered) {
                     ++stats.failed;
                     logger()->warn("Listener: a client's handshake failed: {}", answered.error());
@@ -259,7 +260,7 @@ void detail::ListenerCore::admit() {
 void detail::ListenerCore::advance() {
     const auto now = Clock::now();
     for (auto it = pending.begin(); it != pending.end();) {
-        auto step = it->advance(group, options);
+        auto step = it->advance(group, options, run_connect);
         if (step && *step) {
             ready.push_back(std::move(*step));
         } else if (!step) {

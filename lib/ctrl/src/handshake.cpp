@@ -171,7 +171,8 @@ ServerHandshake::ServerHandshake(TcpStream stream, Clock::time_point deadline)
 }
 
 Result<ServerHandshake> ServerHandshake::answer(std::shared_ptr<Group> group, CmRequest request,
-                                                const ConnectionOptions& options, Clock::time_point deadline) {
+                                                const ConnectionOptions& options, const ConnectRunner& run_connect,
+                                                Clock::time_point deadline) {
     if (request.device() != group->context.name())
         return std::unexpected(Error::from_errno("rdma_cm", EXDEV,
                                                  fmt::format("{} reached device {}, the listener serves {}",
@@ -182,10 +183,11 @@ Result<ServerHandshake> ServerHandshake::answer(std::shared_ptr<Group> group, Cm
     ServerHandshake handshake(deadline);
     handshake.request_ = std::make_unique<CmRequest>(std::move(request));
     handshake.link_ = std::move(*link);
-    auto connecting = ConnectOnThread::start(
+    auto connecting = run_connect(
         [request = handshake.request_.get(), qp = &handshake.link_->qp(), qp_options = options.qp] {
             return request->connect(*qp, qp_options);
-        });
+        },
+        handshake.request_->peer(), deadline);
     if (!connecting)
         return std::unexpected(std::move(connecting.error()));
     handshake.connecting_ = std::move(*connecting);
@@ -218,17 +220,43 @@ pollfd ServerHandshake::wanted() const {
             .revents = 0};
 }
 
-Result<std::unique_ptr<ConnectOnThread>> ConnectOnThread::start(std::function<Result<void>()> connect) {
-    std::unique_ptr<ConnectOnThread> on(new ConnectOnThread);
-    on->event_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (on->event_ < 0)
+BackgroundConnect::~BackgroundConnect() {
+    if (event_ >= 0)
+        ::close(event_);
+}
+
+Result<void> BackgroundConnect::open() {
+    event_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (event_ < 0)
         return std::unexpected(Error::from_last_errno("eventfd", "connecting a client's QP"));
+    return {};
+}
+
+void BackgroundConnect::done(Result<void> result) {
+    {
+        const std::lock_guard lock(mutex_);
+        result_.emplace(std::move(result));
+    }
+    const std::uint64_t one = 1;
+    (void)!::write(event_, &one, sizeof one); // cannot fail: a counter far from its limit
+}
+
+std::optional<Result<void>> BackgroundConnect::finished() {
+    std::uint64_t count = 0;
+    if (::read(event_, &count, sizeof count) != sizeof count)
+        return std::nullopt;
+    const std::lock_guard lock(mutex_);
+    return std::exchange(result_, std::nullopt);
+}
+
+Result<std::unique_ptr<BackgroundConnect>> ConnectOnThread::start(std::function<Result<void>()> connect,
+                                                                  const std::string& /*peer*/,
+                                                                  Clock::time_point /*deadline*/) {
+    std::unique_ptr<ConnectOnThread> on(new ConnectOnThread);
+    if (auto ok = on->open(); !ok)
+        return std::unexpected(std::move(ok.error()));
     try {
-        on->thread_ = std::thread([self = on.get(), connect = std::move(connect)] {
-            self->result_ = connect();
-            const std::uint64_t one = 1;
-            (void)!::write(self->event_, &one, sizeof one); // cannot fail: a counter far from its limit
-        });
+        on->thread_ = std::thread([self = on.get(), connect = std::move(connect)] { self->done(connect()); });
     } catch (const std::system_error& e) { // EAGAIN: out of threads
         return std::unexpected(Error::from_errno("std::thread", e.code().value(), "connecting a client's QP"));
     } catch (const std::bad_alloc&) {
@@ -240,20 +268,11 @@ Result<std::unique_ptr<ConnectOnThread>> ConnectOnThread::start(std::function<Re
 ConnectOnThread::~ConnectOnThread() {
     if (thread_.joinable())
         thread_.join();
-    if (event_ >= 0)
-        ::close(event_);
 }
 
-std::optional<Result<void>> ConnectOnThread::finished() {
-    std::uint64_t count = 0;
-    if (!thread_.joinable() || ::read(event_, &count, sizeof count) != sizeof count)
-        return std::nullopt;
-    thread_.join(); // it has written its last: at once, and result_ is the caller's to read
-    return std::move(result_);
-}
-
-// The client's offer is complete: a link for it, its QP connecting (on a thread).
-Result<void> ServerHandshake::take_offer(const std::shared_ptr<Group>& group, const ConnectionOptions& options) {
+// The client's offer is complete: a link for it, its QP connecting (off the listener's thread).
+Result<void> ServerHandshake::take_offer(const std::shared_ptr<Group>& group, const ConnectionOptions& options,
+                                         const ConnectRunner& run_connect) {
     auto offer = endpoint_codec::decode(in_);
     if (!offer)
         return std::unexpected(std::move(offer.error()));
@@ -265,10 +284,11 @@ Result<void> ServerHandshake::take_offer(const std::shared_ptr<Group>& group, co
     auto link = Link::create(group, options);
     if (!link)
         return std::unexpected(std::move(link.error()));
-    auto connecting = ConnectOnThread::start(
+    auto connecting = run_connect(
         [qp = &(*link)->qp(), peer = offer->qps[0].endpoint, qp_options = options.qp] {
             return qp->connect(peer, qp_options);
-        });
+        },
+        peer(), deadline_);
     if (!connecting)
         return std::unexpected(std::move(connecting.error()));
     link_ = std::move(*link);
@@ -288,7 +308,8 @@ Result<void> ServerHandshake::answer_offer() {
 }
 
 Result<std::unique_ptr<Link>> ServerHandshake::advance(const std::shared_ptr<Group>& group,
-                                                       const ConnectionOptions& options) {
+                                                       const ConnectionOptions& options,
+                                                       const ConnectRunner& run_connect) {
     for (;;) {
         switch (state_) {
         case State::read_offer: {
@@ -316,7 +337,7 @@ Result<std::unique_ptr<Link>> ServerHandshake::advance(const std::shared_ptr<Gro
             }
             if (in_.size() < offer_bytes)
                 continue; // maybe more is there already
-            if (auto ok = take_offer(group, options); !ok)
+            if (auto ok = take_offer(group, options, run_connect); !ok)
                 return std::unexpected(std::move(ok.error()));
             state_ = State::connecting;
             continue;

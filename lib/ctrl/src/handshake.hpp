@@ -7,10 +7,10 @@
 //               ready byte out, ready byte in.
 //   TCP server: the client's endpoint message in (exactly one RC QP and the 8 bytes of
 //               limits: anything else is refused before a QP exists), QP created and
-//               connected (on a thread: ConnectOnThread), receives posted, our message
-//               and ready byte out, the client's ready byte in.
+//               connected (off the listener's thread: BackgroundConnect), receives
+//               posted, our message and ready byte out, the client's ready byte in.
 //   RDMA CM:    connect request with the client's endpoint as private data, QP created
-//               and connected (on a thread), the server's endpoint in the answer,
+//               and connected (off the listener's thread), the server's endpoint in the answer,
 //               then establish (connection.hpp).
 #pragma once
 
@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -111,30 +112,53 @@ ConnectionOptions on_device_of(const Cm& cm, ConnectionOptions options) {
     return options;
 }
 
-// A QP's connect on a thread of its own (the server side's). Towards a RoCE GID the
-// client announced (in its TCP offer or its CM request's private data), RTR resolves
-// the GID's MAC and waits for it: up to a second when nobody answers (rxe: 1.02 s,
-// then ETIMEDOUT), as often as a client likes to make it. Meanwhile the listener's
-// thread serves its other clients: fd() becomes readable when the connect is done. The
-// destructor waits for the thread (at most that second).
-class ConnectOnThread {
+// A server handshake's QP connect, run off the listener's thread. Towards a RoCE GID
+// the client announced (in its TCP offer or its CM request's private data), RTR
+// resolves the GID's MAC and waits for it: up to a second when nobody answers (rxe:
+// 1.02 s, then ETIMEDOUT), as often as a client likes to make it. Meanwhile the
+// listener's thread serves its other clients: fd() becomes readable when the connect is
+// done. The connect touches its handshake's QP (and CM request): the destructor of the
+// runner's kind waits for a connect under way (at most that second).
+class BackgroundConnect {
 public:
-    // Runs `connect` (a QueuePair::connect, or a CmRequest's); what it touches stays
-    // untouched by anyone else until finished() gave the result or this is destroyed.
-    // Errors: no eventfd or no thread (their errno).
-    static Result<std::unique_ptr<ConnectOnThread>> start(std::function<Result<void>()> connect);
-    ConnectOnThread(const ConnectOnThread&) = delete;
-    ConnectOnThread& operator=(const ConnectOnThread&) = delete;
-    ~ConnectOnThread();
+    BackgroundConnect(const BackgroundConnect&) = delete;
+    BackgroundConnect& operator=(const BackgroundConnect&) = delete;
+    virtual ~BackgroundConnect();
 
     int fd() const noexcept { return event_; }
     // The connect's result once it is done (fd() readable), else nullopt; once only.
     std::optional<Result<void>> finished();
 
+protected:
+    // Errors: no eventfd (its errno).
+    BackgroundConnect() = default;
+    Result<void> open();
+    // The connect ended with `result`: fd() becomes readable. Once, from any thread.
+    void done(Result<void> result);
+
+private:
+    int event_ = -1;
+    std::mutex mutex_; // result_ is written on the connect's thread, read on the listener's
+    std::optional<Result<void>> result_;
+};
+
+// How a listener runs its handshakes' connects: `connect` (a QueuePair::connect, or a
+// CmRequest's) for the client at `peer` (numeric "host:port"), whose handshake ends at
+// `deadline`. What `connect` touches stays untouched by anyone else until finished()
+// gave the result or the BackgroundConnect is destroyed.
+using ConnectRunner = std::function<Result<std::unique_ptr<BackgroundConnect>>(
+    std::function<Result<void>()> connect, const std::string& peer, Clock::time_point deadline)>;
+
+// The blocking Listener's: each connect on a thread of its own.
+class ConnectOnThread final : public BackgroundConnect {
+public:
+    // Errors: no eventfd or no thread (their errno).
+    static Result<std::unique_ptr<BackgroundConnect>> start(std::function<Result<void>()> connect,
+                                                            const std::string& peer, Clock::time_point deadline);
+    ~ConnectOnThread() override;
+
 private:
     ConnectOnThread() = default;
-    int event_ = -1;
-    Result<void> result_{};
     std::thread thread_;
 };
 
@@ -144,20 +168,22 @@ public:
     // A TCP client just accepted.
     ServerHandshake(TcpStream stream, Clock::time_point deadline);
     ServerHandshake(ServerHandshake&&) noexcept = default;
-    // Assigning would destroy link_ and request_ before the old connect's thread ends.
+    // Assigning would destroy link_ and request_ before the old connect ends.
     ServerHandshake& operator=(ServerHandshake&&) = delete;
-    // An RDMA CM connect request: a QP for it, connecting (ConnectOnThread); then
+    // An RDMA CM connect request: a QP for it, connecting (`run_connect`); then
     // receives posted and the request accepted; then the client's establish.
     static Result<ServerHandshake> answer(std::shared_ptr<Group> group, CmRequest request,
-                                          const ConnectionOptions& options, Clock::time_point deadline);
+                                          const ConnectionOptions& options, const ConnectRunner& run_connect,
+                                          Clock::time_point deadline);
 
     // Goes as far as it can without waiting: the connected link when the handshake is
     // complete, nullptr while it needs more from the client, an Error when the client
     // failed it (then drop this).
-    Result<std::unique_ptr<Link>> advance(const std::shared_ptr<Group>& group, const ConnectionOptions& options);
+    Result<std::unique_ptr<Link>> advance(const std::shared_ptr<Group>& group, const ConnectionOptions& options,
+                                          const ConnectRunner& run_connect);
     // What to poll for.
     pollfd wanted() const;
-    // None while its QP connects (ConnectOnThread): dropping it would wait for that.
+    // None while its QP connects (BackgroundConnect): dropping it would wait for that.
     Clock::time_point deadline() const noexcept { return connecting_ ? Clock::time_point::max() : deadline_; }
     const std::string& peer() const;
 
@@ -165,7 +191,8 @@ private:
     enum class State : std::uint8_t { read_offer, connecting, write_answer, read_ready, cm_establish };
     explicit ServerHandshake(Clock::time_point deadline) : deadline_(deadline) {}
     // The offer read: checked, a link for it, its QP connecting.
-    Result<void> take_offer(const std::shared_ptr<Group>& group, const ConnectionOptions& options);
+    Result<void> take_offer(const std::shared_ptr<Group>& group, const ConnectionOptions& options,
+                            const ConnectRunner& run_connect);
     // The QP connected: receives posted, our answer ready to go (TCP) or the request
     // accepted (RDMA CM).
     Result<void> answer_offer();
@@ -177,7 +204,7 @@ private:
     std::optional<CmConnection> cm_;
     std::unique_ptr<Link> link_;
     std::unique_ptr<CmRequest> request_;          // RDMA CM: the client's, while its QP connects
-    std::unique_ptr<ConnectOnThread> connecting_; // after link_ and request_: gone first, its thread with it
+    std::unique_ptr<BackgroundConnect> connecting_; // after link_ and request_: gone first, its connect with it
     std::optional<EndpointMessage> offer_;        // TCP: the client's, while its QP connects
     std::vector<std::byte> in_;  // the offer, read so far
     std::vector<std::byte> out_; // our answer and ready byte

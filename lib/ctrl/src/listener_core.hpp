@@ -33,6 +33,9 @@ struct ListenerCore {
     std::optional<TcpListener> tcp;
     std::optional<CmListener> cm;
     std::shared_ptr<Group> group;
+    // How the handshakes' QPs connect: the blocking Listener's, each on a thread of its
+    // own; async::Listener's, on its io_context's helpers at a peer's turn.
+    ConnectRunner run_connect = ConnectOnThread::start;
     std::list<ServerHandshake> pending;
     std::deque<std::unique_ptr<Link>> ready;
     ListenerStats stats;

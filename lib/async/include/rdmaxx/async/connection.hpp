@@ -285,8 +285,13 @@ private:
 /// ConnectionOptions::timeout: a client that says nothing, sends garbage or dies holds
 /// up no one, and is only counted (stats()) and logged. Unlike the blocking Listener,
 /// handshakes advance whether or not anyone is in accept(). Each client's QP connects
-/// on a thread of its own, as the blocking Listener's do (up to a second towards an
-/// address nobody answers for): destroying the Listener waits for those under way.
+/// (up to a second towards an address the client announced and nobody answers for) on
+/// a helper thread of the io_context, at a peer's turn (run_blocking and PeerTurn,
+/// blocking.hpp, in the lane of the client's host): however many clients do that at
+/// once, their connects take two helper threads, shared with every listener and
+/// rpc::Endpoint on the io_context, and one host's clients delay another host's by one
+/// turn at most; a client whose turn has not come by its handshake's deadline fails.
+/// Destroying the Listener waits for the connects under way (a second at most).
 /// Move-only.
 /// @threadsafety None; as the io_context, which one thread runs. A Listener and the
 /// connections it accepted are one object in this respect.
