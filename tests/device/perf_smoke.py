@@ -109,7 +109,8 @@ for test, extra, modes in [("read_lat", ["-s", "64"], ["busy", "hybrid"]), ("ato
 # and in the callback form
 for test, extra in [("rpc_lat", ["-s", "32"]), ("rpc_lat", ["-s", "5000"]), ("rpc_bw", ["-s", "32", "-w", "8"]),
                     ("rpc_bw", ["-s", "3000", "-w", "4", "--sessions", "3"]), ("rpc_lat", ["-s", "32", "--callbacks"]),
-                    ("rpc_bw", ["-s", "3000", "-w", "4", "--sessions", "3", "--callbacks"])]:
+                    ("rpc_bw", ["-s", "3000", "-w", "4", "--sessions", "3", "--callbacks"]),
+                    ("rpc_lat", ["-s", "32", "--task"])]:
     for mode in ["busy", "event", "hybrid"] if extra == ["-s", "32"] else ["busy", "event"]:
         name = f"{test} --async {mode} {' '.join(extra)}"
         rc, out, err, src = pair(test, ["--async", mode, "-n", "20", "--json", *extra], server_args=["--async", mode])
@@ -119,11 +120,12 @@ for test, extra in [("rpc_lat", ["-s", "32"]), ("rpc_lat", ["-s", "5000"]), ("rp
         rows = [json.loads(line) for line in out.splitlines() if line.strip()]
         sessions = int(extra[extra.index("--sessions") + 1]) if "--sessions" in extra else 1
         window = int(extra[extra.index("-w") + 1]) if "-w" in extra else 1
+        form = "callbacks" if "--callbacks" in extra else "async::Task" if "--task" in extra else "asio::awaitable"
         check(f"{name}: one JSON line", [r["size"] for r in rows] == [int(extra[1])], out.strip())
         for r in rows:
             check(f"{name}: names its test, mode, window, sessions and form", r["test"] == test and
                   r["async"] == mode and r["window"] == window and r["sessions"] == sessions and
-                  r["callbacks"] == ("--callbacks" in extra) and r["retransmissions"] >= 0, json.dumps(r))
+                  r["form"] == form and r["retransmissions"] >= 0, json.dumps(r))
             if test == "rpc_lat":
                 sane = 0 < r["t_min"] <= r["t_typical"] <= r["t_max"] and r["t_typical"] <= r["p99"] <= r["t_max"]
             else:
