@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iterator>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,7 @@
 #include "../support/device.hpp"
 #include "../support/offer.hpp"
 #include "../support/pair.hpp"
+#include "../support/raw_cm.hpp"
 #include "../support/run_until.hpp"
 
 // g++ 12 sees Asio's coroutine-frame operator delete as mismatched with its operator
@@ -234,10 +236,17 @@ asio::awaitable<void> flood_then_connect(async::Listener& listener, ConnectionOp
     asio::co_spawn(ex, sample_threads(out), asio::detached);
     asio::steady_timer timer(ex);
     const auto start = std::chrono::steady_clock::now();
-    std::vector<TcpStream> strangers;
+    const auto offer = test::connection_offer(4096, 32, test::stranger_gid());
+    std::vector<TcpStream> tcp_strangers;
+    std::vector<std::unique_ptr<test::RawCmClient>> cm_strangers; // until their requests are served
     for (std::uint64_t i = 0; i < Flood::strangers; ++i) {
-        strangers.push_back(must(TcpStream::connect(env("RDMAXX_PAIR_A_ADDR"), listener.port(), 1s)));
-        must(strangers.back().write_all(test::connection_offer(4096, 32, test::stranger_gid()), Clock::now() + 1s));
+        if (options.transport == Transport::tcp) {
+            tcp_strangers.push_back(must(TcpStream::connect(env("RDMAXX_PAIR_A_ADDR"), listener.port(), 1s)));
+            must(tcp_strangers.back().write_all(offer, Clock::now() + 1s));
+        } else {
+            cm_strangers.push_back(std::make_unique<test::RawCmClient>(env("RDMAXX_PAIR_A_ADDR"), listener.port()));
+            cm_strangers.back()->connect(offer); // the offer as its private data, as a Connection's
+        }
     }
     // their offers read (a QP and its buffers made for each, on the io_context: 0.6 s
     // for the eight in the sanitizer build), their connects queued for turns
@@ -267,26 +276,30 @@ TEST_CASE("async Listener: clients offering QPs at an address nobody answers for
     // each stranger's QP waits a second for an ARP answer at its move to RTR; their
     // connects, on helper threads at turns in their host's lane, take two of the four
     // helpers at once: about four seconds for eight, and no thread of their own
-    asio::io_context io;
-    ConnectionOptions options;
-    options.device = env("RDMAXX_PAIR_A_DEV");
-    options.gid_index = test::pair_gid_index();
-    options.timeout = 30s; // every stranger's turn comes in time
-    auto listener = must(async::Listener::listen(io.get_executor(), env("RDMAXX_PAIR_A_ADDR"), 0, options));
-    Flood out;
-    bool done = false;
-    asio::co_spawn(io, flood_then_connect(listener, options, out, done), asio::detached);
-    REQUIRE(test::run_until(io, [&] { return done; }, 90s));
-    CHECK(out.connected);
-    CHECK(listener.stats().accepted == 2);
-    CHECK(listener.stats().failed == Flood::strangers);
-    MESSAGE("threads: ", out.threads_before, " before, at most ", out.most_threads, "; the client served in ",
-            out.honest_took.count(), " ms; the strangers failed in ", out.strangers_took.count(),
-            " ms; the io_context's longest pause: ", out.pauses.longest.count(), " ms");
-    CHECK(out.most_threads <= out.threads_before);     // not one thread of their own
-    CHECK(out.strangers_took >= 3500ms);               // four rounds of two, a second each
-    // behind them in their lane, the wire's one host (the lanes' order: host-async)
-    CHECK(out.honest_took < 8s);
-    // from their connects on: one of them on the io_context's thread would pause it 1.02 s
-    CHECK(out.pauses.longest < 900ms);
+    for (const Transport transport : {Transport::tcp, Transport::rdma_cm}) {
+        CAPTURE(transport == Transport::tcp ? "TCP" : "RDMA CM");
+        asio::io_context io;
+        ConnectionOptions options;
+        options.transport = transport;
+        options.device = env("RDMAXX_PAIR_A_DEV");
+        options.gid_index = test::pair_gid_index();
+        options.timeout = 30s; // every stranger's turn comes in time
+        auto listener = must(async::Listener::listen(io.get_executor(), env("RDMAXX_PAIR_A_ADDR"), 0, options));
+        Flood out;
+        bool done = false;
+        asio::co_spawn(io, flood_then_connect(listener, options, out, done), asio::detached);
+        REQUIRE(test::run_until(io, [&] { return done; }, 90s));
+        CHECK(out.connected);
+        CHECK(listener.stats().accepted == 2);
+        CHECK(listener.stats().failed == Flood::strangers);
+        MESSAGE("threads: ", out.threads_before, " before, at most ", out.most_threads, "; the client served in ",
+                out.honest_took.count(), " ms; the strangers failed in ", out.strangers_took.count(),
+                " ms; the io_context's longest pause: ", out.pauses.longest.count(), " ms");
+        CHECK(out.most_threads <= out.threads_before); // not one thread of their own
+        CHECK(out.strangers_took >= 3500ms);           // four rounds of two, a second each
+        // behind them in their lane, the wire's one host (the lanes' order: host-async)
+        CHECK(out.honest_took < 8s);
+        // from their connects on: one of them on the io_context's thread would pause it 1.02 s
+        CHECK(out.pauses.longest < 900ms);
+    }
 }
