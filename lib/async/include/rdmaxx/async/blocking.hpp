@@ -111,11 +111,12 @@ asio::awaitable<std::invoke_result_t<Call&>> run_blocking(Call& call, const char
 /// however many peers announce such addresses at once. The others wait for a turn, each
 /// until its deadline.
 ///
-/// A turn is taken in a lane, the peer host it is for (lib/rpc: the address its
-/// control connection comes from). A turn given back goes to the lane that has waited
-/// longest since its last turn, to that lane's first waiting: one host's peers, however
-/// many, delay another host's by one turn at most at each helper, not by all of
-/// theirs. Within a lane, and for turns taken without one, the order is arrival.
+/// A turn is taken in a lane, the peer host it is for (peer_lane(): lib/rpc's of the
+/// address its control connection comes from, async::Listener's of its client's). A
+/// turn given back goes to the lane that has waited longest since its last turn, to
+/// that lane's first waiting: one host's peers, however many, delay another host's by
+/// one turn at most at each helper, not by all of theirs. Within a lane, and for turns
+/// taken without one, the order is arrival.
 ///
 /// @code
 /// rdmaxx::async::PeerTurn turn;
