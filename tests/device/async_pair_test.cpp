@@ -10,7 +10,6 @@
 #include <string>
 #include <vector>
 
-
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
 #include <asio/steady_timer.hpp>
@@ -194,6 +193,7 @@ std::size_t thread_count() {
         std::distance(std::filesystem::directory_iterator("/proc/self/task"), std::filesystem::directory_iterator()));
 }
 
+// What flood_then_connect saw.
 struct Flood {
     static constexpr std::uint64_t strangers = 8;
     BesideStranger pauses;

@@ -10,8 +10,8 @@
 //               connected (off the listener's thread: BackgroundConnect), receives
 //               posted, our message and ready byte out, the client's ready byte in.
 //   RDMA CM:    connect request with the client's endpoint as private data, QP created
-//               and connected (off the listener's thread), the server's endpoint in the answer,
-//               then establish (connection.hpp).
+//               and connected (off the listener's thread), the server's endpoint in the
+//               answer, then establish (connection.hpp).
 #pragma once
 
 #include <chrono>
@@ -130,8 +130,8 @@ public:
     std::optional<Result<void>> finished();
 
 protected:
-    // Errors: no eventfd (its errno).
     BackgroundConnect() = default;
+    // Makes the eventfd. Errors: no eventfd (its errno).
     Result<void> open();
     // The connect ended with `result`: fd() becomes readable. Once, from any thread.
     void done(Result<void> result);
@@ -203,9 +203,9 @@ private:
     std::optional<TcpStream> stream_;
     std::optional<CmConnection> cm_;
     std::unique_ptr<Link> link_;
-    std::unique_ptr<CmRequest> request_;          // RDMA CM: the client's, while its QP connects
+    std::unique_ptr<CmRequest> request_;            // RDMA CM: the client's, while its QP connects
     std::unique_ptr<BackgroundConnect> connecting_; // after link_ and request_: gone first, its connect with it
-    std::optional<EndpointMessage> offer_;        // TCP: the client's, while its QP connects
+    std::optional<EndpointMessage> offer_;          // TCP: the client's, while its QP connects
     std::vector<std::byte> in_;  // the offer, read so far
     std::vector<std::byte> out_; // our answer and ready byte
     std::size_t sent_ = 0;
