@@ -1,6 +1,7 @@
 // The connection's pure parts on the host: the credit window (floors, lies, no
 // ping-pong, no jam), the lease table (quota until really released, expiry on a
-// made-up clock), and the options a Connection refuses.
+// made-up clock), a listener's slots shared out by host, and the options a Connection
+// refuses.
 #include <chrono>
 #include <deque>
 #include <random>
@@ -8,9 +9,11 @@
 #include <doctest/doctest.h>
 
 #include <rdmaxx/ctrl/connection.hpp>
+#include <rdmaxx/ctrl/tcp.hpp>
 
 #include "../support/check.hpp"
 #include "credit_window.hpp"
+#include "host_shares.hpp"
 #include "lease_table.hpp"
 #include "link.hpp"
 
@@ -329,4 +332,92 @@ TEST_CASE("connection options out of range abort naming the caller, before any d
     RDMAXX_CHECK_DEATH((void)Listener::listen("127.0.0.1", 0,
                                               with([](auto& o) { o.timeout = std::chrono::milliseconds(0); })),
                        "the timeout must be positive");
+}
+
+TEST_CASE("peer host: an IPv4 address as is, an IPv6 address's /64, an IPv4-mapped one as IPv4, else nothing") {
+    CHECK(peer_host("198.51.100.2:40000") == "198.51.100.2");
+    CHECK(peer_host("2001:db8:1:2:aaaa:bbbb:cccc:dddd:5000") == "2001:db8:1:2::/64");
+    CHECK(peer_host("2001:db8:1:2::9:5001") == peer_host("2001:db8:1:2:ffff::1:80")); // a host's own addresses
+    CHECK(peer_host("2001:db8:1:3::9:5001") != peer_host("2001:db8:1:2::9:5001"));
+    CHECK(peer_host("::ffff:198.51.100.2:40000") == "198.51.100.2");
+    CHECK(peer_host("fe80::1:2%vA:4791") == "fe80::/64"); // a link-local address names its interface
+    CHECK(peer_host("localhost:80") == "");
+    CHECK(peer_host("") == "");
+}
+
+namespace {
+
+// A listener's slots as ListenerCore keeps them: its pending clients' hosts, oldest
+// first, every one free to go.
+struct Slots {
+    std::size_t size;
+    std::deque<std::string> pending;
+    detail::HostShares shares;
+    std::uint64_t turned_away = 0, evicted = 0;
+
+    bool knock(const std::string& host) {
+        if (pending.size() >= size) {
+            const auto yielding = shares.yielding_to(host);
+            if (!yielding) {
+                ++turned_away;
+                return false;
+            }
+            pending.erase(std::find(pending.begin(), pending.end(), *yielding)); // its oldest
+            shares.remove(*yielding);
+            ++evicted;
+        }
+        pending.push_back(host);
+        shares.add(host);
+        return true;
+    }
+    void finish_oldest() {
+        shares.remove(pending.front());
+        pending.pop_front();
+    }
+};
+
+} // namespace
+
+TEST_CASE("host shares: under no pressure one host may take every slot; when they run short a host holding fewer "
+          "takes the flooding host's oldest, until they are level") {
+    Slots slots{.size = 8, .pending = {}, .shares = {}};
+    for (int i = 0; i < 20; ++i)
+        (void)slots.knock("flood");
+    CHECK(slots.shares.held_by("flood") == 8); // nobody else asked
+    CHECK(slots.turned_away == 12);            // its own newcomers never push out its own
+    CHECK(slots.evicted == 0);
+    for (int i = 0; i < 4; ++i)
+        CHECK(slots.knock("honest"));
+    CHECK(slots.pending.front() == "flood"); // its oldest went first: the next oldest are left
+    CHECK(slots.shares.held_by("flood") == 4);
+    CHECK(slots.shares.held_by("honest") == 4);
+    CHECK(slots.evicted == 4);
+    CHECK_FALSE(slots.knock("honest")); // level: neither pushes out the other
+    CHECK_FALSE(slots.knock("flood"));
+    CHECK(slots.knock("third")); // a third host still gets in, from one of the two holding the most
+    CHECK(slots.shares.held_by("third") == 1);
+    CHECK(slots.shares.held_by("flood") + slots.shares.held_by("honest") == 7);
+    CHECK(slots.knock("")); // "" (no numeric address) is a host like any other
+}
+
+TEST_CASE("host shares: a host flooding ten times as fast as two others ask still leaves each of them a third") {
+    // each round: the oldest client finishes, the flood knocks ten times, the others once
+    Slots slots{.size = 30, .pending = {}, .shares = {}};
+    std::uint64_t honest_in = 0, honest_asked = 0;
+    for (int round = 0; round < 1000; ++round) {
+        if (slots.pending.size() == slots.size)
+            slots.finish_oldest();
+        for (int i = 0; i < 10; ++i)
+            (void)slots.knock("flood");
+        for (const char* host : {"a", "b"}) {
+            ++honest_asked;
+            honest_in += slots.knock(host) ? 1 : 0;
+        }
+        CHECK(slots.shares.held_by("flood") <= slots.size); // never past the slots
+        CHECK(slots.pending.size() <= slots.size);
+    }
+    MESSAGE(honest_in, " of ", honest_asked, " honest clients taken in; ", slots.evicted, " evicted");
+    CHECK(slots.shares.held_by("a") >= 9);
+    CHECK(slots.shares.held_by("b") >= 9);
+    CHECK(slots.shares.held_by("flood") <= 12);
 }

@@ -104,20 +104,4 @@ PeerTurn::~PeerTurn() {
     hand_over(*share_);
 }
 
-std::string peer_lane(const asio::ip::address& address) {
-    if (address.is_v6() && address.to_v6().is_v4_mapped())
-        return asio::ip::make_address_v4(asio::ip::v4_mapped, address.to_v6()).to_string();
-    if (address.is_v4())
-        return address.to_string();
-    auto bytes = address.to_v6().to_bytes();
-    std::fill(bytes.begin() + 8, bytes.end(), 0);
-    return asio::ip::address_v6(bytes).to_string() + "/64";
-}
-
-std::string peer_lane(std::string_view numeric_address_port) {
-    std::error_code ec;
-    const auto address = asio::ip::make_address(numeric_address_port.substr(0, numeric_address_port.rfind(':')), ec);
-    return ec ? std::string() : peer_lane(address);
-}
-
 } // namespace rdmaxx::async

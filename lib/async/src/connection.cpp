@@ -61,12 +61,15 @@ public:
     // Ends its wait for a turn, or waits for its connect under way on a helper (at most
     // a second: the connect touches the handshake's QP).
     ~ConnectOnHelpers() override;
+    // From its turn on (the helper may be about to run it).
+    bool under_way() const override { return shared_->turn_taken; }
 
 private:
     // Shared with the coroutine that runs the connect, which may outlive this.
     struct Shared {
         std::function<Result<void>()> connect;
         PeerTurn* waiting = nullptr; // the coroutine's turn, while it waits for it
+        bool turn_taken = false;     // set on the io_context's thread, as `waiting`
         std::mutex mutex;            // for owner and running: the helper reads them too
         std::condition_variable returned;
         ConnectOnHelpers* owner = nullptr; // null once destroyed: no connect, no result
@@ -100,15 +103,21 @@ ConnectOnHelpers::~ConnectOnHelpers() {
 
 asio::awaitable<void> ConnectOnHelpers::run(std::shared_ptr<Shared> shared, std::string peer,
                                             Clock::time_point deadline) {
+    {
+        const std::lock_guard lock(shared->mutex);
+        if (shared->owner == nullptr) // dropped before this began: no turn to wait for
+            co_return;
+    }
     PeerTurn turn;
     shared->waiting = &turn;
     struct Unlist { // however the wait ends, its frame destroyed with the io_context's too
         Shared& shared;
         ~Unlist() { shared.waiting = nullptr; }
     } unlist{*shared};
-    const std::string lane = peer_lane(peer);
+    const std::string lane = rdmaxx::peer_host(peer);
     const bool taken = co_await turn.take(deadline, lane);
     shared->waiting = nullptr;
+    shared->turn_taken = taken;
     {
         const std::lock_guard lock(shared->mutex);
         if (shared->owner == nullptr)

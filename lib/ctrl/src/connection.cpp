@@ -227,6 +227,10 @@ void detail::ListenerCore::admit() {
                 return;
             }
             backoff.succeeded();
+            if (!make_room(peer_host(stream->peer()))) {
+                ++stats.turned_away; // dropping it closes it
+                continue;
+            }
             handshake.emplace(std::move(*stream), deadline);
         } else {
             auto request = cm->next(std::chrono::milliseconds(0));
@@ -237,23 +241,38 @@ void detail::ListenerCore::admit() {
                 logger()->warn("Listener: a client's connect request: {}", request.error());
                 continue;
             }
-            if (pending.size() + ready.size() < options.max_pending_handshakes) {
-                auto answered = detail::ServerHandshake::answer(group, std::move(*request), options, run_connect,
-                                                                deadline);
-                if (!answered) {
-                    ++stats.failed;
-                    logger()->warn("Listener: a client's handshake failed: {}", answered.error());
-                    continue;
-                }
-                handshake.emplace(std::move(*answered));
+            if (!make_room(peer_host(request->peer()))) {
+                ++stats.turned_away; // dropping it rejects it
+                continue;
             }
+            auto answered =
+                detail::ServerHandshake::answer(group, std::move(*request), options, run_connect, deadline);
+            if (!answered) {
+                ++stats.failed;
+                logger()->warn("Listener: a client's handshake failed: {}", answered.error());
+                continue;
+            }
+            handshake.emplace(std::move(*answered));
         }
-        if (!handshake || pending.size() + ready.size() >= options.max_pending_handshakes) {
-            ++stats.turned_away; // dropping it closes it (TCP) or rejects it (CM)
-            continue;
-        }
+        shares.add(handshake->host());
         pending.push_back(std::move(*handshake));
     }
+}
+
+bool detail::ListenerCore::make_room(const std::string& host) {
+    if (pending.size() + ready.size() < options.max_pending_handshakes)
+        return true;
+    const auto yielding = shares.yielding_to(host);
+    if (!yielding)
+        return false;
+    for (auto it = pending.begin(); it != pending.end(); ++it)
+        if (it->host() == *yielding && it->can_go()) {
+            ++stats.evicted;
+            shares.remove(it->host());
+            pending.erase(it); // closes it (TCP) or rejects it (CM); a turn awaited ends
+            return true;
+        }
+    return false; // each of its handshakes is connecting its QP: a second at most
 }
 
 // Moves every handshake on as far as it goes; finished ones queue for accept().
@@ -274,6 +293,7 @@ void detail::ListenerCore::advance() {
             ++it;
             continue;
         }
+        shares.remove(it->host());
         it = pending.erase(it);
     }
 }

@@ -166,7 +166,7 @@ Result<void> finish_cm(CmOffered& offered) {
 // --- server side ---------------------------------------------------------------------------
 
 ServerHandshake::ServerHandshake(TcpStream stream, Clock::time_point deadline)
-    : deadline_(deadline), stream_(std::move(stream)) {
+    : deadline_(deadline), host_(peer_host(stream.peer())), stream_(std::move(stream)) {
     in_.reserve(offer_bytes);
 }
 
@@ -181,6 +181,7 @@ Result<ServerHandshake> ServerHandshake::answer(std::shared_ptr<Group> group, Cm
     if (!link)
         return std::unexpected(std::move(link.error()));
     ServerHandshake handshake(deadline);
+    handshake.host_ = peer_host(request.peer());
     handshake.request_ = std::make_unique<CmRequest>(std::move(request));
     handshake.link_ = std::move(*link);
     auto connecting = run_connect(
@@ -236,9 +237,15 @@ void BackgroundConnect::done(Result<void> result) {
     {
         const std::lock_guard lock(mutex_);
         result_.emplace(std::move(result));
+        reported_ = true;
     }
     const std::uint64_t one = 1;
     (void)!::write(event_, &one, sizeof one); // cannot fail: a counter far from its limit
+}
+
+bool BackgroundConnect::reported() const {
+    const std::lock_guard lock(mutex_);
+    return reported_;
 }
 
 std::optional<Result<void>> BackgroundConnect::finished() {

@@ -128,6 +128,9 @@ public:
     int fd() const noexcept { return event_; }
     // The connect's result once it is done (fd() readable), else nullopt; once only.
     std::optional<Result<void>> finished();
+    // Whether the connect may be running now: destroying this would wait for it (up to
+    // a second). False before it began (a turn still awaited) and once it has reported.
+    virtual bool under_way() const = 0;
 
 protected:
     BackgroundConnect() = default;
@@ -135,11 +138,14 @@ protected:
     Result<void> open();
     // The connect ended with `result`: fd() becomes readable. Once, from any thread.
     void done(Result<void> result);
+    // Whether done() was called.
+    bool reported() const;
 
 private:
     int event_ = -1;
-    std::mutex mutex_; // result_ is written on the connect's thread, read on the listener's
+    mutable std::mutex mutex_; // for result_ and reported_: written on the connect's thread
     std::optional<Result<void>> result_;
+    bool reported_ = false;
 };
 
 // How a listener runs its handshakes' connects: `connect` (a QueuePair::connect, or a
@@ -156,6 +162,8 @@ public:
     static Result<std::unique_ptr<BackgroundConnect>> start(std::function<Result<void>()> connect,
                                                             const std::string& peer, Clock::time_point deadline);
     ~ConnectOnThread() override;
+    // From start() until the connect reports: its thread runs it at once.
+    bool under_way() const override { return !reported(); }
 
 private:
     ConnectOnThread() = default;
@@ -186,6 +194,10 @@ public:
     // None while its QP connects (BackgroundConnect): dropping it would wait for that.
     Clock::time_point deadline() const noexcept { return connecting_ ? Clock::time_point::max() : deadline_; }
     const std::string& peer() const;
+    // peer_host() of peer(): what its listener shares slots out by (HostShares).
+    const std::string& host() const noexcept { return host_; }
+    // Whether dropping it now is quick: not while its QP's connect is under way.
+    bool can_go() const { return !connecting_ || !connecting_->under_way(); }
 
 private:
     enum class State : std::uint8_t { read_offer, connecting, write_answer, read_ready, cm_establish };
@@ -200,6 +212,7 @@ private:
 
     State state_ = State::read_offer;
     Clock::time_point deadline_;
+    std::string host_;
     std::optional<TcpStream> stream_;
     std::optional<CmConnection> cm_;
     std::unique_ptr<Link> link_;

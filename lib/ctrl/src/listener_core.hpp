@@ -21,6 +21,7 @@
 #include <rdmaxx/ctrl/tcp.hpp>
 
 #include "handshake.hpp"
+#include "host_shares.hpp"
 #include "link.hpp"
 
 namespace rdmaxx::detail {
@@ -36,7 +37,8 @@ struct ListenerCore {
     // How the handshakes' QPs connect: the blocking Listener's, each on a thread of its
     // own; async::Listener's, on its io_context's helpers at a peer's turn.
     ConnectRunner run_connect = ConnectOnThread::start;
-    std::list<ServerHandshake> pending;
+    std::list<ServerHandshake> pending; // oldest first
+    HostShares shares;                  // of `pending`, by their hosts
     std::deque<std::unique_ptr<Link>> ready;
     ListenerStats stats;
     AcceptBackoff backoff;               // TCP: after accepts that failed for want of resources,
@@ -50,6 +52,9 @@ struct ListenerCore {
     bool accepting() const { return Clock::now() >= resting_until; }
     // Takes every client that knocked (counting those turned away).
     void admit();
+    // Whether a client from `host` may be taken in: a slot is free, or one is made by
+    // dropping the oldest handshake that can go of the host that yields (HostShares).
+    bool make_room(const std::string& host);
     // Moves every handshake on as far as it goes; finished ones queue in `ready`,
     // failed and late ones are counted and dropped.
     void advance();

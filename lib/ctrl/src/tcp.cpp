@@ -7,6 +7,7 @@
 #include <utility>
 
 #include <fcntl.h>
+#include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -281,6 +282,24 @@ Result<EndpointMessage> connect_over_tcp(TcpStream& stream, std::span<QueuePair*
             return std::unexpected(std::move(connected.error()));
     }
     return peer;
+}
+
+std::string peer_host(std::string_view numeric_address_port) {
+    std::string_view numeric = numeric_address_port.substr(0, numeric_address_port.rfind(':'));
+    const std::string address(numeric.substr(0, numeric.find('%'))); // a link-local address's interface
+    in_addr v4{};
+    if (::inet_pton(AF_INET, address.c_str(), &v4) == 1)
+        return address;
+    in6_addr v6{};
+    if (::inet_pton(AF_INET6, address.c_str(), &v6) != 1)
+        return {};
+    char text[INET6_ADDRSTRLEN] = "";
+    if (IN6_IS_ADDR_V4MAPPED(&v6)) {
+        std::memcpy(&v4, &v6.s6_addr[12], sizeof v4);
+        return ::inet_ntop(AF_INET, &v4, text, sizeof text);
+    }
+    std::fill(std::begin(v6.s6_addr) + 8, std::end(v6.s6_addr), std::uint8_t{0});
+    return std::string(::inet_ntop(AF_INET6, &v6, text, sizeof text)) + "/64";
 }
 
 } // namespace rdmaxx

@@ -18,7 +18,6 @@
 
 #include <fmt/format.h>
 
-#include <rdmaxx/async/blocking.hpp>
 #include <rdmaxx/async/deadline.hpp>
 #include <rdmaxx/async/error_code.hpp>
 
@@ -248,10 +247,12 @@ std::string ControlChannel::peer_host() const {
     if (const auto* socket = std::get_if<tcp::socket>(&state_->link)) {
         asio::error_code ec;
         const auto endpoint = socket->remote_endpoint(ec);
-        return ec ? std::string() : async::peer_lane(endpoint.address());
+        if (ec)
+            return {};
+        return rdmaxx::peer_host(fmt::format("{}:{}", endpoint.address().to_string(), endpoint.port()));
     }
     if (const CmLink& cm = std::get<CmLink>(state_->link); cm.connection)
-        return async::peer_lane(cm.connection->peer_address()); // numeric "address:port": a listener's client
+        return rdmaxx::peer_host(cm.connection->peer_address()); // numeric "address:port": a listener's client
     return {};
 }
 

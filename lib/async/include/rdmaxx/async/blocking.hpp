@@ -48,7 +48,6 @@
 #include <asio/awaitable.hpp>
 #include <asio/co_spawn.hpp>
 #include <asio/execution_context.hpp>
-#include <asio/ip/address.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/experimental/as_tuple.hpp>
 #include <asio/this_coro.hpp>
@@ -111,8 +110,8 @@ asio::awaitable<std::invoke_result_t<Call&>> run_blocking(Call& call, const char
 /// however many peers announce such addresses at once. The others wait for a turn, each
 /// until its deadline.
 ///
-/// A turn is taken in a lane, the peer host it is for (peer_lane(): lib/rpc's of the
-/// address its control connection comes from, async::Listener's of its client's). A
+/// A turn is taken in a lane, the peer host it is for (rdmaxx::peer_host(): lib/rpc's of
+/// the address its control connection comes from, async::Listener's of its client's). A
 /// turn given back goes to the lane that has waited longest since its last turn, to
 /// that lane's first waiting: one host's peers, however many, delay another host's by
 /// one turn at most at each helper, not by all of theirs. Within a lane, and for turns
@@ -155,13 +154,5 @@ private:
     asio::steady_timer* waiting_ = nullptr; // take()'s, while it waits
     bool held_ = false;
 };
-
-/// The lane (PeerTurn::take) of a peer at `address`: its IPv4 address, or its IPv6
-/// address's /64 (a host's own addresses, which it may choose at will, share one); an
-/// IPv4-mapped address as the IPv4 one.
-std::string peer_lane(const asio::ip::address& address);
-/// The same of a numeric "address:port" (how rdmaxx names a connection's peer); "" if it
-/// names no address.
-std::string peer_lane(std::string_view numeric_address_port);
 
 } // namespace rdmaxx::async

@@ -291,7 +291,11 @@ private:
 /// once, their connects take two helper threads, shared with every listener and
 /// rpc::Endpoint on the io_context, and one host's clients delay another host's by one
 /// turn at most; a client whose turn has not come by its handshake's deadline fails.
-/// Destroying the Listener waits for the connects under way (a second at most).
+/// Meanwhile it holds one of max_pending_handshakes: when they run short, a client of
+/// a host holding fewer takes one from the host holding the most (its oldest still
+/// waiting for a turn, or silent: ListenerStats::evicted), so one host's flood keeps no
+/// other host out. Destroying the Listener waits for the connects under way (a second
+/// at most).
 /// Move-only.
 /// @threadsafety None; as the io_context, which one thread runs. A Listener and the
 /// connections it accepted are one object in this respect.

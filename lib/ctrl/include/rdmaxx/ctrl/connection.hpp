@@ -98,7 +98,9 @@ struct ConnectionOptions {
     int backlog = 1024;
     /// Listener: clients taken in and not yet handed out by accept(), their handshakes
     /// running or done (more are refused at the door): what clients an application
-    /// slow to accept() makes it hold.
+    /// slow to accept() makes it hold. When they run short, the running handshakes are
+    /// shared out by the clients' hosts (ListenerStats::evicted): one host's clients,
+    /// however many and however slow, cannot keep another host's out.
     std::uint32_t max_pending_handshakes = 1024;
     /// What the peer may get from request_remote_mr: rights no wider than this, at
     /// most this many bytes alive at once, for at most this long.
@@ -347,6 +349,9 @@ struct ListenerStats {
     std::uint64_t failed = 0;    ///< refused: garbage, a protocol error, a client gone
     std::uint64_t timed_out = 0; ///< silent or slow past the timeout
     std::uint64_t turned_away = 0; ///< past max_pending_handshakes (pending + ready)
+    /// Dropped to make room past max_pending_handshakes: a pending handshake of the host
+    /// holding the most, for a client of a host holding at least two fewer
+    std::uint64_t evicted = 0;
     std::size_t pending = 0;     ///< handshakes running now
     std::size_t ready = 0;       ///< finished, waiting for accept()
 };

@@ -127,6 +127,13 @@ private:
     std::chrono::milliseconds rest_{};
 };
 
+/// The host of a peer named by a numeric "address:port" (TcpStream::peer(),
+/// Connection::peer_address()): its IPv4 address, or its IPv6 address's /64 (a host's own
+/// addresses, which it may choose at will, share one); an IPv4-mapped address as the
+/// IPv4 one. "" if it names no numeric address. What a Listener shares its pending
+/// handshakes out by (ListenerStats::evicted), and lib/async's PeerTurn its lanes.
+std::string peer_host(std::string_view numeric_address_port);
+
 /// Exchanges endpoints over `stream` and connects each of `qps` to its counterpart
 /// (RC/UC: connect(peer); UD: activate()). The peer must offer as many QPs, of the
 /// same types, else an Error. Returns the peer's message (its metadata). Then post
