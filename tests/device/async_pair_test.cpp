@@ -10,6 +10,10 @@
 #include <string>
 #include <vector>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
 #include <asio/steady_timer.hpp>
@@ -121,6 +125,15 @@ TEST_CASE("async Connection: the port going down ends the pending calls with its
 
 namespace {
 
+// A listener's on rxeA, over `transport`.
+ConnectionOptions options_on_a(Transport transport) {
+    ConnectionOptions options;
+    options.transport = transport;
+    options.device = env("RDMAXX_PAIR_A_DEV");
+    options.gid_index = test::pair_gid_index();
+    return options;
+}
+
 struct BesideStranger {
     bool connected = false;
     bool stop_ticking = false, ticking = false;
@@ -171,9 +184,7 @@ TEST_CASE("async Listener: a client offering a QP at an address nobody answers f
           doctest::skip(!have_pair())) {
     // its QP's move to RTR waits a second for an ARP answer: on a helper thread
     asio::io_context io;
-    ConnectionOptions options;
-    options.device = env("RDMAXX_PAIR_A_DEV");
-    options.gid_index = test::pair_gid_index();
+    const ConnectionOptions options = options_on_a(Transport::tcp);
     auto listener = must(async::Listener::listen(io.get_executor(), env("RDMAXX_PAIR_A_ADDR"), 0, options));
     BesideStranger out;
     bool done = false;
@@ -277,12 +288,10 @@ TEST_CASE("async Listener: clients offering QPs at an address nobody answers for
     // connects, on helper threads at turns in their host's lane, take two of the four
     // helpers at once: about four seconds for eight, and no thread of their own
     for (const Transport transport : {Transport::tcp, Transport::rdma_cm}) {
-        CAPTURE(transport == Transport::tcp ? "TCP" : "RDMA CM");
+        const std::string over = transport == Transport::tcp ? "TCP" : "RDMA CM";
+        CAPTURE(over);
         asio::io_context io;
-        ConnectionOptions options;
-        options.transport = transport;
-        options.device = env("RDMAXX_PAIR_A_DEV");
-        options.gid_index = test::pair_gid_index();
+        ConnectionOptions options = options_on_a(transport);
         options.timeout = 30s; // every stranger's turn comes in time
         auto listener = must(async::Listener::listen(io.get_executor(), env("RDMAXX_PAIR_A_ADDR"), 0, options));
         Flood out;
@@ -301,5 +310,108 @@ TEST_CASE("async Listener: clients offering QPs at an address nobody answers for
         CHECK(out.honest_took < 8s);
         // from their connects on: one of them on the io_context's thread would pause it 1.02 s
         CHECK(out.pauses.longest < 900ms);
+    }
+}
+
+namespace {
+
+// A TCP connection to host:port from `source`, an address of this machine.
+TcpStream connect_from(const char* source, const char* host, std::uint16_t port) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    REQUIRE(fd >= 0);
+    sockaddr_in from{}, to{};
+    from.sin_family = to.sin_family = AF_INET;
+    to.sin_port = htons(port);
+    REQUIRE(::inet_pton(AF_INET, source, &from.sin_addr) == 1);
+    REQUIRE(::inet_pton(AF_INET, host, &to.sin_addr) == 1);
+    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof from) == 0);
+    REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) == 0);
+    return TcpStream::adopt(fd, fmt::format("{}:{}", host, port));
+}
+
+// What crowd_then_connect saw.
+struct Crowd {
+    static constexpr std::uint32_t slots = 4;     // max_pending_handshakes
+    static constexpr std::uint64_t strangers = 8; // from one host: half of them turned away
+    ListenerStats crowded;                        // once the strangers were in or away
+    bool connected = false;
+    std::chrono::milliseconds honest_took{};
+};
+
+// Strangers from RDMAXX_PAIR_B_ADDR2 offer QPs at an address nobody answers for, more
+// than the listener has slots; then a client from RDMAXX_PAIR_B_ADDR, another host.
+asio::awaitable<void> crowd_then_connect(async::Listener& listener, ConnectionOptions options, Crowd& out,
+                                         bool& done) {
+    const auto ex = co_await asio::this_coro::executor;
+    asio::steady_timer timer(ex);
+    const auto offer = test::connection_offer(4096, 32, test::stranger_gid());
+    std::vector<TcpStream> tcp_strangers;
+    std::vector<std::unique_ptr<test::RawCmClient>> cm_strangers; // until their requests are served
+    for (std::uint64_t i = 0; i < Crowd::strangers; ++i) {
+        if (options.transport == Transport::tcp) {
+            tcp_strangers.push_back(
+                connect_from(env("RDMAXX_PAIR_B_ADDR2"), env("RDMAXX_PAIR_A_ADDR"), listener.port()));
+            must(tcp_strangers.back().write_all(offer, Clock::now() + 1s));
+        } else {
+            cm_strangers.push_back(std::make_unique<test::RawCmClient>(env("RDMAXX_PAIR_A_ADDR"), listener.port(),
+                                                                       env("RDMAXX_PAIR_B_ADDR2")));
+            cm_strangers.back()->connect(offer);
+        }
+    }
+    co_await wait_until(
+        timer,
+        [&] {
+            const ListenerStats now = listener.stats();
+            return now.pending == Crowd::slots && now.turned_away == Crowd::strangers - Crowd::slots;
+        },
+        10s);
+    timer.expires_after(200ms); // their offers read, their connects at the helpers or waiting for turns
+    co_await timer.async_wait(asio::use_awaitable);
+    out.crowded = listener.stats();
+    const auto honest_start = std::chrono::steady_clock::now();
+    auto c = co_await async::Connection::connect(ex, env("RDMAXX_PAIR_A_ADDR"), listener.port(), options);
+    auto s = co_await listener.accept(20s);
+    out.honest_took =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - honest_start);
+    out.connected = c && s;
+    if (!c)
+        MESSAGE("the client: ", fmt::format("{}", c.error()));
+    // the strangers left fail once their connects do: the listener is destroyed with none under way
+    co_await wait_until(timer, [&] { return listener.stats().pending == 0; }, 30s);
+    done = true;
+}
+
+} // namespace
+
+TEST_CASE("async Listener: one host's clients holding every pending slot, their QPs waiting for turns, make room for "
+          "another host's client, which is served in about one turn" *
+          doctest::skip(!have_pair())) {
+    // without the sharing by host the client is turned away at the door
+    for (const Transport transport : {Transport::tcp, Transport::rdma_cm}) {
+        const std::string over = transport == Transport::tcp ? "TCP" : "RDMA CM";
+        CAPTURE(over);
+        asio::io_context io;
+        ConnectionOptions options = options_on_a(transport);
+        options.timeout = 30s; // no stranger times out while the client is served
+        options.max_pending_handshakes = Crowd::slots;
+        auto listener = must(async::Listener::listen(io.get_executor(), env("RDMAXX_PAIR_A_ADDR"), 0, options));
+        Crowd out;
+        bool done = false;
+        asio::co_spawn(io, crowd_then_connect(listener, options, out, done), asio::detached);
+        REQUIRE(test::run_until(io, [&] { return done; }, 90s));
+        const ListenerStats stats = listener.stats();
+        MESSAGE("crowded: ", out.crowded.pending, " pending, ", out.crowded.turned_away,
+                " turned away; the client served in ", out.honest_took.count(), " ms");
+        CHECK(out.crowded.pending == Crowd::slots);
+        CHECK(out.crowded.turned_away == Crowd::strangers - Crowd::slots); // a host never pushes out its own
+        CHECK(out.crowded.evicted == 0);
+        CHECK(out.connected);
+        CHECK(stats.evicted == 1); // one stranger waiting for its turn made room
+        CHECK(stats.turned_away == Crowd::strangers - Crowd::slots);
+        CHECK(stats.accepted == 1);
+        CHECK(stats.failed == Crowd::slots - 1);
+        // two strangers' connects on the helpers (a second each), then the client's
+        // lane first: it had no turn yet
+        CHECK(out.honest_took < 3s);
     }
 }

@@ -18,14 +18,19 @@ namespace rdmaxx::test {
 
 class RawCmClient {
 public:
-    // Resolves address and route to host:port.
-    RawCmClient(const std::string& host, std::uint16_t port) : channel_(rdma_create_event_channel()) {
+    // Resolves address and route to host:port (IPv4), from `source` (an address of this
+    // machine) when it is not empty.
+    RawCmClient(const std::string& host, std::uint16_t port, const std::string& source = {})
+        : channel_(rdma_create_event_channel()) {
         CHECK(rdma_create_id(channel_, &id_, nullptr, RDMA_PS_TCP) == 0);
-        sockaddr_in to{};
-        to.sin_family = AF_INET;
+        sockaddr_in to{}, from{};
+        to.sin_family = from.sin_family = AF_INET;
         to.sin_port = htons(port);
         CHECK(inet_pton(AF_INET, host.c_str(), &to.sin_addr) == 1);
-        CHECK(rdma_resolve_addr(id_, nullptr, reinterpret_cast<sockaddr*>(&to), 2000) == 0);
+        if (!source.empty())
+            CHECK(inet_pton(AF_INET, source.c_str(), &from.sin_addr) == 1);
+        CHECK(rdma_resolve_addr(id_, source.empty() ? nullptr : reinterpret_cast<sockaddr*>(&from),
+                                reinterpret_cast<sockaddr*>(&to), 2000) == 0);
         CHECK(next_event() == RDMA_CM_EVENT_ADDR_RESOLVED);
         CHECK(rdma_resolve_route(id_, 2000) == 0);
         CHECK(next_event() == RDMA_CM_EVENT_ROUTE_RESOLVED);
