@@ -1,14 +1,15 @@
-// A listener's pending handshakes, counted by the host each client comes from
-// (peer_host()), so that the slots (max_pending_handshakes) are shared out fairly when
-// they run short. When every slot is taken, a client from a host holding at least two
-// fewer than the host holding the most takes one of that host's: the listener drops that
-// host's oldest handshake that can go. So one host opening clients faster than they
-// finish (silent ones, or ones whose QP connects wait for a turn at the helpers) ends up
-// holding about as many slots as each other host that asks, never all of them; hosts
-// asking for less keep what they ask for. Under no pressure nothing changes: one host
-// may hold every slot while nobody else asks.
+// A listener's clients in progress (a Listener's pending handshakes, an rpc::Endpoint's
+// setups), counted by the host each comes from (peer_host()), so that the slots
+// (max_pending_handshakes, max_sessions) are shared out fairly when they run short.
+// When every slot is taken, a client from a host holding at least two fewer than the
+// host holding the most takes one of that host's: the listener drops that host's oldest
+// client that can go. So one host opening clients faster than they finish (silent ones,
+// or ones whose connects wait for a turn at the helpers) ends up holding about as many
+// slots as each other host that asks, never all of them; hosts asking for less keep
+// what they ask for. Under no pressure nothing changes: one host may hold every slot
+// while nobody else asks.
 //
-// Pure bookkeeping, tested on the host; the listener finds and drops the handshake.
+// Pure bookkeeping, tested on the host; the listener finds and drops the client.
 // Finding the host holding the most scans the hosts holding slots (a one-host flood: one
 // or two). Not thread-safe (one listener's).
 #pragma once

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <list>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -26,6 +28,7 @@
 #include <rdmaxx/wrap/log.hpp>
 #include <rdmaxx/wrap/mw.hpp>
 
+#include "../../ctrl/src/host_shares.hpp"
 #include "control_channel.hpp"
 #include "packet.hpp"
 #include "rc_codec.hpp"
@@ -363,6 +366,19 @@ struct SessionState {
 // every suspension; ~EndpointCore empties it.
 using Anchor = std::shared_ptr<EndpointCore*>;
 
+// A client's setup at the listener, until its reply is out (SetupUnderWay).
+struct ListenerSetup {
+    std::string host;                  // its control connection's (ControlChannel::peer_host)
+    ControlChannel* channel = nullptr; // once serve_setup began
+    bool heard = false;                // its client's request came
+    async::PeerTurn* turn = nullptr;   // while it waits for its turn at the helpers
+    bool evicted = false;              // closed to make room: winding down, uncounted
+
+    // Whether closing it now is what an eviction needs: silent, or waiting for its
+    // turn (not making its address handle, nor writing its reply).
+    bool can_go() const noexcept { return !evicted && (!heard || turn != nullptr); }
+};
+
 struct EndpointCore {
     EndpointCore(asio::io_context& io, EndpointOptions options, std::source_location created)
         : executor(io.get_executor()), completions(&async::Completions::of(io)),
@@ -536,7 +552,8 @@ struct EndpointCore {
     static asio::awaitable<Result<void>> shutdown(Anchor anchor, std::chrono::milliseconds timeout);
 
     static asio::awaitable<void> accept_loop(Anchor anchor, std::shared_ptr<ControlListener> listener);
-    static asio::awaitable<void> serve_setup(Anchor anchor, ControlChannel channel);
+    static asio::awaitable<void> serve_setup(Anchor anchor, ControlChannel channel,
+                                             std::list<ListenerSetup>::iterator at);
     static asio::awaitable<void> watch(Anchor anchor, SessionId id, ControlChannel channel);
     static asio::awaitable<Result<Session>> connect(Anchor anchor, std::string host, std::uint16_t port,
                                                     std::chrono::milliseconds timeout);
@@ -577,16 +594,19 @@ struct EndpointCore {
     bool ticking = false;
     std::vector<SessionId> active; // client sessions with calls in flight or queued
     std::uint32_t handles = 0;     // Session handles alive
-    // clients' setups under way at the listener (serve_setup, up to its reply): at most
-    // max_sessions (and the evicted ones winding down), so that silent clients hold a
-    // bounded number of descriptors (TCP) or QPs (RDMA CM); one more closes the oldest
-    // still waiting for its request, or is closed at once when none waits (accept_loop)
+    // clients' setups under way at the listener (serve_setup, up to its reply), oldest
+    // first, and their hosts' shares: at most max_sessions count (`setups`; the evicted
+    // ones wind down uncounted), so that silent clients hold a bounded number of
+    // descriptors (TCP) or QPs (RDMA CM). One more takes the place of a setup that can
+    // go (ListenerSetup::can_go): the oldest of the host holding the most when that
+    // holds at least two more than the newcomer's (HostShares), else its own host's
+    // oldest silent one; or it is closed at once (make_setup_room). So one host opening
+    // silent or unanswerable setups as fast as it likes keeps no other host out, nor a
+    // client of its own behind its silent ones.
+    std::list<ListenerSetup> listener_setups;
+    rdmaxx::detail::HostShares setup_shares;
     std::uint32_t setups = 0;
-    // the control connections of the listener's setups still waiting for their
-    // client's request, oldest first (SetupUnderWay): a silent client's place goes to
-    // the next to arrive, so that one host reconnecting silently every setup_timeout
-    // cannot keep the others out
-    std::deque<ControlChannel*> awaiting_request;
+    bool make_setup_room(const std::string& host);
     // the control connections of setups under way here, at the listener and in
     // connect() (SetupUnderWay): the endpoint's destruction closes them, and the setups
     // end at once, not at their setup_timeout (a silent client's socket or CM QP held
@@ -616,20 +636,30 @@ struct EndpointCore {
     // setup), made on a helper thread (run_blocking: a wait for its MAC) at its turn
     // (async::PeerTurn) in the lane of the host its control connection comes from
     // (`lane`: ControlChannel::peer_host); nothing if `deadline` passed before the turn
-    // came, or the endpoint is gone.
-    static asio::awaitable<std::optional<Result<AddressHandle>>>
-    peer_handle(const Anchor& anchor, const UdAddress& peer, std::string_view lane, Deadline deadline);
+    // came, the wait was cancelled (a listener's setup evicted: `setup`, which names the
+    // turn while it waits), or the endpoint is gone.
+    static asio::awaitable<std::optional<Result<AddressHandle>>> peer_handle(const Anchor& anchor,
+                                                                             const UdAddress& peer,
+                                                                             std::string_view lane, Deadline deadline,
+                                                                             ListenerSetup* setup = nullptr);
 };
 
-asio::awaitable<std::optional<Result<AddressHandle>>>
-EndpointCore::peer_handle(const Anchor& anchor, const UdAddress& peer, std::string_view lane, Deadline deadline) {
+asio::awaitable<std::optional<Result<AddressHandle>>> EndpointCore::peer_handle(const Anchor& anchor,
+                                                                                const UdAddress& peer,
+                                                                                std::string_view lane,
+                                                                                Deadline deadline,
+                                                                                ListenerSetup* setup) {
     async::PeerTurn turn;
     (*anchor)->peer_turns.push_back(&turn);
+    if (setup != nullptr)
+        setup->turn = &turn;
     const bool taken = co_await turn.take(deadline, lane);
     EndpointCore* core = *anchor;
-    if (core == nullptr) // perhaps handed over as the endpoint went
+    if (core == nullptr) // perhaps handed over as the endpoint went (`setup` with it)
         co_return std::nullopt;
     std::erase(core->peer_turns, &turn);
+    if (setup != nullptr)
+        setup->turn = nullptr;
     if (!taken)
         co_return std::nullopt;
     auto make = core->transport->handle_maker(peer);
@@ -2421,19 +2451,22 @@ asio::awaitable<void> EndpointCore::watch(Anchor anchor, SessionId id, ControlCh
 namespace {
 
 // A setup under way, until its reply is out (or it failed): its control connection in
-// `setting_up` (the endpoint's destruction closes it), and a listener's in `setups`
-// (counted by accept_loop) and in `awaiting_request` until heard().
+// `setting_up` (the endpoint's destruction closes it), and a listener's in
+// `listener_setups` (put there by accept_loop, `at`).
 class SetupUnderWay {
 public:
-    SetupUnderWay(const Anchor& anchor, ControlChannel& channel, bool counted)
-        : anchor_(anchor), channel_(&channel), counted_(counted) {
+    using Place = std::list<ListenerSetup>::iterator;
+    SetupUnderWay(const Anchor& anchor, ControlChannel& channel, std::optional<Place> at)
+        : anchor_(anchor), channel_(&channel), at_(at) {
         (*anchor_)->setting_up.push_back(channel_);
-        if (counted_)
-            (*anchor_)->awaiting_request.push_back(channel_);
+        if (at_)
+            (*at_)->channel = channel_;
     }
     SetupUnderWay(const SetupUnderWay&) = delete;
     SetupUnderWay& operator=(const SetupUnderWay&) = delete;
     ~SetupUnderWay() { end(); }
+    // A listener's setup: its place, to wait for its turn in (peer_handle).
+    ListenerSetup* place() const noexcept { return at_ ? &**at_ : nullptr; }
     // The client's request came (or the read failed): no longer a silent client's.
     // False when the listener closed it meanwhile to make room (evicted: perhaps after
     // the read completed, before its coroutine resumed), or the endpoint is gone.
@@ -2441,26 +2474,58 @@ public:
         EndpointCore* core = *anchor_;
         if (core == nullptr || channel_ == nullptr)
             return false;
-        return !counted_ || std::erase(core->awaiting_request, channel_) == 1;
+        if (!at_)
+            return true;
+        (*at_)->heard = true;
+        return !(*at_)->evicted;
     }
     // Before the connection moves on to the session's watcher.
     void end() {
         EndpointCore* core = *anchor_;
         if (core == nullptr || channel_ == nullptr)
             return;
-        (void)heard();
         std::erase(core->setting_up, std::exchange(channel_, nullptr));
-        if (counted_)
+        if (!at_)
+            return;
+        if (!(*at_)->evicted) {
+            core->setup_shares.remove((*at_)->host);
             --core->setups;
+        }
+        core->listener_setups.erase(*std::exchange(at_, std::nullopt));
     }
 
 private:
     const Anchor& anchor_;
     ControlChannel* channel_;
-    bool counted_;
+    std::optional<Place> at_;
 };
 
 } // namespace
+
+bool EndpointCore::make_setup_room(const std::string& host) {
+    if (setups < options.max_sessions)
+        return true;
+    const auto yielding = setup_shares.yielding_to(host);
+    const auto first = [&](auto pick) { return std::find_if(listener_setups.begin(), listener_setups.end(), pick); };
+    auto it = listener_setups.end();
+    if (yielding)
+        it = first([&](const ListenerSetup& s) { return s.host == *yielding && s.can_go(); });
+    if (it == listener_setups.end()) // a client of its own behind its silent ones
+        it = first([&](const ListenerSetup& s) { return s.host == host && !s.heard && s.can_go(); });
+    if (it == listener_setups.end())
+        return false; // as many setups as sessions, each past its request or its turn
+    // it gives its place back as its serve_setup ends: its read, or its turn's wait,
+    // ends cancelled
+    it->evicted = true;
+    setup_shares.remove(it->host);
+    --setups;
+    ++counters.setups_evicted;
+    if (it->turn != nullptr)
+        it->turn->cancel();
+    else if (it->channel != nullptr)
+        it->channel->close();
+    return true;
+}
 
 asio::awaitable<void> EndpointCore::accept_loop(Anchor anchor, std::shared_ptr<ControlListener> listener) {
     for (;;) {
@@ -2472,27 +2537,29 @@ asio::awaitable<void> EndpointCore::accept_loop(Anchor anchor, std::shared_ptr<C
             logger()->warn("rdmaxx rpc: accepting a session: {}", channel.error());
             continue;
         }
-        if (core->setups >= core->options.max_sessions) {
-            if (core->awaiting_request.empty()) {
-                ++core->counters.sessions_refused;
-                continue; // closed: as many setups as sessions are under way, each past its request
-            }
-            // the oldest silent client makes room: its read ends cancelled, and its
-            // serve_setup gives the place back (meanwhile one more is counted)
-            ControlChannel* oldest = core->awaiting_request.front();
-            core->awaiting_request.pop_front();
-            oldest->close();
-            ++core->counters.setups_evicted;
+        std::string host = channel->peer_host();
+        if (!core->make_setup_room(host)) {
+            ++core->counters.sessions_refused;
+            continue; // closed
         }
-        ++core->setups; // here, not as serve_setup starts: the next accept sees it
-        asio::co_spawn(core->executor, serve_setup(anchor, std::move(*channel)), RethrowOutOfRun{});
+        // counted here, not as serve_setup starts: the next accept sees it
+        core->setup_shares.add(host);
+        ++core->setups;
+        core->listener_setups.push_back({.host = std::move(host)});
+        const auto at = std::prev(core->listener_setups.end());
+        asio::co_spawn(core->executor, serve_setup(anchor, std::move(*channel), at), RethrowOutOfRun{});
     }
 }
 
 // One client's setup, beside the listener (a silent client stalls nobody), then its
 // session's life.
-asio::awaitable<void> EndpointCore::serve_setup(Anchor anchor, ControlChannel channel) {
-    SetupUnderWay under_way(anchor, channel, true);
+asio::awaitable<void> EndpointCore::serve_setup(Anchor anchor, ControlChannel channel,
+                                                std::list<ListenerSetup>::iterator at) {
+    if (*anchor == nullptr) // the endpoint went before this began, its setups with it
+        co_return;
+    SetupUnderWay under_way(anchor, channel, at);
+    if (at->evicted) // before this began
+        co_return;
     channel.watch_peer((*anchor)->options.peer_silence);
     const Deadline deadline = deadline_after(Clock::now(), (*anchor)->options.setup_timeout);
     std::uint16_t version = 0;
@@ -2516,7 +2583,8 @@ asio::awaitable<void> EndpointCore::serve_setup(Anchor anchor, ControlChannel ch
         // the client's word: a wait for its MAC (blocking.hpp), off this thread
         if (!admission) {
             reply = SessionReply::refused(admission.error());
-        } else if (auto ah = co_await peer_handle(anchor, request->client, lane, deadline); (core = *anchor) == nullptr) {
+        } else if (auto ah = co_await peer_handle(anchor, request->client, lane, deadline, under_way.place());
+                   (core = *anchor) == nullptr) {
             co_return; // the endpoint is gone, its table with the admission
         } else if (!ah || !*ah) { // no turn at the helpers before the setup's deadline, or no handle
             core->table.release(admission->session);
@@ -2594,7 +2662,7 @@ asio::awaitable<Result<Session>> EndpointCore::connect(Anchor anchor, std::strin
         co_return std::unexpected(Error::cancelled(call, "the endpoint was destroyed"));
     if (!channel)
         co_return std::unexpected(std::move(channel.error()));
-    SetupUnderWay under_way(anchor, *channel, false);
+    SetupUnderWay under_way(anchor, *channel, std::nullopt);
     channel->watch_peer(core->options.peer_silence);
     const SessionRequest request{.client = core->transport->address(), .session = id, .limits = asked};
     const auto out = encode(request);

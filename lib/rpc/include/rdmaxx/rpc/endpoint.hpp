@@ -200,10 +200,13 @@ struct EndpointOptions {
     std::uint32_t ring = 1024;       ///< receive buffers of the UD QP (40 + MTU bytes each), and 15 spares
     std::uint32_t send_depth = 256;  ///< send buffers
     /// Sessions at once, client and server; also the most clients' setups under way
-    /// at the listener at once. One more takes the place of the oldest still waiting
-    /// for its client's request (a silent client, which would hold it for
-    /// setup_timeout; Counters::setups_evicted), or is closed at once, a refusal, when
-    /// every setup under way is past its request. A setup makes the handle towards the
+    /// at the listener at once. One more takes the place of a setup that would hold it
+    /// until setup_timeout, one still waiting for its client's request (a silent
+    /// client) or for its turn at the helpers (below; Counters::setups_evicted): the
+    /// oldest of the host holding the most, when that holds at least two more than the
+    /// newcomer's host; else the oldest silent one of the newcomer's own host. Otherwise
+    /// it is closed at once, a refusal. So one host opening setups as fast as it likes
+    /// keeps no other host out: they end up level. A setup makes the handle towards the
     /// address its client announced on a helper thread (rdmaxx/async/blocking.hpp: a
     /// second for an address nobody answers for) at a peer's turn (async::PeerTurn: two
     /// at a time per io_context, every endpoint's setups and RC setups on it together),
@@ -338,9 +341,8 @@ struct Counters {
                                        ///< through windows): a call's binds go with one
                                        ///< doorbell, its revocations with another
     std::uint64_t sessions_refused = 0; ///< session setups refused: by this server, to this client
-    /// setups closed by this server's listener to make room for a newer client: when
-    /// max_sessions setups are under way, the oldest still waiting for its client's
-    /// request (a silent client) goes
+    /// setups closed by this server's listener to make room for a newer client when
+    /// max_sessions setups are under way (EndpointOptions::max_sessions says which)
     std::uint64_t setups_evicted = 0;
     std::uint64_t rc_misuses = 0;      ///< sessions ended because their peer used its RC QP as
                                        ///< no honest peer does (see Endpoint: input)
