@@ -718,31 +718,62 @@ TEST_CASE("rpc across the wire: clients announcing addresses nobody answers for,
     CHECK(out.last_ended > 3s);
 }
 
+namespace {
+
+// `count` strangers' setups at `wire`'s server at once, their connections from rxeA's
+// address, then its client's connect from rxeB's (pair.sh's routes: a connection to
+// rxeA's address from this host leaves rxeB): two hosts, as the listener sees them.
+StrangersThenConnect one_host_then_another(WirePair& wire, std::uint16_t port, std::size_t count) {
+    AttackerOnB attacker(wire.io);
+    const auto a_address = asio::ip::make_address(env("RDMAXX_PAIR_A_ADDR"));
+    const std::vector<Stranger> strangers(count, {.at = {a_address, port}, .from = a_address});
+    StrangersThenConnect out;
+    rpc_test::run(wire.io,
+                  connect_among_strangers(strangers, wire.client.get(), env("RDMAXX_PAIR_A_ADDR"), port, &attacker,
+                                          &out),
+                  60s);
+    return out;
+}
+
+} // namespace
+
 // Twelve clients of one host announcing addresses nobody answers for, at once: their
 // setups' address handles are made two at a time, a second each (six seconds, past
 // their setup_timeout for the last). Another host's client, coming after them, takes
 // the next turn given back, that of the host whose turn is oldest (async::PeerTurn's
 // lanes): its connect waits for one stranger's second at most (0.78-0.90 s in 20 runs).
 // Before, turns went in order of arrival: it waited behind ten strangers, 4.9 s, its
-// setup_timeout (5 s) all but gone. The strangers' connections come from rxeA's
-// address, the client's from rxeB's (pair.sh's routes: a connection to rxeA's address
-// from this host leaves rxeB).
+// setup_timeout (5 s) all but gone.
 
 TEST_CASE("rpc across the wire: twelve clients of one host announcing addresses nobody answers for delay another "
           "host's setup by one turn, not by theirs" * doctest::skip(!have_pair())) {
     constexpr std::uint16_t port = 31997;
     WirePair wire(port);
-    AttackerOnB attacker(wire.io);
-    const auto a_address = asio::ip::make_address(env("RDMAXX_PAIR_A_ADDR"));
-    const std::vector<Stranger> strangers(12, {.at = {a_address, port}, .from = a_address});
-    StrangersThenConnect out;
-    rpc_test::run(wire.io,
-                  connect_among_strangers(strangers, wire.client.get(), env("RDMAXX_PAIR_A_ADDR"), port, &attacker,
-                                          &out),
-                  60s);
+    const StrangersThenConnect out = one_host_then_another(wire, port, 12);
     check_connect_among_strangers(out, 12, 2500ms); // a stranger's second, then its own handle
     // two at a time, a second each: six rounds, the last past the setup_timeout (5 s)
     CHECK(out.last_ended > 4s);
+}
+
+// Eight clients of one host announcing addresses nobody answers for, at a listener of
+// max_sessions 4: four setups hold every place, two making their handles (a second
+// each), two waiting for their turns; the other four are closed (at once, or taking
+// the place of one of their host's still silent). Another host's client then takes the
+// place of the oldest waiting (EndpointOptions::max_sessions), and the next turn, its
+// host's first. Before, it was refused: every place was past its request.
+
+TEST_CASE("rpc across the wire: one host's setups holding every place at a listener, waiting for turns, make room for "
+          "another host's client" * doctest::skip(!have_pair())) {
+    constexpr std::uint16_t port = 31991;
+    WirePair wire(port, {.max_sessions = 4});
+    const StrangersThenConnect out = one_host_then_another(wire, port, 8);
+    check_connect_among_strangers(out, 8, 2500ms); // a stranger's second, then its own handle
+    // the four beyond the places closed, at once or as they took a silent one's place
+    // (their requests not in yet); then the client's room
+    const rpc::Counters counters = wire.server->counters();
+    MESSAGE(counters.setups_evicted, " evicted, ", counters.sessions_refused, " refused");
+    CHECK(counters.setups_evicted + counters.sessions_refused == 5);
+    CHECK(counters.setups_evicted >= 1);
 }
 
 // ---------------------------------------------------------------------------------
