@@ -10,10 +10,6 @@
 #include <string>
 #include <vector>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
 #include <asio/steady_timer.hpp>
@@ -27,6 +23,7 @@
 #include <rdmaxx/ctrl/tcp.hpp>
 
 #include "../support/device.hpp"
+#include "../support/connect_from.hpp"
 #include "../support/offer.hpp"
 #include "../support/pair.hpp"
 #include "../support/raw_cm.hpp"
@@ -315,20 +312,6 @@ TEST_CASE("async Listener: clients offering QPs at an address nobody answers for
 
 namespace {
 
-// A TCP connection to host:port from `source`, an address of this machine.
-TcpStream connect_from(const char* source, const char* host, std::uint16_t port) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    REQUIRE(fd >= 0);
-    sockaddr_in from{}, to{};
-    from.sin_family = to.sin_family = AF_INET;
-    to.sin_port = htons(port);
-    REQUIRE(::inet_pton(AF_INET, source, &from.sin_addr) == 1);
-    REQUIRE(::inet_pton(AF_INET, host, &to.sin_addr) == 1);
-    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof from) == 0);
-    REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) == 0);
-    return TcpStream::adopt(fd, fmt::format("{}:{}", host, port));
-}
-
 // What crowd_then_connect saw.
 struct Crowd {
     static constexpr std::uint32_t slots = 4;     // max_pending_handshakes
@@ -350,7 +333,7 @@ asio::awaitable<void> crowd_then_connect(async::Listener& listener, ConnectionOp
     for (std::uint64_t i = 0; i < Crowd::strangers; ++i) {
         if (options.transport == Transport::tcp) {
             tcp_strangers.push_back(
-                connect_from(env("RDMAXX_PAIR_B_ADDR2"), env("RDMAXX_PAIR_A_ADDR"), listener.port()));
+                test::connect_from(env("RDMAXX_PAIR_B_ADDR2"), env("RDMAXX_PAIR_A_ADDR"), listener.port()));
             must(tcp_strangers.back().write_all(offer, Clock::now() + 1s));
         } else {
             cm_strangers.push_back(std::make_unique<test::RawCmClient>(env("RDMAXX_PAIR_A_ADDR"), listener.port(),

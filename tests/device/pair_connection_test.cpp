@@ -17,6 +17,7 @@
 #include <rdmaxx/ctrl/connection.hpp>
 #include <rdmaxx/ctrl/tcp.hpp>
 
+#include "../support/connect_from.hpp"
 #include "../support/device.hpp"
 #include "../support/offer.hpp"
 #include "../support/pair.hpp"
@@ -148,6 +149,59 @@ TEST_CASE("default bounds: 1 MiB WRITEs and READs complete under 5 % loss each w
                 std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count(), " ms");
         CHECK(std::memcmp(back.data(), local.data(), local.size()) == 0);
     }
+}
+
+TEST_CASE("a Listener whose every pending slot one host's silent clients hold takes another host's client in place "
+          "of the oldest of them; that host's own next client is turned away" * doctest::skip(!have_pair())) {
+    ConnectionOptions options;
+    options.device = env("RDMAXX_PAIR_A_DEV");
+    options.gid_index = test::pair_gid_index();
+    options.max_pending_handshakes = 4;
+    options.timeout = 30s; // no silent client is given up on meanwhile
+    Listener listener = must(Listener::listen(env("RDMAXX_PAIR_A_ADDR"), 0, options));
+    // six silent clients of one host (vB's second address): four take every slot as the
+    // listener serves its first accept, two are turned away
+    std::vector<TcpStream> silent;
+    for (int i = 0; i < 6; ++i)
+        silent.push_back(test::connect_from(env("RDMAXX_PAIR_B_ADDR2"), env("RDMAXX_PAIR_A_ADDR"), listener.port()));
+    CHECK_FALSE(listener.accept(200ms));
+    CHECK(listener.stats().pending == 4);
+    CHECK(listener.stats().turned_away == 2);
+    // a client of another host (vB's first address, the routes' choice)
+    test::Thread client([&] { CHECK(Connection::connect(env("RDMAXX_PAIR_A_ADDR"), listener.port(), options)); });
+    const auto start = Clock::now();
+    const auto accepted = listener.accept(10s);
+    const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+    client.join();
+    CHECK(accepted);
+    MESSAGE("the other host's client accepted in ", took.count(), " ms");
+    CHECK(took < 2s);
+    ListenerStats stats = listener.stats();
+    CHECK(stats.evicted == 1);
+    CHECK(stats.pending == 3);
+    // three silent clients' connections were closed, the two turned away and the one
+    // evicted (the oldest as the listener took them in: not always the first to
+    // connect, when the kernel's softirqs complete two handshakes on two CPUs); the
+    // others still wait, their handshakes pending
+    int closed = 0;
+    for (TcpStream& stream : silent) {
+        std::byte one{};
+        const auto read = stream.read_exact({&one, 1}, Clock::now() + 200ms);
+        REQUIRE_FALSE(read);
+        closed += read.error().is_timeout() ? 0 : 1;
+    }
+    CHECK(closed == 3);
+    // the silent host now holds three, the other none: its next client is turned away
+    silent.push_back(test::connect_from(env("RDMAXX_PAIR_B_ADDR2"), env("RDMAXX_PAIR_A_ADDR"), listener.port()));
+    CHECK_FALSE(listener.accept(200ms));
+    stats = listener.stats();
+    CHECK(stats.turned_away == 2); // 3 + 1 = 4 slots: room enough, no eviction
+    CHECK(stats.pending == 4);
+    silent.push_back(test::connect_from(env("RDMAXX_PAIR_B_ADDR2"), env("RDMAXX_PAIR_A_ADDR"), listener.port()));
+    CHECK_FALSE(listener.accept(200ms));
+    stats = listener.stats();
+    CHECK(stats.turned_away == 3);
+    CHECK(stats.evicted == 1);
 }
 
 TEST_CASE("a client offering a QP at an address nobody answers for holds up no other client's accept, on both "
