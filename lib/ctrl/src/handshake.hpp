@@ -128,8 +128,8 @@ public:
     int fd() const noexcept { return event_; }
     // The connect's result once it is done (fd() readable), else nullopt; once only.
     std::optional<Result<void>> finished();
-    // Whether the connect may be running now: destroying this would wait for it (up to
-    // a second). False before it began (a turn still awaited) and once it has reported.
+    // Whether the connect may be running now: destroying this may wait for it (up to a
+    // second). False at least while it has not begun (a turn still awaited).
     virtual bool under_way() const = 0;
 
 protected:
