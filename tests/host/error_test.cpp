@@ -105,3 +105,31 @@ TEST_CASE("an application logger receives the library's messages") {
     rdmaxx::set_logger(previous);
     CHECK(out.str().find("hello 1") != std::string::npos);
 }
+
+TEST_CASE("a LogBudget lets a burst of warnings a second go, holds back the rest, and says how many before the next") {
+    std::ostringstream out;
+    auto previous = rdmaxx::logger();
+    auto sink = std::make_shared<spdlog::sinks::ostream_sink_st>(out);
+    sink->set_pattern("%v");
+    rdmaxx::set_logger(std::make_shared<spdlog::logger>("app", sink));
+    rdmaxx::detail::LogBudget budget(3);
+    const std::chrono::steady_clock::time_point t0{std::chrono::hours(1)};
+    for (int client = 0; client < 1000; ++client) // a flood within one second
+        budget.warn(t0 + std::chrono::microseconds(client * 900), "refused client {}", client);
+    CHECK(budget.held_back() == 997);
+    budget.warn(t0 + std::chrono::seconds(1), "refused client {}", 1000); // the next second
+    CHECK(budget.held_back() == 0);
+    rdmaxx::set_logger(previous);
+    CHECK(out.str() == "refused client 0\nrefused client 1\nrefused client 2\n"
+                       "rdmaxx: 997 warnings like the next held back\nrefused client 1000\n");
+}
+
+TEST_CASE("a LogBudget under no flood holds nothing back") {
+    rdmaxx::detail::LogBudget budget(2);
+    const std::chrono::steady_clock::time_point t0{std::chrono::hours(1)};
+    for (int i = 0; i < 100; ++i)
+        CHECK(budget.take(t0 + std::chrono::milliseconds(500 * i))); // two a second: the burst
+    CHECK(budget.held_back() == 0);
+    CHECK_FALSE(budget.take(t0 + std::chrono::milliseconds(500 * 99 + 1))); // a third in that second
+    CHECK(budget.held_back() == 1);
+}

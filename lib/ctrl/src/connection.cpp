@@ -238,7 +238,7 @@ void detail::ListenerCore::admit() {
                 if (request.error().is_timeout())
                     return;
                 ++stats.failed;
-                logger()->warn("Listener: a client's connect request: {}", request.error());
+                refusals.warn(Clock::now(), "Listener: a client's connect request: {}", request.error());
                 continue;
             }
             if (!make_room(peer_host(request->peer()))) {
@@ -249,7 +249,7 @@ void detail::ListenerCore::admit() {
                 detail::ServerHandshake::answer(group, std::move(*request), options, run_connect, deadline);
             if (!answered) {
                 ++stats.failed;
-                logger()->warn("Listener: a client's handshake failed: {}", answered.error());
+                refusals.warn(Clock::now(), "Listener: a client's handshake failed: {}", answered.error());
                 continue;
             }
             handshake.emplace(std::move(*answered));
@@ -284,11 +284,11 @@ void detail::ListenerCore::advance() {
             ready.push_back(std::move(*step));
         } else if (!step) {
             ++stats.failed;
-            logger()->warn("Listener: a client's handshake failed: {}", step.error());
+            refusals.warn(now, "Listener: a client's handshake failed: {}", step.error());
         } else if (now >= it->deadline()) {
             ++stats.timed_out;
-            logger()->warn("Listener: {} did not finish its handshake within {} ms", it->peer(),
-                           options.timeout.count());
+            refusals.warn(now, "Listener: {} did not finish its handshake within {} ms", it->peer(),
+                          options.timeout.count());
         } else {
             ++it;
             continue;

@@ -19,6 +19,7 @@
 #include <rdmaxx/ctrl/cm.hpp>
 #include <rdmaxx/ctrl/connection.hpp>
 #include <rdmaxx/ctrl/tcp.hpp>
+#include <rdmaxx/wrap/log.hpp>
 
 #include "handshake.hpp"
 #include "host_shares.hpp"
@@ -41,6 +42,7 @@ struct ListenerCore {
     HostShares shares;                  // of `pending`, by their hosts
     std::deque<std::unique_ptr<Link>> ready;
     ListenerStats stats;
+    LogBudget refusals; // the warnings about clients: a flood of them logs a few a second
     AcceptBackoff backoff;               // TCP: after accepts that failed for want of resources,
     Clock::time_point resting_until{};   // it accepts again from then on (tcp.hpp)
 

@@ -283,7 +283,8 @@ private:
 /// Accepts connections (TCP or RDMA CM) on host:port; all of them share one context,
 /// PD and CQ. Handshakes run concurrently on the io_context, each bounded by
 /// ConnectionOptions::timeout: a client that says nothing, sends garbage or dies holds
-/// up no one, and is only counted (stats()) and logged. Unlike the blocking Listener,
+/// up no one, and is only counted (stats()) and logged (as the blocking Listener's,
+/// at most 10 warnings a second). Unlike the blocking Listener,
 /// handshakes advance whether or not anyone is in accept(). Each client's QP connects
 /// (up to a second towards an address the client announced and nobody answers for) on
 /// a helper thread of the io_context, at a peer's turn (run_blocking and PeerTurn,

@@ -366,7 +366,9 @@ struct ListenerStats {
 /// connections share their CQ the same way (there it is connect_another's Error).
 /// Handshakes run concurrently, each bounded by ConnectionOptions::timeout: a client
 /// that says nothing, sends garbage or dies holds up no one, and is only counted
-/// (stats()) and logged as a warning. Each client's QP connects on a thread of its own:
+/// (stats()) and logged as a warning, at most 10 such warnings a second (a flood's
+/// others are held back, and their number logged before the next). Each client's QP
+/// connects on a thread of its own:
 /// on RoCE, RTR towards the GID the client announced waits for its MAC, up to a second
 /// when nobody answers for it (that handshake's timeout waits for the connect;
 /// destroying the Listener too).

@@ -4,7 +4,10 @@
 /// silences it. The data path (post, poll) never logs.
 #pragma once
 
+#include <chrono>
+#include <cstdint>
 #include <memory>
+#include <utility>
 
 #include <spdlog/logger.h>
 
@@ -22,5 +25,54 @@ std::shared_ptr<spdlog::logger> logger();
 ///
 /// @threadsafety Safe from any thread (as logger()).
 void set_logger(std::shared_ptr<spdlog::logger> replacement);
+
+namespace detail {
+
+/// What keeps a place of the library that peers can make log at will (a listener's
+/// refusals) to a few lines a second: at most `burst` warnings a second go; past that
+/// the place is quiet until the second ends, and its next warning is preceded by how
+/// many it held back. A flood of hostile clients then costs the log `burst` lines a
+/// second, not one per client; the place's counters (ListenerStats) still count each.
+///
+/// @threadsafety None: one place's, used from one thread at a time (its listener's).
+class LogBudget {
+public:
+    explicit LogBudget(std::uint32_t burst = 10) noexcept : burst_(burst) {}
+
+    /// The warning `format` makes of `args`, if the budget allows one at `now`.
+    template <class... Args>
+    void warn(std::chrono::steady_clock::time_point now, spdlog::format_string_t<Args...> format, Args&&... args) {
+        if (!take(now))
+            return;
+        const auto log = logger();
+        if (held_back_ > 0)
+            log->warn("rdmaxx: {} warnings like the next held back", std::exchange(held_back_, 0));
+        log->warn(format, std::forward<Args>(args)...);
+    }
+    /// Whether a warning may go at `now` (then it counts against this second's burst);
+    /// else it counts as held back.
+    bool take(std::chrono::steady_clock::time_point now) noexcept {
+        if (now - second_began_ >= std::chrono::seconds(1)) {
+            second_began_ = now;
+            taken_ = 0;
+        }
+        if (taken_ < burst_) {
+            ++taken_;
+            return true;
+        }
+        ++held_back_;
+        return false;
+    }
+    /// Held back since the last warning that went.
+    std::uint64_t held_back() const noexcept { return held_back_; }
+
+private:
+    std::uint32_t burst_;
+    std::chrono::steady_clock::time_point second_began_{};
+    std::uint32_t taken_ = 0;
+    std::uint64_t held_back_ = 0;
+};
+
+} // namespace detail
 
 } // namespace rdmaxx
