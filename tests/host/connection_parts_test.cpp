@@ -4,9 +4,11 @@
 // refuses.
 #include <chrono>
 #include <deque>
+#include <map>
 #include <random>
 
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <rdmaxx/ctrl/connection.hpp>
 #include <rdmaxx/ctrl/tcp.hpp>
@@ -400,7 +402,8 @@ TEST_CASE("host shares: under no pressure one host may take every slot; when the
     CHECK(slots.knock("")); // "" (no numeric address) is a host like any other
 }
 
-TEST_CASE("host shares: a host flooding ten times as fast as two others ask still leaves each of them a third") {
+TEST_CASE("host shares: a host flooding ten times as fast as two others ask still leaves each of them about a "
+          "third (9 of 30 or more: one may be on its way in)") {
     // each round: the oldest client finishes, the flood knocks ten times, the others once
     Slots slots{.size = 30, .pending = {}, .shares = {}};
     std::uint64_t honest_in = 0, honest_asked = 0;
@@ -420,4 +423,49 @@ TEST_CASE("host shares: a host flooding ten times as fast as two others ask stil
     CHECK(slots.shares.held_by("a") >= 9);
     CHECK(slots.shares.held_by("b") >= 9);
     CHECK(slots.shares.held_by("flood") <= 12);
+}
+
+TEST_CASE("host shares: whatever clients come and go, the host yielding is one holding the most, named in constant "
+          "time however many hosts hold slots") {
+    // against the rule worked out the long way: a scan of every host's count
+    detail::HostShares shares;
+    std::map<std::string, std::uint32_t> reference;
+    std::mt19937 random(16);
+    const auto host_of = [](unsigned n) { return fmt::format("10.0.{}.{}", n / 250, n % 250); };
+    for (int step = 0; step < 20000; ++step) {
+        // a few hosts come often (the flood), the many rarely
+        const unsigned n = random() % 4 == 0 ? random() % 3 : random() % 1000;
+        const std::string host = host_of(n);
+        if (random() % 5 < 3) {
+            shares.add(host);
+            ++reference[host];
+        } else if (reference.contains(host)) {
+            shares.remove(host);
+            if (--reference[host] == 0)
+                reference.erase(host);
+        }
+        const std::string newcomer = host_of(random() % 1000);
+        std::uint32_t most = 0;
+        for (const auto& [h, held] : reference)
+            most = std::max(most, held);
+        const std::uint32_t newcomers = reference.contains(newcomer) ? reference.at(newcomer) : 0;
+        REQUIRE(shares.held_by(host) == (reference.contains(host) ? reference.at(host) : 0));
+        const auto yielding = shares.yielding_to(newcomer);
+        if (most >= newcomers + 2) {
+            REQUIRE(yielding);
+            REQUIRE(reference.contains(*yielding));
+            REQUIRE(reference.at(*yielding) == most);
+        } else {
+            REQUIRE_FALSE(yielding);
+        }
+    }
+    for (const auto& [h, held] : reference) // every slot given back: nobody holds any
+        for (std::uint32_t i = 0; i < held; ++i)
+            shares.remove(h);
+    CHECK_FALSE(shares.yielding_to(""));
+    shares.add("a");
+    shares.add("a");
+    CHECK(shares.yielding_to("b") == "a"); // the buckets still work from empty
+    shares.remove("nobody"); // a host holding none: nothing to give back
+    CHECK(shares.held_by("a") == 2);
 }
