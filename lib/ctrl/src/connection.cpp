@@ -227,11 +227,12 @@ void detail::ListenerCore::admit() {
                 return;
             }
             backoff.succeeded();
-            if (!make_room(peer_host(stream->peer()))) {
+            std::string host = peer_host(stream->peer());
+            if (!make_room(host)) {
                 ++stats.turned_away; // dropping it closes it
                 continue;
             }
-            handshake.emplace(std::move(*stream), deadline);
+            handshake.emplace(std::move(*stream), std::move(host), deadline);
         } else {
             auto request = cm->next(std::chrono::milliseconds(0));
             if (!request) {
@@ -241,12 +242,13 @@ void detail::ListenerCore::admit() {
                 refusals.warn(Clock::now(), "Listener: a client's connect request: {}", request.error());
                 continue;
             }
-            if (!make_room(peer_host(request->peer()))) {
+            std::string host = peer_host(request->peer());
+            if (!make_room(host)) {
                 ++stats.turned_away; // dropping it rejects it
                 continue;
             }
-            auto answered =
-                detail::ServerHandshake::answer(group, std::move(*request), options, run_connect, deadline);
+            auto answered = detail::ServerHandshake::answer(group, std::move(*request), std::move(host), options,
+                                                            run_connect, deadline);
             if (!answered) {
                 ++stats.failed;
                 refusals.warn(Clock::now(), "Listener: a client's handshake failed: {}", answered.error());

@@ -165,12 +165,12 @@ Result<void> finish_cm(CmOffered& offered) {
 
 // --- server side ---------------------------------------------------------------------------
 
-ServerHandshake::ServerHandshake(TcpStream stream, Clock::time_point deadline)
-    : deadline_(deadline), host_(peer_host(stream.peer())), stream_(std::move(stream)) {
+ServerHandshake::ServerHandshake(TcpStream stream, std::string host, Clock::time_point deadline)
+    : deadline_(deadline), host_(std::move(host)), stream_(std::move(stream)) {
     in_.reserve(offer_bytes);
 }
 
-Result<ServerHandshake> ServerHandshake::answer(std::shared_ptr<Group> group, CmRequest request,
+Result<ServerHandshake> ServerHandshake::answer(std::shared_ptr<Group> group, CmRequest request, std::string host,
                                                 const ConnectionOptions& options, const ConnectRunner& run_connect,
                                                 Clock::time_point deadline) {
     if (request.device() != group->context.name())
@@ -181,7 +181,7 @@ Result<ServerHandshake> ServerHandshake::answer(std::shared_ptr<Group> group, Cm
     if (!link)
         return std::unexpected(std::move(link.error()));
     ServerHandshake handshake(deadline);
-    handshake.host_ = peer_host(request.peer());
+    handshake.host_ = std::move(host);
     handshake.request_ = std::make_unique<CmRequest>(std::move(request));
     handshake.link_ = std::move(*link);
     auto connecting = run_connect(

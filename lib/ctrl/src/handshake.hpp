@@ -173,14 +173,15 @@ private:
 // Server side: one client's handshake in progress.
 class ServerHandshake {
 public:
-    // A TCP client just accepted.
-    ServerHandshake(TcpStream stream, Clock::time_point deadline);
+    // A TCP client just accepted; `host`: peer_host() of its peer().
+    ServerHandshake(TcpStream stream, std::string host, Clock::time_point deadline);
     ServerHandshake(ServerHandshake&&) noexcept = default;
     // Assigning would destroy link_ and request_ before the old connect ends.
     ServerHandshake& operator=(ServerHandshake&&) = delete;
     // An RDMA CM connect request: a QP for it, connecting (`run_connect`); then
-    // receives posted and the request accepted; then the client's establish.
-    static Result<ServerHandshake> answer(std::shared_ptr<Group> group, CmRequest request,
+    // receives posted and the request accepted; then the client's establish. `host`:
+    // peer_host() of the request's peer().
+    static Result<ServerHandshake> answer(std::shared_ptr<Group> group, CmRequest request, std::string host,
                                           const ConnectionOptions& options, const ConnectRunner& run_connect,
                                           Clock::time_point deadline);
 
@@ -194,7 +195,8 @@ public:
     // None while its QP connects (BackgroundConnect): dropping it would wait for that.
     Clock::time_point deadline() const noexcept { return connecting_ ? Clock::time_point::max() : deadline_; }
     const std::string& peer() const;
-    // peer_host() of peer(): what its listener shares slots out by (HostShares).
+    // peer_host() of peer(), as its listener found it: what it shares slots out by
+    // (HostShares).
     const std::string& host() const noexcept { return host_; }
     // Whether dropping it now is quick: not while its QP's connect is under way.
     bool can_go() const { return !connecting_ || !connecting_->under_way(); }
