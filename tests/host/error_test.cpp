@@ -106,12 +106,30 @@ TEST_CASE("an application logger receives the library's messages") {
     CHECK(out.str().find("hello 1") != std::string::npos);
 }
 
+namespace {
+
+// The library's log, each line as `pattern` makes it, while this lives.
+class LogLines {
+public:
+    explicit LogLines(const char* pattern) {
+        auto sink = std::make_shared<spdlog::sinks::ostream_sink_st>(out_);
+        sink->set_pattern(pattern);
+        rdmaxx::set_logger(std::make_shared<spdlog::logger>("app", sink));
+    }
+    LogLines(const LogLines&) = delete;
+    LogLines& operator=(const LogLines&) = delete;
+    ~LogLines() { rdmaxx::set_logger(previous_); }
+    std::string text() const { return out_.str(); }
+
+private:
+    std::shared_ptr<spdlog::logger> previous_ = rdmaxx::logger();
+    std::ostringstream out_;
+};
+
+} // namespace
+
 TEST_CASE("a LogBudget lets a burst of warnings a second go, holds back the rest, and says how many before the next") {
-    std::ostringstream out;
-    auto previous = rdmaxx::logger();
-    auto sink = std::make_shared<spdlog::sinks::ostream_sink_st>(out);
-    sink->set_pattern("%v");
-    rdmaxx::set_logger(std::make_shared<spdlog::logger>("app", sink));
+    const LogLines out("%v");
     rdmaxx::detail::LogBudget budget(3);
     const std::chrono::steady_clock::time_point t0{std::chrono::hours(1)};
     for (int client = 0; client < 1000; ++client) // a flood within one second
@@ -119,9 +137,20 @@ TEST_CASE("a LogBudget lets a burst of warnings a second go, holds back the rest
     CHECK(budget.held_back() == 997);
     budget.warn(t0 + std::chrono::seconds(1), "refused client {}", 1000); // the next second
     CHECK(budget.held_back() == 0);
-    rdmaxx::set_logger(previous);
-    CHECK(out.str() == "refused client 0\nrefused client 1\nrefused client 2\n"
-                       "rdmaxx: 997 warnings like the next held back\nrefused client 1000\n");
+    CHECK(out.text() == "refused client 0\nrefused client 1\nrefused client 2\n"
+                       "rdmaxx: 997 messages like the next held back\nrefused client 1000\n");
+}
+
+TEST_CASE("a LogBudget's errors share its warnings' budget and keep their level") {
+    const LogLines out("%l %v");
+    rdmaxx::detail::LogBudget budget(2);
+    const std::chrono::steady_clock::time_point t0{std::chrono::hours(1)};
+    budget.warn(t0, "sent {}", 1);
+    budget.error(t0, "failed {}", 2);
+    budget.error(t0, "failed {}", 3); // the third in the second
+    budget.error(t0 + std::chrono::seconds(1), "failed {}", 4);
+    CHECK(out.text() == "warning sent 1\nerror failed 2\nerror rdmaxx: 1 messages like the next held back\n"
+                       "error failed 4\n");
 }
 
 TEST_CASE("a LogBudget under no flood holds nothing back") {

@@ -304,13 +304,9 @@ void UdTransport::recover() {
         return;
     }
     // a host that sends packets too long can break it for each: said once a second
-    const auto now = std::chrono::steady_clock::now();
-    if (now - last_told_ >= std::chrono::seconds(1)) {
-        logger()->warn("rdmaxx rpc: the UD QP broke ({}) and was set up again, {} times in all; packets in "
-                       "flight were lost",
-                       recovery_why_, recoveries_);
-        last_told_ = now;
-    }
+    told_.warn(std::chrono::steady_clock::now(),
+               "rdmaxx rpc: the UD QP broke ({}) and was set up again, {} times in all; packets in flight were lost",
+               recovery_why_, recoveries_);
 }
 
 } // namespace rdmaxx::rpc::detail

@@ -46,6 +46,7 @@
 #include <rdmaxx/data/post.hpp>
 #include <rdmaxx/wrap/ah.hpp>
 #include <rdmaxx/wrap/context.hpp>
+#include <rdmaxx/wrap/log.hpp>
 #include <rdmaxx/wrap/mr.hpp>
 #include <rdmaxx/wrap/pd.hpp>
 #include <rdmaxx/wrap/qp.hpp>
@@ -224,7 +225,7 @@ private:
     std::vector<std::uint32_t> every_buffer_; // 0 .. ring_ - 1: what a recovery posts
     bool taking_ = false, recovery_due_ = false;
     const char* recovery_why_ = "";
-    std::chrono::steady_clock::time_point last_told_{};
+    rdmaxx::detail::LogBudget told_{1}; // a recovery's warning: one a second
 };
 
 } // namespace rdmaxx::rpc::detail

@@ -29,12 +29,13 @@ void set_logger(std::shared_ptr<spdlog::logger> replacement);
 namespace detail {
 
 /// What keeps a place of the library that peers can make log at will (a listener's
-/// refusals) to a few lines a second: at most `burst` warnings a second go; past that
-/// the place is quiet until the second ends, and its next warning is preceded by how
-/// many it held back. A flood of hostile clients then costs the log `burst` lines a
-/// second, not one per client; the place's counters (ListenerStats) still count each.
+/// refusals, an rpc::Endpoint's warnings about sessions) to a few lines a second: at
+/// most `burst` warnings (or errors) a second go; past that the place is quiet until the
+/// second ends, and its next message is preceded by how many it held back. A flood of
+/// hostile clients then costs the log `burst` lines a second, not one per client; the
+/// place's counters (ListenerStats, rpc::Counters) still count each.
 ///
-/// @threadsafety None: one place's, used from one thread at a time (its listener's).
+/// @threadsafety None: one place's, used from one thread at a time (its owner's).
 class LogBudget {
 public:
     explicit LogBudget(std::uint32_t burst = 10) noexcept : burst_(burst) {}
@@ -42,12 +43,12 @@ public:
     /// The warning `format` makes of `args`, if the budget allows one at `now`.
     template <class... Args>
     void warn(std::chrono::steady_clock::time_point now, spdlog::format_string_t<Args...> format, Args&&... args) {
-        if (!take(now))
-            return;
-        const auto log = logger();
-        if (held_back_ > 0)
-            log->warn("rdmaxx: {} warnings like the next held back", std::exchange(held_back_, 0));
-        log->warn(format, std::forward<Args>(args)...);
+        say(spdlog::level::warn, now, format, std::forward<Args>(args)...);
+    }
+    /// The same for an error: warnings and errors share the budget.
+    template <class... Args>
+    void error(std::chrono::steady_clock::time_point now, spdlog::format_string_t<Args...> format, Args&&... args) {
+        say(spdlog::level::err, now, format, std::forward<Args>(args)...);
     }
     /// Whether a warning may go at `now` (then it counts against this second's burst);
     /// else it counts as held back.
@@ -67,6 +68,17 @@ public:
     std::uint64_t held_back() const noexcept { return held_back_; }
 
 private:
+    template <class... Args>
+    void say(spdlog::level::level_enum level, std::chrono::steady_clock::time_point now,
+             spdlog::format_string_t<Args...> format, Args&&... args) {
+        if (!take(now))
+            return;
+        const auto log = logger();
+        if (held_back_ > 0)
+            log->log(level, "rdmaxx: {} messages like the next held back", std::exchange(held_back_, 0));
+        log->log(level, format, std::forward<Args>(args)...);
+    }
+
     std::uint32_t burst_;
     std::chrono::steady_clock::time_point second_began_{};
     std::uint32_t taken_ = 0;
