@@ -10,7 +10,9 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -734,6 +736,65 @@ TEST_CASE("rpc large: an abandoned call's buffer that gets no new memory ends it
     CHECK(out.untouched);
     CHECK(out.session_ended);
     CHECK(rig.client->counters().buffers_renewed == 0);
+}
+
+namespace {
+
+struct Unsendable {
+    std::uint32_t failed = 0;
+    std::size_t lines = 0, held_back = 0;
+    std::size_t most_in_a_second = 0; // of the endpoints' lines, by the clock's seconds
+};
+
+// 40 calls at once while the device refuses the client's every send and pinning: each
+// call's staging for its large response fails (a warning), and so does each of its
+// packets' sends, the first and the retransmissions (an error each), until it times out.
+asio::awaitable<void> unsendable_calls(Rig* rig, std::optional<rpc::Session>* session, Unsendable* out) {
+    co_await connect_into(rig, session);
+    std::vector<std::byte> warm(1024);
+    // the RC path set up; its slot stages 4 KiB, too little for the calls below
+    REQUIRE(co_await (**session).call(sized, ask(0, 32, 1024), warm, {.timeout = 30s}));
+    constexpr std::uint32_t calls = 40;
+    std::vector<std::vector<std::byte>> requests, responses(calls, std::vector<std::byte>(64 * 1024));
+    for (std::uint32_t n = 0; n < calls; ++n)
+        requests.push_back(ask(n, 32, 2048));
+    std::uint32_t done = 0;
+    const test::CapturedLog log;
+    {
+        // without CAP_IPC_LOCK, Soft-RoCE refuses the UD QP's sends too (EACCES)
+        const PinLimit limit(0);
+        for (std::uint32_t n = 0; n < calls; ++n)
+            (**session).call(sized, requests[n], responses[n], {.timeout = 1s}, [&done, out](Result<std::size_t> got) {
+                ++done;
+                out->failed += got ? 0 : 1;
+            });
+        co_await until([&done] { return done == calls; });
+    }
+    std::map<std::string, std::size_t> per_second; // "[2026-12-01 16:42:22.372] [test] [warning] ..."
+    std::istringstream lines(log.text());
+    for (std::string line; std::getline(lines, line);)
+        if (line.find("rdmaxx") != std::string::npos) {
+            ++out->lines;
+            out->most_in_a_second = std::max(out->most_in_a_second, ++per_second[line.substr(0, 20)]);
+        }
+    out->held_back = log.count("messages like the next held back");
+}
+
+} // namespace
+
+// An endpoint's warnings and errors go within its budget (10 a second, then how many
+// were held back): a stream of calls that each make several logs a few lines a second.
+TEST_CASE("rpc large: 40 calls at once whose every send fails log 10 lines a second at most") {
+    Rig rig(large, large);
+    add_sized(rig);
+    std::optional<rpc::Session> session;
+    Unsendable out;
+    run(rig.io, unsendable_calls(&rig, &session, &out), 60s);
+    MESSAGE(out.lines, " lines logged, at most ", out.most_in_a_second, " in a second; ", out.held_back,
+            " of them saying how many were held back");
+    CHECK(out.failed == 40);
+    CHECK(out.held_back >= 1);
+    CHECK(out.most_in_a_second <= 20); // a budget's second may straddle two of the clock's
 }
 
 namespace {

@@ -585,6 +585,11 @@ struct EndpointCore {
     std::uint32_t handlers_running = 0;
     std::shared_ptr<AcceptHandler> accept_handler; // set: sessions are both ways (shared with its run)
     Counters counters;
+    // The endpoint's warnings, and its errors about sends: a few a second, whatever peers
+    // do (a flood of failing setups, sessions whose RC QPs fail) or calls ask (a stream
+    // of large ones that find no staging memory, of packets the device refuses); the
+    // counters still count each
+    rdmaxx::detail::LogBudget log_budget;
     std::shared_ptr<ControlListener> listener; // shared with its accept loop
     // an RDMA CM control connection of a session this end set up: the next one shares its
     // device context, PD and CQ (while it lives) rather than opening a context per session
@@ -802,7 +807,7 @@ void EndpointCore::send(SessionState& s, const Outgoing& out, const BufferHold* 
                                                               memory->get()->lkey),
                                                    *memory);
     if (!sent) {
-        logger()->error("rdmaxx rpc: sending to session {}: {}", s.local.number, sent.error());
+        log_budget.error(Clock::now(), "rdmaxx rpc: sending to session {}: {}", s.local.number, sent.error());
         return;
     }
     if (!*sent)
@@ -939,8 +944,8 @@ bool EndpointCore::try_begin(SessionState& s, std::uint8_t type, std::span<const
                 rdma = true;
                 whole = described->whole;
             } else {
-                logger()->warn("rdmaxx rpc: staging a large call of session {} (it goes by UD): {}", s.local.number,
-                               described.error());
+                log_budget.warn(Clock::now(), "rdmaxx rpc: staging a large call of session {} (it goes by UD): {}",
+                                s.local.number, described.error());
             }
         }
     }
@@ -1203,9 +1208,10 @@ void EndpointCore::tick() {
         }
         if (s->rc.state == RcPath::State::offered && !s->rc.offer_expired &&
             now > deadline_after(s->rc.offered_at, options.setup_timeout)) {
-            logger()->warn("rdmaxx rpc: session {}: no answer to its RC offer in {} ms: large messages go by UD "
-                           "until it comes",
-                           s->local.number, options.setup_timeout.count());
+            log_budget.warn(Clock::now(),
+                            "rdmaxx rpc: session {}: no answer to its RC offer in {} ms: large messages go by UD until "
+                            "it comes",
+                            s->local.number, options.setup_timeout.count());
             s->rc.offer_expired = true; // the calls waiting for it begin below
         }
         for (PendingCall& call : s->calls)
@@ -1278,8 +1284,8 @@ void EndpointCore::handle(SessionState& s, const HandlerCall& call) {
     }
     if (auto region = staging(transport->pd(), slot.request, slot.source.length, Access::local_write, nullptr);
         !region) {
-        logger()->warn("rdmaxx rpc: session {}: memory to READ a large request into: {}", s.local.number,
-                       region.error());
+        log_budget.warn(Clock::now(), "rdmaxx rpc: session {}: memory to READ a large request into: {}",
+                        s.local.number, region.error());
         return send(s, s.server->respond(call.request, Status::transfer_failed, {}));
     }
     slot.phase = RcPath::ServerSlot::Phase::reading;
@@ -1372,8 +1378,9 @@ void EndpointCore::respond(std::uint16_t number, std::uint32_t generation, std::
                     post_transfer(*s, k);
                     return;
                 }
-                logger()->warn("rdmaxx rpc: session {}: memory to WRITE a large response from (it goes by UD): {}",
-                               s->local.number, region.error());
+                log_budget.warn(Clock::now(),
+                                "rdmaxx rpc: session {}: memory to WRITE a large response from (it goes by UD): {}",
+                                s->local.number, region.error());
             }
         }
     }
@@ -1600,7 +1607,8 @@ void EndpointCore::offer_rc(SessionState& s) {
     const auto [role, depth] = rc_role(s, windows);
     auto qp = make_rc_qp(role, depth);
     if (!qp) {
-        logger()->warn("rdmaxx rpc: session {}: an RC QP (large messages go by UD): {}", s.local.number, qp.error());
+        log_budget.warn(Clock::now(), "rdmaxx rpc: session {}: an RC QP (large messages go by UD): {}", s.local.number,
+                        qp.error());
         rc_unavailable(s);
         s.rc.peer_unaware = true;
         return;
@@ -1688,8 +1696,8 @@ Result<std::optional<std::array<std::byte, rc_message_bytes>>> EndpointCore::tak
             }
             rc_ready(s);
         } else {
-            logger()->warn("rdmaxx rpc: session {}: no RC QP for the peer (it keeps to UD): {}", s.local.number,
-                           up.error());
+            log_budget.warn(Clock::now(), "rdmaxx rpc: session {}: no RC QP for the peer (it keeps to UD): {}",
+                            s.local.number, up.error());
             rc_unavailable(s);
         }
         reply = encode(answer); // sent if the session lives on (watch)
@@ -1706,8 +1714,8 @@ Result<std::optional<std::array<std::byte, rc_message_bytes>>> EndpointCore::tak
             end_session(id, fmt::format("connecting its RC QP, which the peer's large calls would use: {}",
                                         up.error().message()));
         } else if (!up) {
-            logger()->warn("rdmaxx rpc: session {}: connecting its RC QP (large messages go by UD): {}",
-                           s.local.number, up.error());
+            log_budget.warn(Clock::now(), "rdmaxx rpc: session {}: connecting its RC QP (large messages go by UD): {}",
+                            s.local.number, up.error());
             rc_unavailable(s);
         } else {
             // the server's receives for whole requests, within what this end sends at all
@@ -2062,7 +2070,7 @@ void EndpointCore::misused(const WorkCompletion& wc, std::optional<DropReason> r
         return; // a QP gone with its session: its late completion
     ++counters.rc_misuses;
     const std::string why = fmt::format("its peer misused the RC QP: {}", what);
-    logger()->warn("rdmaxx rpc: session {}: {}", s->local.number, why);
+    log_budget.warn(Clock::now(), "rdmaxx rpc: session {}: {}", s->local.number, why);
     end_session(s->local, why);
 }
 
@@ -2074,7 +2082,7 @@ void EndpointCore::misused(const WorkCompletion& wc, std::optional<DropReason> r
 void EndpointCore::rc_receive_failed(const WorkCompletion& wc) {
     if (const SessionState* s = rc_session(wc.qp_num())) {
         const std::string why = fmt::format("a receive of its RC QP failed: {}", wc.error().message());
-        logger()->warn("rdmaxx rpc: session {}: {}", s->local.number, why);
+        log_budget.warn(Clock::now(), "rdmaxx rpc: session {}: {}", s->local.number, why);
         end_session(s->local, why);
     }
 }
@@ -2534,7 +2542,7 @@ asio::awaitable<void> EndpointCore::accept_loop(Anchor anchor, std::shared_ptr<C
         if (core == nullptr || !listener->is_open())
             co_return;
         if (!channel) {
-            logger()->warn("rdmaxx rpc: accepting a session: {}", channel.error());
+            core->log_budget.warn(Clock::now(), "rdmaxx rpc: accepting a session: {}", channel.error());
             continue;
         }
         std::string host = channel->peer_host();
@@ -2589,7 +2597,7 @@ asio::awaitable<void> EndpointCore::serve_setup(Anchor anchor, ControlChannel ch
         } else if (!ah || !*ah) { // no turn at the helpers before the setup's deadline, or no handle
             core->table.release(admission->session);
             if (ah)
-                logger()->warn("rdmaxx rpc: a session's address handle: {}", ah->error());
+                core->log_budget.warn(Clock::now(), "rdmaxx rpc: a session's address handle: {}", ah->error());
             co_return;
         } else if (core->shutting_down) { // since the admission: its shutdown() has passed the live sessions
             core->table.release(admission->session);
