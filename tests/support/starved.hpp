@@ -1,11 +1,14 @@
-// What the tests of listeners out of file descriptors share: the library's log
-// captured (its warnings counted), and the process's descriptor limit lowered to what
-// it has open, each put back however the test ends.
+// What the tests of listeners out of file descriptors and of floods of warnings share:
+// the library's log captured (its warnings counted, also per second), and the
+// process's descriptor limit lowered to what it has open, each put back however the
+// test ends.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <filesystem>
 #include <iterator>
+#include <map>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -26,7 +29,9 @@ namespace rdmaxx::test {
 class CapturedLog {
 public:
     CapturedLog() {
-        rdmaxx::set_logger(std::make_shared<spdlog::logger>("test", std::make_shared<spdlog::sinks::ostream_sink_mt>(log_)));
+        auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log_);
+        sink->set_pattern("%E %l %v"); // each line's second (since the epoch), its level, its text
+        rdmaxx::set_logger(std::make_shared<spdlog::logger>("test", sink));
     }
     CapturedLog(const CapturedLog&) = delete;
     CapturedLog& operator=(const CapturedLog&) = delete;
@@ -40,6 +45,17 @@ public:
         for (auto at = said.find(what); at != std::string::npos; at = said.find(what, at + 1))
             ++n;
         return n;
+    }
+    // The most lines saying `what` within one second of the clock (a budget's second,
+    // LogBudget, may straddle two of them).
+    std::size_t most_in_a_second(std::string_view what) const {
+        std::map<long, std::size_t> per_second;
+        std::size_t most = 0;
+        std::istringstream lines(log_.str());
+        for (std::string line; std::getline(lines, line);)
+            if (line.find(what) != std::string::npos)
+                most = std::max(most, ++per_second[std::stol(line)]);
+        return most;
     }
 
 private:
