@@ -410,10 +410,13 @@ TEST_CASE("a listener out of file descriptors rests between accepts rather than 
     client.join();
 }
 
-TEST_CASE("a region its owner cannot allocate is denied ENOMEM, and the connection goes on") {
+TEST_CASE("a region its owner cannot allocate is denied ENOMEM, and the connection goes on; asked again and again, "
+          "the owner warns 10 times a second at most") {
     ConnectionOptions owner = quick();
     owner.quota_bytes = std::numeric_limits<std::uint64_t>::max(); // the owner's memory is the only bound
     Listener listener = must(Listener::listen("127.0.0.1", 0, owner));
+    const test::CapturedLog log; // the owner's warnings
+    constexpr int asked = 203;
     std::atomic<bool> client_done{false};
     test::Thread client([port = listener.port(), &client_done] {
         const SetOnExit done{client_done};
@@ -423,12 +426,24 @@ TEST_CASE("a region its owner cannot allocate is denied ENOMEM, and the connecti
         // the owner then zeroed for the size asked: it crashed)
         CHECK(must_fail(conn.request_remote_mr(std::numeric_limits<std::size_t>::max() - 100)).is_errno(ENOMEM));
         CHECK(must_fail(conn.request_remote_mr(std::size_t{1} << 63)).is_errno(ENOMEM));
+        int denied = 0;
+        for (int i = 3; i < asked; ++i) // a peer asking again and again
+            denied += conn.request_remote_mr(std::size_t{1} << 46) ? 0 : 1;
+        CHECK(denied == asked - 3);
         const RemoteMr fine = must(conn.request_remote_mr(4096));
         CHECK(fine.memory.length == 4096);
     });
+    const auto start = Clock::now();
     Connection conn = must(listener.accept(5s));
     serve_until(conn, client_done);
     client.join();
+    const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+    const std::size_t warned = log.count("a requested region");
+    MESSAGE(asked, " requests denied in ", took.count(), " ms: ", warned, " warnings, at most ",
+            log.most_in_a_second("a requested region"), " in a second");
+    CHECK(warned >= 1);
+    CHECK(log.most_in_a_second("a requested region") <= 20); // a budget's second may straddle two of the clock's
+    CHECK(warned <= static_cast<std::size_t>(10 * (took.count() / 1000 + 2)));
 }
 
 TEST_CASE("messages: size limits, and credits instead of endless RNR retries") {

@@ -443,9 +443,11 @@ Result<void> Link::grant(const control::Request& request) {
             auto exposed = expose(std::move(*block), request.access, token, lease, control::Grant{region}, charge);
             if (exposed || broken_)
                 return exposed;
-            logger()->warn("Connection: a requested region of {} bytes: {}", request.size, exposed.error());
+            grant_warnings_.warn(Clock::now(), "Connection: a requested region of {} bytes: {}", request.size,
+                                 exposed.error());
         } else {
-            logger()->warn("Connection: a requested region of {} bytes: {}", request.size, block.error());
+            grant_warnings_.warn(Clock::now(), "Connection: a requested region of {} bytes: {}", request.size,
+                                 block.error());
         }
         refusal = ENOMEM;
     }

@@ -317,6 +317,9 @@ private:
         std::deque<int> codes;   // acks not yet taken, in order: errno, 0 when taken back
     };
     std::map<std::uint64_t, ReturnWait> return_acks_; // token -> its Returns
+    // requests for regions that this end failed to allocate or register: a peer asking
+    // again and again for what memory cannot give logs a few lines a second
+    rdmaxx::detail::LogBudget grant_warnings_;
     std::vector<std::optional<WorkCompletion>> ops_; // by op slot: its completion, once there
     std::vector<std::uint32_t> free_ops_;
     std::optional<Error> broken_;
