@@ -29,14 +29,14 @@ public:
     // A slot taken, or given back, by a client of `host`.
     void add(const std::string& host) {
         const auto it = held_.try_emplace(host, 0).first;
-        move(it->first, it->second, it->second + 1);
+        rebucket(it->first, it->second, it->second + 1);
         ++it->second;
     }
     void remove(const std::string& host) {
         const auto it = held_.find(host);
         if (it == held_.end())
             return;
-        move(it->first, it->second, it->second - 1);
+        rebucket(it->first, it->second, it->second - 1);
         if (--it->second == 0)
             held_.erase(it);
     }
@@ -56,7 +56,7 @@ public:
 
 private:
     // `host` (a key of held_) goes from the bucket of those holding `from` to `to`'s.
-    void move(const std::string& host, std::uint32_t from, std::uint32_t to) {
+    void rebucket(const std::string& host, std::uint32_t from, std::uint32_t to) {
         if (from > 0)
             holding_[from].erase(&host);
         if (to > 0) {

@@ -1208,7 +1208,7 @@ void EndpointCore::tick() {
         }
         if (s->rc.state == RcPath::State::offered && !s->rc.offer_expired &&
             now > deadline_after(s->rc.offered_at, options.setup_timeout)) {
-            log_budget.warn(Clock::now(),
+            log_budget.warn(now,
                             "rdmaxx rpc: session {}: no answer to its RC offer in {} ms: large messages go by UD until "
                             "it comes",
                             s->local.number, options.setup_timeout.count());

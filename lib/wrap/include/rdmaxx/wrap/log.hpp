@@ -29,11 +29,11 @@ void set_logger(std::shared_ptr<spdlog::logger> replacement);
 namespace detail {
 
 /// What keeps a place of the library that peers can make log at will (a listener's
-/// refusals, an rpc::Endpoint's warnings about sessions) to a few lines a second: at
-/// most `burst` warnings (or errors) a second go; past that the place is quiet until the
-/// second ends, and its next message is preceded by how many it held back. A flood of
-/// hostile clients then costs the log `burst` lines a second, not one per client; the
-/// place's counters (ListenerStats, rpc::Counters) still count each.
+/// refusals, a Connection's denied regions, an rpc::Endpoint's warnings) to a few lines
+/// a second: at most `burst` warnings (or errors) a second go; past that the place is
+/// quiet until the second ends, and its next message is preceded by how many it held
+/// back. A flood of hostile clients then costs the log `burst` lines a second, not one
+/// per client; the place's counters (ListenerStats, rpc::Counters) still count each.
 ///
 /// @threadsafety None: one place's, used from one thread at a time (its owner's).
 class LogBudget {
