@@ -3,10 +3,12 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <doctest/doctest.h>
 #include <fmt/format.h>
@@ -17,7 +19,14 @@ namespace rdmaxx::test {
 
 // A TCP connection to host:port (IPv4) from `source`, an address of this machine.
 inline TcpStream connect_from(const char* source, const char* host, std::uint16_t port) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct Owned { // closed if a REQUIRE below ends the test
+        int fd;
+        ~Owned() {
+            if (fd >= 0)
+                ::close(fd);
+        }
+    } owned{::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)};
+    const int fd = owned.fd;
     REQUIRE(fd >= 0);
     sockaddr_in from{}, to{};
     from.sin_family = to.sin_family = AF_INET;
@@ -26,7 +35,7 @@ inline TcpStream connect_from(const char* source, const char* host, std::uint16_
     REQUIRE(::inet_pton(AF_INET, host, &to.sin_addr) == 1);
     REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof from) == 0);
     REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) == 0);
-    return TcpStream::adopt(fd, fmt::format("{}:{}", host, port));
+    return TcpStream::adopt(std::exchange(owned.fd, -1), fmt::format("{}:{}", host, port));
 }
 
 } // namespace rdmaxx::test

@@ -246,7 +246,8 @@ public:
     /// (an Error) beyond its access ceiling or its quota, which counts every region it
     /// granted until the owner took it back with receive_local_mr.
     /// @errors a wait's (see the class); the owner's refusal, with its errno: EACCES (the
-    /// ceiling), EDQUOT (the quota), EINVAL (size 0, no remote right), EBUSY, ENOMEM.
+    /// ceiling), EDQUOT (the quota), EINVAL (size 0, no remote right), EBUSY, ENOMEM (the
+    /// owner logs why, at most 10 such warnings a second per connection).
     /// @misuse rights beyond local_write and the remote ones (what can be lent); a lease
     /// outside 0..2^32-1 ms (the wire's u32).
     Result<RemoteMr> request_remote_mr(std::size_t size, Access access = access_all,

@@ -76,7 +76,9 @@
 /// receives all its endpoint's sessions share loses its session at once, and the others'
 /// transfers go on. Not caught: a server's READ or WRITE (which no receive of this end
 /// sees) of memory a large call lent or offered, after the call ended
-/// (message_buffer.hpp, "Rights").
+/// (message_buffer.hpp, "Rights"). What peers or a stream of calls make an endpoint log
+/// (its warnings, its errors about sends) goes at most 10 lines a second, the number
+/// held back said before the next (rdmaxx/wrap/log.hpp); the counters count each event.
 ///
 /// Large messages (above EndpointOptions::rdma_threshold: by default, those of more
 /// than one UD packet) take the session's RC path:
