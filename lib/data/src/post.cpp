@@ -1,8 +1,10 @@
 #include <rdmaxx/data/post.hpp>
 
 #include <array>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <string_view>
 
 namespace rdmaxx::detail {
 
@@ -78,21 +80,30 @@ int post_extended(ibv_qp_ex* qpx, const ibv_send_wr* wr) {
     return ibv_wr_complete(qpx);
 }
 
+// EACCES has one cause on a post: providers whose posts are commands written to the
+// device file (Soft-RoCE, siw) are refused by the kernel once the process's credentials
+// are not those it opened the device with (ib_safe_file_access: capset, setuid and the
+// like make new ones, even unchanged). It stays so for that device context.
+constexpr std::string_view credentials_changed =
+    "; EACCES on a post: the process's credentials changed since it opened the device (capabilities or user "
+    "changed): the kernel refuses commands from it on that device, so open devices after dropping privileges";
+
 Error post_error(bool extended, int rc, const ibv_send_wr& first, const ibv_send_wr* bad, std::size_t count,
                  std::size_t& accepted) {
     rc = std::abs(rc); // rxe's provider returns -ENOMEM, -EINVAL
     accepted = 0;
+    const std::string_view why = rc == EACCES ? credentials_changed : std::string_view();
     if (extended)
-        return Error::from_errno("ibv_wr_complete", rc, fmt::format("{} WR(s), none posted", count));
+        return Error::from_errno("ibv_wr_complete", rc, fmt::format("{} WR(s), none posted{}", count, why));
     for (const ibv_send_wr* wr = &first; wr && wr != bad; wr = wr->next)
         ++accepted;
     if (!bad)
-        return Error::from_errno("ibv_post_send", rc,
-                                 fmt::format("{} WR(s); the provider did not say which failed: all counted as posted",
-                                             count));
+        return Error::from_errno(
+            "ibv_post_send", rc,
+            fmt::format("{} WR(s); the provider did not say which failed: all counted as posted{}", count, why));
     return Error::from_errno("ibv_post_send", rc,
-                             fmt::format("WR {} of {} (wr_id {}) failed; the WRs before it were posted", accepted,
-                                         count, bad->wr_id));
+                             fmt::format("WR {} of {} (wr_id {}) failed; the WRs before it were posted{}", accepted,
+                                         count, bad->wr_id, why));
 }
 
 Error post_recv_error(const char* call, int rc, const ibv_recv_wr& first, const ibv_recv_wr* bad,
