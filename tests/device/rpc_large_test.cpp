@@ -634,17 +634,42 @@ TEST_CASE("rpc large: an abandoned call's MessageBuffers get new memory; its lat
 
 namespace {
 
-// Registering more than `room` bytes beyond what the process has pinned now fails
-// while this lives, as the device's memory runs out: CAP_IPC_LOCK out of the effective
-// set (root's would lift the limit), RLIMIT_MEMLOCK at the pinned bytes plus `room`.
-// (An address-space limit would not do: malloc reuses memory freed by earlier tests.)
-class PinLimit {
+// CAP_IPC_LOCK out of the effective set while this lives (root's would lift
+// RLIMIT_MEMLOCK), and the limit raised as far as it goes, for a PinLimit to lower.
+// capset gives the process new credentials, even unchanged, and Soft-RoCE's posts on a
+// device opened under other ones are refused (EACCES, data_flow_test): made before the
+// test's devices are opened, it leaves their posts working; made after, it fails them all.
+class WithoutIpcLock {
 public:
-    explicit PinLimit(std::size_t room) {
+    WithoutIpcLock() {
         REQUIRE(::syscall(SYS_capget, &header_, saved_.data()) == 0);
         auto lowered = saved_;
         lowered[CAP_TO_INDEX(CAP_IPC_LOCK)].effective &= ~CAP_TO_MASK(CAP_IPC_LOCK);
         REQUIRE(::syscall(SYS_capset, &header_, lowered.data()) == 0);
+        REQUIRE(::getrlimit(RLIMIT_MEMLOCK, &was_) == 0);
+        const rlimit unlimited{.rlim_cur = RLIM_INFINITY, .rlim_max = RLIM_INFINITY};
+        REQUIRE(::setrlimit(RLIMIT_MEMLOCK, &unlimited) == 0);
+    }
+    WithoutIpcLock(const WithoutIpcLock&) = delete;
+    WithoutIpcLock& operator=(const WithoutIpcLock&) = delete;
+    ~WithoutIpcLock() {
+        ::setrlimit(RLIMIT_MEMLOCK, &was_);
+        ::syscall(SYS_capset, &header_, saved_.data());
+    }
+
+private:
+    __user_cap_header_struct header_{.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+    std::array<__user_cap_data_struct, _LINUX_CAPABILITY_U32S_3> saved_{};
+    rlimit was_{};
+};
+
+// Registering more than `room` bytes beyond what the process has pinned now fails
+// while this lives, as the device's memory runs out: RLIMIT_MEMLOCK at the pinned bytes
+// plus `room`, which binds while a WithoutIpcLock lives. (An address-space limit would
+// not do: malloc reuses memory freed by earlier tests.)
+class PinLimit {
+public:
+    explicit PinLimit(std::size_t room) {
         REQUIRE(::getrlimit(RLIMIT_MEMLOCK, &was_) == 0);
         std::ifstream status("/proc/self/status");
         std::size_t pinned_kib = 0;
@@ -657,14 +682,9 @@ public:
     }
     PinLimit(const PinLimit&) = delete;
     PinLimit& operator=(const PinLimit&) = delete;
-    ~PinLimit() {
-        ::setrlimit(RLIMIT_MEMLOCK, &was_);
-        ::syscall(SYS_capset, &header_, saved_.data());
-    }
+    ~PinLimit() { ::setrlimit(RLIMIT_MEMLOCK, &was_); }
 
 private:
-    __user_cap_header_struct header_{.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
-    std::array<__user_cap_data_struct, _LINUX_CAPABILITY_U32S_3> saved_{};
     rlimit was_{};
 };
 
@@ -689,8 +709,6 @@ asio::awaitable<void> unrenewable(Rig* rig, std::optional<rpc::Session>* session
                      [&got](Result<std::size_t> r) { got = std::move(r); });
     co_await until([rig] { return !rig->held.empty(); }); // the server has it, and the buffer's key
     {
-        // without CAP_IPC_LOCK Soft-RoCE also refuses the request's UD resends (EACCES):
-        // logged, and the server has the request already
         const test::CapturedLog log;
         const PinLimit limit(8 * mib);
         co_await until([&got] { return got.has_value(); });
@@ -723,6 +741,7 @@ TEST_CASE("rpc large: an abandoned call's buffer that gets no new memory ends it
           "not land") {
     rpc::EndpointOptions big = large;
     big.max_response = 32 * mib;
+    const WithoutIpcLock without; // before the devices open: their posts go on working
     Rig rig(big, big);
     add_sized(rig);
     std::optional<rpc::Session> session;
@@ -746,8 +765,8 @@ struct Unsendable {
 
 // 40 calls at once while the process may pin no more memory: each call's staging for
 // its large response fails (a warning), and so does each of its packets' sends, the
-// first and the retransmissions (an error each: Soft-RoCE refuses a UD QP's sends from
-// a process without CAP_IPC_LOCK, EACCES), until it times out.
+// first and the retransmissions (an error each: the WithoutIpcLock made after the
+// devices opened fails every post, EACCES), until it times out.
 asio::awaitable<void> unsendable_calls(Rig* rig, std::optional<rpc::Session>* session, Unsendable* out) {
     co_await connect_into(rig, session);
     std::vector<std::byte> warm(1024);
@@ -760,6 +779,7 @@ asio::awaitable<void> unsendable_calls(Rig* rig, std::optional<rpc::Session>* se
     std::uint32_t done = 0;
     const test::CapturedLog log;
     {
+        const WithoutIpcLock without;
         const PinLimit limit(0);
         for (std::uint32_t n = 0; n < calls; ++n)
             (**session).call(sized, requests[n], responses[n], {.timeout = 1s}, [&done, out](Result<std::size_t> got) {
