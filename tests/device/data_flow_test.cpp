@@ -1,5 +1,4 @@
 // Batches, selective signaling, waits, error paths and asynchronous events.
-#include <array>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -7,9 +6,7 @@
 #include <thread>
 #include <vector>
 
-#include <linux/capability.h>
 #include <net/if.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <doctest/doctest.h>
@@ -19,6 +16,7 @@
 #include <rdmaxx/data/post.hpp>
 #include <rdmaxx/data/signaling.hpp>
 
+#include "../support/capabilities.hpp"
 #include "../support/device.hpp"
 #include "../support/thread.hpp"
 
@@ -172,17 +170,6 @@ TEST_CASE("a failed post whose provider names no WR counts them all as posted, a
     CHECK(must_fail(receives.post()).message().find("the provider did not say which failed") != std::string::npos);
 }
 
-namespace {
-// Gives the process new credentials equal to its old ones: capset makes new ones even
-// when nothing changes, as setuid or dropping a capability would.
-void renew_credentials() {
-    __user_cap_header_struct header{.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
-    std::array<__user_cap_data_struct, _LINUX_CAPABILITY_U32S_3> caps{};
-    REQUIRE(::syscall(SYS_capget, &header, caps.data()) == 0);
-    REQUIRE(::syscall(SYS_capset, &header, caps.data()) == 0);
-}
-} // namespace
-
 TEST_CASE("a post refused because the process's credentials changed since it opened the device says so (EACCES)") {
     // Soft-RoCE's posts are commands written to the device file, which the kernel takes
     // only from the credentials that opened it; on hardware the post never asks the
@@ -194,7 +181,7 @@ TEST_CASE("a post refused because the process's credentials changed since it ope
         batch.write(p.mem_a.slice(0, 8), p.mem_b.remote().slice(0, 8), {.wr_id = 1});
         must(batch.post());
         CHECK(must(wait_for(p.cq_a, 1)).ok());
-        renew_credentials();
+        const test::WithoutIpcLock renewed; // new credentials
         const Error e = must_fail(batch.post());
         CHECK(e.is_errno(EACCES));
         CHECK(e.message().find("credentials changed since it opened the device") != std::string::npos);

@@ -15,10 +15,7 @@
 #include <thread>
 #include <vector>
 
-#include <linux/capability.h>
 #include <sys/resource.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <asio/bind_cancellation_slot.hpp>
 #include <asio/cancellation_signal.hpp>
@@ -30,6 +27,7 @@
 
 #include <rdmaxx/rpc/endpoint.hpp>
 
+#include "../support/capabilities.hpp"
 #include "../support/device.hpp"
 #include "../support/rpc_rig.hpp"
 #include "../support/starved.hpp"
@@ -634,38 +632,9 @@ TEST_CASE("rpc large: an abandoned call's MessageBuffers get new memory; its lat
 
 namespace {
 
-// CAP_IPC_LOCK out of the effective set while this lives (root's would lift
-// RLIMIT_MEMLOCK), and the limit raised as far as it goes, for a PinLimit to lower.
-// capset gives the process new credentials, even unchanged, and Soft-RoCE's posts on a
-// device opened under other ones are refused (EACCES, data_flow_test): made before the
-// test's devices are opened, it leaves their posts working; made after, it fails them all.
-class WithoutIpcLock {
-public:
-    WithoutIpcLock() {
-        REQUIRE(::syscall(SYS_capget, &header_, saved_.data()) == 0);
-        auto lowered = saved_;
-        lowered[CAP_TO_INDEX(CAP_IPC_LOCK)].effective &= ~CAP_TO_MASK(CAP_IPC_LOCK);
-        REQUIRE(::syscall(SYS_capset, &header_, lowered.data()) == 0);
-        REQUIRE(::getrlimit(RLIMIT_MEMLOCK, &was_) == 0);
-        const rlimit unlimited{.rlim_cur = RLIM_INFINITY, .rlim_max = RLIM_INFINITY};
-        REQUIRE(::setrlimit(RLIMIT_MEMLOCK, &unlimited) == 0);
-    }
-    WithoutIpcLock(const WithoutIpcLock&) = delete;
-    WithoutIpcLock& operator=(const WithoutIpcLock&) = delete;
-    ~WithoutIpcLock() {
-        ::setrlimit(RLIMIT_MEMLOCK, &was_);
-        ::syscall(SYS_capset, &header_, saved_.data());
-    }
-
-private:
-    __user_cap_header_struct header_{.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
-    std::array<__user_cap_data_struct, _LINUX_CAPABILITY_U32S_3> saved_{};
-    rlimit was_{};
-};
-
 // Registering more than `room` bytes beyond what the process has pinned now fails
 // while this lives, as the device's memory runs out: RLIMIT_MEMLOCK at the pinned bytes
-// plus `room`, which binds while a WithoutIpcLock lives. (An address-space limit would
+// plus `room`, which binds while a test::WithoutIpcLock lives. (An address-space limit would
 // not do: malloc reuses memory freed by earlier tests.)
 class PinLimit {
 public:
@@ -741,7 +710,7 @@ TEST_CASE("rpc large: an abandoned call's buffer that gets no new memory ends it
           "not land") {
     rpc::EndpointOptions big = large;
     big.max_response = 32 * mib;
-    const WithoutIpcLock without; // before the devices open: their posts go on working
+    const test::WithoutIpcLock without; // before the devices open: their posts go on working
     Rig rig(big, big);
     add_sized(rig);
     std::optional<rpc::Session> session;
@@ -757,57 +726,103 @@ TEST_CASE("rpc large: an abandoned call's buffer that gets no new memory ends it
 
 namespace {
 
-struct Unsendable {
-    std::uint32_t failed = 0;
+struct Unstageable {
+    std::uint32_t answered = 0;
     std::size_t lines = 0, held_back = 0;
     std::size_t most_in_a_second = 0; // of the endpoints' lines
 };
 
-// 40 calls at once while the process may pin no more memory: each call's staging for
-// its large response fails (a warning), and so does each of its packets' sends, the
-// first and the retransmissions (an error each: the WithoutIpcLock made after the
-// devices opened fails every post, EACCES), until it times out.
-asio::awaitable<void> unsendable_calls(Rig* rig, std::optional<rpc::Session>* session, Unsendable* out) {
+// 40 calls at once while the process may pin no more memory, then one more a second
+// later: each call's staging for its large response fails (a warning), and the call goes
+// by UD, answered.
+asio::awaitable<void> unstageable_calls(Rig* rig, std::optional<rpc::Session>* session, Unstageable* out) {
     co_await connect_into(rig, session);
     std::vector<std::byte> warm(1024);
     // the RC path set up; its slot stages 4 KiB, too little for the calls below
     REQUIRE(co_await (**session).call(sized, ask(0, 32, 1024), warm, {.timeout = 30s}));
     constexpr std::uint32_t calls = 40;
-    std::vector<std::vector<std::byte>> requests, responses(calls, std::vector<std::byte>(64 * 1024));
-    for (std::uint32_t n = 0; n < calls; ++n)
+    std::vector<std::vector<std::byte>> requests, responses(calls + 1, std::vector<std::byte>(64 * 1024));
+    for (std::uint32_t n = 0; n <= calls; ++n)
         requests.push_back(ask(n, 32, 2048));
     std::uint32_t done = 0;
     const test::CapturedLog log;
     {
-        const WithoutIpcLock without;
         const PinLimit limit(0);
         for (std::uint32_t n = 0; n < calls; ++n)
-            (**session).call(sized, requests[n], responses[n], {.timeout = 1s}, [&done, out](Result<std::size_t> got) {
+            (**session).call(sized, requests[n], responses[n], {.timeout = 30s}, [&done, out](Result<std::size_t> got) {
                 ++done;
-                out->failed += got ? 0 : 1;
+                out->answered += got ? 1 : 0;
             });
         co_await until([&done] { return done == calls; });
+        co_await pause(1100ms); // the budget's next second: the next line says what was held back
+        const auto last = co_await (**session).call(sized, requests[calls], responses[calls], {.timeout = 30s});
+        out->answered += last ? 1 : 0;
     }
     out->lines = log.count("rdmaxx");
     out->most_in_a_second = log.most_in_a_second("rdmaxx");
     out->held_back = log.count("messages like the next held back");
 }
 
+struct Refused {
+    std::optional<Error> error;
+    std::chrono::milliseconds took{0};
+    std::size_t sessions_after = 0;
+    std::size_t errors_logged = 0;
+};
+
+// A call, then the process's credentials change: every post of the devices the rig
+// opened before is refused (EACCES), the next call's request first.
+asio::awaitable<void> refused_call(Rig* rig, std::optional<rpc::Session>* session, Refused* out) {
+    co_await connect_into(rig, session);
+    std::vector<std::byte> request = ask(0, 32, 64), response(1024);
+    REQUIRE(co_await (**session).call(sized, request, response, {.timeout = 30s}));
+    const test::CapturedLog log; // the refused send's error
+    const test::WithoutIpcLock without;
+    const auto start = std::chrono::steady_clock::now();
+    const auto got = co_await (**session).call(sized, request, response, {.timeout = 30s});
+    out->took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+    if (!got)
+        out->error = got.error();
+    for (int i = 0; i < 100 && rig->client->sessions() != 0; ++i)
+        co_await pause(10ms);
+    out->sessions_after = rig->client->sessions();
+    out->errors_logged = log.count("rdmaxx rpc: sending to session");
+}
+
 } // namespace
 
 // An endpoint's warnings and errors go within its budget (10 a second, then how many
-// were held back): a stream of calls that each make several logs a few lines a second.
-TEST_CASE("rpc large: 40 calls at once whose every send fails log 10 lines a second at most") {
+// were held back): a stream of calls that each make a log a few lines a second.
+TEST_CASE("rpc large: 41 calls whose staging fails log 10 lines a second at most, then say what they held back") {
+    const test::WithoutIpcLock without; // before the devices open: their posts go on working
     Rig rig(large, large);
     add_sized(rig);
     std::optional<rpc::Session> session;
-    Unsendable out;
-    run(rig.io, unsendable_calls(&rig, &session, &out), 60s);
+    Unstageable out;
+    run(rig.io, unstageable_calls(&rig, &session, &out), 60s);
     MESSAGE(out.lines, " lines logged, at most ", out.most_in_a_second, " in a second; ", out.held_back,
             " of them saying how many were held back");
-    CHECK(out.failed == 40);
+    CHECK(out.answered == 41);
     CHECK(out.held_back >= 1);
     CHECK(out.most_in_a_second <= 20); // a budget's second may straddle two of the clock's
+}
+
+// Soft-RoCE refuses every post of a device opened under other credentials (EACCES) and
+// will go on refusing: the session ends at once, not each call by its timeout.
+TEST_CASE("rpc large: sends the device refuses for good (EACCES) end the session at once; the call fails saying why") {
+    Rig rig(large, large);
+    add_sized(rig);
+    std::optional<rpc::Session> session;
+    Refused out;
+    run(rig.io, refused_call(&rig, &session, &out), 60s);
+    REQUIRE(out.error);
+    MESSAGE("failed in ", out.took.count(), " ms: ", out.error->message());
+    CHECK(out.error->is_errno(ECONNRESET));
+    CHECK(out.error->message().find("refuses this endpoint's sends for good") != std::string::npos);
+    CHECK(out.error->message().find("credentials changed") != std::string::npos);
+    CHECK(out.took < 3s); // the call's timeout is 30 s; left to its retransmissions it ends in seconds
+    CHECK(out.sessions_after == 0);
+    CHECK(out.errors_logged >= 1);
 }
 
 namespace {

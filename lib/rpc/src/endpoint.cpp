@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cerrno>
 #include <cstring>
 #include <deque>
 #include <exception>
@@ -418,6 +419,7 @@ struct EndpointCore {
     bool hold_until_written(SessionState& s, const PacketHeader& header, std::span<const std::byte> payload);
     void drop(DropReason reason) noexcept { ++counters.drops[static_cast<std::size_t>(reason)]; }
     inline void send(SessionState& s, const Outgoing& out, const BufferHold* memory = nullptr);
+    [[gnu::cold]] void send_failed(SessionState& s, const Error& error);
     void send_whole(SessionState& s, const Outgoing& out);
     // What may go, goes; `now`: the caller's reading of the clock (one per event).
     inline void pump(SessionState& s, Clock::time_point now);
@@ -806,12 +808,20 @@ void EndpointCore::send(SessionState& s, const Outgoing& out, const BufferHold* 
                                                               static_cast<std::uint32_t>(out.payload.size()),
                                                               memory->get()->lkey),
                                                    *memory);
-    if (!sent) {
-        log_budget.error(Clock::now(), "rdmaxx rpc: sending to session {}: {}", s.local.number, sent.error());
-        return;
-    }
+    if (!sent)
+        return send_failed(s, sent.error());
     if (!*sent)
         ++counters.send_stalls; // lost: the client's RTO sends it (or what asks for it) again
+}
+
+// A packet not sent is lost: the client's RTO sends it again. Unless the device refuses
+// the endpoint's posts for good (EACCES: the process's credentials changed since it
+// opened the device, lib/data's post error), when every call would wait out its
+// timeout for nothing: the session ends, its calls fail now, saying why.
+void EndpointCore::send_failed(SessionState& s, const Error& error) {
+    log_budget.error(Clock::now(), "rdmaxx rpc: sending to session {}: {}", s.local.number, error);
+    if (error.is_errno(EACCES))
+        end_session_soon(s.local, fmt::format("the device refuses this endpoint's sends for good: {}", error.message()));
 }
 
 // A whole request goes from its call's MessageBuffer or its slot's staging memory, the

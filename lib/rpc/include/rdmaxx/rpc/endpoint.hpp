@@ -41,7 +41,10 @@
 ///                            closing (Session::close at either end: no call begins);
 ///                            or the server told it that a window of calls in a row was
 ///                            lost, every packet of each, so that its numbers and the
-///                            server's are out of step for good (errno ECONNRESET)
+///                            server's are out of step for good; or the device refused
+///                            one of its sends for good (EACCES on Soft-RoCE or siw:
+///                            the process's credentials changed since it opened the
+///                            device) (errno ECONNRESET)
 ///   no handler               the server has no handler for the type (errno ENOENT)
 ///   message too large        a request above the session's agreed max_request, or a
 ///                            response the server could not send in its max_response
