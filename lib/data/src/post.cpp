@@ -80,13 +80,13 @@ int post_extended(ibv_qp_ex* qpx, const ibv_send_wr* wr) {
     return ibv_wr_complete(qpx);
 }
 
-// EACCES has one cause on a post: providers whose posts are commands written to the
+// EACCES has one known cause on a post: providers whose posts are commands written to the
 // device file (Soft-RoCE, siw) are refused by the kernel once the process's credentials
 // are not those it opened the device with (ib_safe_file_access: capset, setuid and the
 // like make new ones, even unchanged). It stays so for that device context.
 constexpr std::string_view credentials_changed =
-    "; EACCES on a post: the process's credentials changed since it opened the device (capabilities or user "
-    "changed): the kernel refuses commands from it on that device, so open devices after dropping privileges";
+    "; EACCES on a post: the process's credentials changed since it opened the device (a user or capability "
+    "change), and the kernel takes no command from it on that device: open devices after dropping privileges";
 
 Error post_error(bool extended, int rc, const ibv_send_wr& first, const ibv_send_wr* bad, std::size_t count,
                  std::size_t& accepted) {
