@@ -181,7 +181,7 @@ TEST_CASE("a post refused because the process's credentials changed since it ope
         batch.write(p.mem_a.slice(0, 8), p.mem_b.remote().slice(0, 8), {.wr_id = 1});
         must(batch.post());
         CHECK(must(wait_for(p.cq_a, 1)).ok());
-        const test::WithoutIpcLock renewed; // new credentials
+        const test::WithoutIpcLock capset; // the process's credentials are new from here
         const Error e = must_fail(batch.post());
         CHECK(e.is_errno(EACCES));
         CHECK(e.message().find("credentials changed since it opened the device") != std::string::npos);

@@ -634,8 +634,8 @@ namespace {
 
 // Registering more than `room` bytes beyond what the process has pinned now fails
 // while this lives, as the device's memory runs out: RLIMIT_MEMLOCK at the pinned bytes
-// plus `room`, which binds while a test::WithoutIpcLock lives. (An address-space limit would
-// not do: malloc reuses memory freed by earlier tests.)
+// plus `room`, which binds while a test::WithoutIpcLock lives. (An address-space limit
+// would not do: malloc reuses memory freed by earlier tests.)
 class PinLimit {
 public:
     explicit PinLimit(std::size_t room) {
@@ -792,7 +792,8 @@ asio::awaitable<void> refused_call(Rig* rig, std::optional<rpc::Session>* sessio
 } // namespace
 
 // An endpoint's warnings and errors go within its budget (10 a second, then how many
-// were held back): a stream of calls that each make a log a few lines a second.
+// were held back): 41 calls that each log a warning give 10 lines in a second, then the
+// count of those held back.
 TEST_CASE("rpc large: 41 calls whose staging fails log 10 lines a second at most, then say what they held back") {
     const test::WithoutIpcLock without; // before the devices open: their posts go on working
     Rig rig(large, large);
