@@ -40,7 +40,10 @@
 #include <rdmaxx/async/tcp.hpp>
 
 #include "../support/allocations.hpp"
+#include "../support/capabilities.hpp"
 #include "../support/device.hpp"
+#include "../support/run_until.hpp"
+#include "../support/starved.hpp"
 
 // g++ 12 sees Asio's coroutine-frame operator delete as mismatched with its operator
 // new once it inlines both into a coroutine (a false positive: the frame's allocator
@@ -941,6 +944,33 @@ TEST_CASE("a write or a receive whose provider fails its post without naming the
         // operation failed at once leaves no marker, and its WR's flush is not taken here)
         CHECK(service.stale_completions() - stale == 1);
     }
+}
+
+// Soft-RoCE refuses every post once the process's credentials changed (EACCES), having
+// taken the WR into its queue; the flush marker's post is refused too (logged).
+TEST_CASE("an async write refused for good (EACCES: credentials changed) completes with that Error once flushed, "
+          "the QP dead") {
+    AsyncPair p(async::CompletionMode::event, {.max_send_wr = 16, .max_recv_wr = 16});
+    std::optional<Result<WorkCompletion>> warm;
+    p.a.write(p.mem_a.slice(0, 8), p.mem_b.remote().slice(0, 8), [&](Result<WorkCompletion> r) { warm = std::move(r); });
+    CHECK(test::run_until(p.io, [&] { return warm.has_value(); }, 10s));
+    const test::CapturedLog log; // the marker's refused post
+    const test::WithoutIpcLock capset; // the process's credentials are new from here
+    PostOutcome ended;
+    p.a.write(p.mem_a.slice(0, 8), p.mem_b.remote().slice(0, 8), [&](Result<WorkCompletion> r) {
+        ended.result = std::move(r);
+        ended.qp_state = p.a.get().state();
+    });
+    CHECK(test::run_until(p.io, [&] { return ended.result.has_value(); }, 10s));
+    REQUIRE(ended.result.has_value());
+    REQUIRE_FALSE(ended.result->has_value());
+    INFO(ended.result->error().message());
+    CHECK(ended.result->error().is_errno(EACCES));
+    CHECK(ended.result->error().message().find("credentials changed") != std::string::npos);
+    CHECK(ended.qp_state == QpState::error);
+    CHECK(p.a.dead().has_value());
+    CHECK(async::Completions::of(p.io).in_flight() == 0);
+    CHECK(log.count("the flush marker after a failed post") == 1);
 }
 
 TEST_CASE("held writes whose doorbell the provider refuses without naming a WR, having taken none, complete with "
